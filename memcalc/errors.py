@@ -1,0 +1,45 @@
+"""The project's one family of errors: each message names the field and says how to fix it."""
+from __future__ import annotations
+
+
+class MemcalcError(ValueError):
+    """Base error: bad input to memcalc. The CLI prints `str(err)` on one line and exits 2.
+
+    >>> str(MemcalcError("micro_batch", "must be >= 1, got 0", "pass a positive integer"))
+    'micro_batch: must be >= 1, got 0; fix: pass a positive integer'
+    """
+
+    def __init__(self, field: str, problem: str, fix: str = ""):
+        self.field, self.problem, self.fix = field, problem, fix
+        message = f"{field}: {problem}" + (f"; fix: {fix}" if fix else "")
+        super().__init__(message)
+
+
+class SpecError(MemcalcError):
+    """A ModelSpec, TrainingConfig or config file is invalid."""
+
+
+class UnknownNameError(MemcalcError):
+    """A preset, GPU or option name is not known; the message lists the closest names."""
+
+
+def closest_names(name: str, known: list[str], n: int = 3) -> str:
+    """The known names closest to `name`, for 'did you mean' hints.
+
+    >>> closest_names("llama-2-7", ["llama-2-7b", "gpt2"])
+    'llama-2-7b'
+    """
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=n, cutoff=0.3)
+    return ", ".join(close or sorted(known)[:n])
+
+
+def from_pydantic(err, model_name: str) -> SpecError:
+    """Turn a pydantic ValidationError into one SpecError naming the first bad field."""
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first.get("loc", ())) or model_name
+    msg = first.get("msg", "invalid value")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return SpecError(field, msg, first.get("ctx", {}).get("fix", "") if isinstance(first.get("ctx"), dict) else "")

@@ -1,0 +1,98 @@
+"""Read a Hugging Face config.json (a path or a dict) into ModelSpec fields.
+
+Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
+configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py,
+with those classes' defaults for absent optional fields.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from memcalc.errors import SpecError
+
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def load_config(config) -> dict:
+    """A config dict from a dict, or from a path to a config.json.
+
+    >>> load_config({"model_type": "gpt2"})["model_type"]
+    'gpt2'
+    """
+    if isinstance(config, dict):
+        return config
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError("hf_config", f"no such file {str(path)!r}", "give the path of a config.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecError("hf_config", f"{str(path)!r} is not valid JSON ({err.__class__.__name__})",
+                        "give a Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise SpecError("hf_config", f"{str(path)!r} holds a JSON {type(data).__name__}, not an object",
+                        "give a Hugging Face config.json")
+    return data
+
+
+def _get(cfg: dict, key: str, default=None, required: bool = False):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if required:
+        raise SpecError(f"hf_config.{key}", "missing", f"add {key!r} to the config")
+    return default
+
+
+def _gpt2_fields(cfg: dict) -> dict:
+    act = _get(cfg, "activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu", "gelu_pytorch_tanh"):
+        raise SpecError("hf_config.activation_function", f"{act!r} is not modelled",
+                        "use gelu_new, gelu or gelu_pytorch_tanh")
+    return dict(family="gpt2", vocab_size=_get(cfg, "vocab_size", 50257),
+                hidden_size=_get(cfg, "n_embd", 768), num_layers=_get(cfg, "n_layer", 12),
+                num_heads=_get(cfg, "n_head", 12), intermediate_size=_get(cfg, "n_inner"),
+                max_position_embeddings=_get(cfg, "n_positions", 1024),
+                tie_embeddings=_get(cfg, "tie_word_embeddings", True),
+                activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
+                embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
+                resid_dropout=_get(cfg, "resid_pdrop", 0.1))
+
+
+def _llama_fields(cfg: dict, model_type: str) -> dict:
+    act = _get(cfg, "hidden_act", "silu")
+    if act != "silu":
+        raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
+    qkv_bias = model_type == "qwen2" or bool(_get(cfg, "attention_bias", False))
+    return dict(family="llama", vocab_size=_get(cfg, "vocab_size", required=True),
+                hidden_size=_get(cfg, "hidden_size", required=True),
+                num_layers=_get(cfg, "num_hidden_layers", required=True),
+                num_heads=_get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
+                intermediate_size=_get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=_get(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
+                out_bias=bool(_get(cfg, "attention_bias", False)) and model_type == "llama",
+                mlp_bias=bool(_get(cfg, "mlp_bias", False)), activation="silu",
+                attn_dropout=_get(cfg, "attention_dropout", 0.0))
+
+
+def spec_fields_from_hf(config) -> dict:
+    """ModelSpec fields from a HF config.
+
+    >>> spec_fields_from_hf({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+    ...     "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16})["qkv_bias"]
+    True
+    """
+    cfg = load_config(config)
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if model_type not in SUPPORTED:
+        raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
+                        f"use one of {', '.join(SUPPORTED)}")
+    fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
+    name = cfg.get("_name_or_path") or model_type
+    return {"name": str(name), **fields}

@@ -1,0 +1,39 @@
+"""Published architectures by name. Parameter counts are checked against the published figures
+in tests/test_specs.py (model cards and papers), an independent check of formulas/parameters.py."""
+from __future__ import annotations
+
+_GPT2 = dict(family="gpt2", vocab_size=50257, max_position_embeddings=1024, tie_embeddings=True,
+             activation="gelu_new", embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1)
+_LLAMA = dict(family="llama", tie_embeddings=False, qkv_bias=False, out_bias=False, mlp_bias=False,
+              activation="silu")
+_QWEN2 = dict(_LLAMA, qkv_bias=True)
+
+PRESETS: dict[str, dict] = {
+    # GPT-2 (Radford et al. 2019; HF config.json of openai-community/gpt2*)
+    "gpt2": dict(_GPT2, hidden_size=768, num_layers=12, num_heads=12),
+    "gpt2-medium": dict(_GPT2, hidden_size=1024, num_layers=24, num_heads=16),
+    "gpt2-large": dict(_GPT2, hidden_size=1280, num_layers=36, num_heads=20),
+    "gpt2-xl": dict(_GPT2, hidden_size=1600, num_layers=48, num_heads=25),
+    # Llama 2 (Touvron et al. 2023), Llama 3 (Meta 2024), Mistral 7B (Jiang et al. 2023)
+    "llama-2-7b": dict(_LLAMA, vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                       intermediate_size=11008, max_position_embeddings=4096),
+    "llama-2-13b": dict(_LLAMA, vocab_size=32000, hidden_size=5120, num_layers=40, num_heads=40,
+                        intermediate_size=13824, max_position_embeddings=4096),
+    "llama-2-70b": dict(_LLAMA, vocab_size=32000, hidden_size=8192, num_layers=80, num_heads=64,
+                        num_kv_heads=8, intermediate_size=28672, max_position_embeddings=4096),
+    "llama-3-8b": dict(_LLAMA, vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                       num_kv_heads=8, intermediate_size=14336, max_position_embeddings=8192),
+    "llama-3-70b": dict(_LLAMA, vocab_size=128256, hidden_size=8192, num_layers=80, num_heads=64,
+                        num_kv_heads=8, intermediate_size=28672, max_position_embeddings=8192),
+    "mistral-7b": dict(_LLAMA, vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                       num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768),
+    # Qwen2 (Yang et al. 2024, arXiv 2407.10671)
+    "qwen2-0.5b": dict(_QWEN2, vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
+                       num_kv_heads=2, intermediate_size=4864, tie_embeddings=True,
+                       max_position_embeddings=32768),
+    "qwen2-1.5b": dict(_QWEN2, vocab_size=151936, hidden_size=1536, num_layers=28, num_heads=12,
+                       num_kv_heads=2, intermediate_size=8960, tie_embeddings=True,
+                       max_position_embeddings=32768),
+    "qwen2-7b": dict(_QWEN2, vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28,
+                     num_kv_heads=4, intermediate_size=18944, max_position_embeddings=32768),
+}

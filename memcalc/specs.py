@@ -1,0 +1,157 @@
+"""ModelSpec: the architecture of a decoder-only transformer, and named presets.
+
+Two families cover the models in use: GPT-2 style (LayerNorm, GELU MLP, learned positions, biases,
+tied embeddings, dropout) and Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention;
+Mistral and Qwen2 are Llama style with other sizes, Qwen2 with q/k/v biases).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memcalc.errors import SpecError, UnknownNameError, closest_names, from_pydantic
+
+Family = Literal["gpt2", "llama"]
+Implementation = Literal["hf", "reference"]
+Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer's shape.
+
+    >>> ModelSpec.preset("gpt2").param_count
+    124439808
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "custom"
+    """A label for reports; presets carry their own name."""
+    family: Family
+    """'gpt2' (LayerNorm, GELU MLP, learned positions) or 'llama' (RMSNorm, SwiGLU, rotary)."""
+    implementation: Implementation = "hf"
+    """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
+    Implementations save different tensors for backward, so the activation model follows it."""
+    vocab_size: int = Field(gt=0)
+    """Vocabulary size V (rows of the embedding and of the output layer)."""
+    hidden_size: int = Field(gt=0)
+    """Model width h."""
+    num_layers: int = Field(gt=0)
+    """Number of transformer blocks L."""
+    num_heads: int = Field(gt=0)
+    """Attention (query) heads a."""
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    """Key/value heads for grouped-query attention; None means num_heads (multi-head)."""
+    head_dim: int | None = Field(default=None, gt=0)
+    """Per-head width; None means hidden_size // num_heads."""
+    intermediate_size: int | None = Field(default=None, gt=0)
+    """MLP inner width; None means 4h for gpt2 (and is required for llama)."""
+    max_position_embeddings: int = Field(default=1024, gt=0)
+    """Rows of the learned position table (gpt2); the longest sequence either family accepts."""
+    tie_embeddings: bool = True
+    """Output layer shares the input embedding matrix (GPT-2, small Qwen2) or has its own."""
+    qkv_bias: bool = True
+    """q/k/v projections carry biases (GPT-2, Qwen2: yes; Llama, Mistral: no)."""
+    out_bias: bool = True
+    """The attention output projection carries a bias (GPT-2: yes; Llama, Qwen2: no)."""
+    mlp_bias: bool = True
+    """The MLP projections carry biases (GPT-2: yes; Llama family: no)."""
+    activation: Activation = "gelu_new"
+    """MLP activation: gelu_new (HF GPT-2's tanh GELU written in Python ops), gelu, gelu_tanh
+    (one fused op), or silu (SwiGLU, Llama family)."""
+    embd_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout after the embeddings (GPT-2's embd_pdrop)."""
+    attn_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the attention probabilities (attn_pdrop / attention_dropout)."""
+    resid_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on each residual branch (GPT-2's resid_pdrop)."""
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> "ModelSpec":
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} does not divide hidden_size="
+                             f"{self.hidden_size}; choose a divisor or set head_dim")
+        if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
+            raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
+        if self.family == "llama" and self.intermediate_size is None:
+            raise ValueError("intermediate_size is required for the llama family")
+        if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
+            raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
+        if self.family == "llama" and (self.embd_dropout or self.resid_dropout):
+            raise ValueError("llama family has only attn_dropout; set embd/resid_dropout to 0")
+        return self
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads, resolved."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head width d, resolved."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """MLP inner width f, resolved."""
+        return self.intermediate_size or 4 * self.hidden_size
+
+    @property
+    def param_count(self) -> int:
+        """Trainable parameters, as nn.Module.parameters() counts them (tied weights once).
+
+        >>> ModelSpec.preset("llama-2-7b").param_count
+        6738415616
+        """
+        from memcalc.formulas.parameters import parameter_count
+
+        return parameter_count(self)
+
+    # ---- constructors --------------------------------------------------------------------
+    @classmethod
+    def make(cls, **fields) -> "ModelSpec":
+        """Build a spec, turning validation failures into one SpecError naming the field.
+
+        >>> ModelSpec.make(family="gpt2", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4).head_size
+        16
+        """
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            raise from_pydantic(err, "ModelSpec") from None
+
+    @classmethod
+    def preset(cls, name: str) -> "ModelSpec":
+        """A published model by name (see `memcalc.presets.PRESETS`).
+
+        >>> ModelSpec.preset("mistral-7b").kv_heads
+        8
+        """
+        from memcalc.presets import PRESETS
+
+        key = name.lower()
+        if key not in PRESETS:
+            raise UnknownNameError("model", f"unknown preset {name!r}",
+                                   f"use one of: {closest_names(key, list(PRESETS))}")
+        return cls.make(name=key, **PRESETS[key])
+
+    @classmethod
+    def from_hf_config(cls, config, implementation: Implementation = "hf") -> "ModelSpec":
+        """A spec from a Hugging Face config.json path or its dict; nothing is downloaded.
+
+        >>> ModelSpec.from_hf_config({"model_type": "gpt2", "n_layer": 2}).num_layers
+        2
+        """
+        from memcalc.hf_config import spec_fields_from_hf
+
+        return cls.make(implementation=implementation, **spec_fields_from_hf(config))
+
+    def with_(self, **changes) -> "ModelSpec":
+        """A copy with some fields changed, validated again.
+
+        >>> ModelSpec.preset("gpt2").with_(num_layers=4).num_layers
+        4
+        """
+        return type(self).make(**{**self.model_dump(), **changes})

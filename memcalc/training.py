@@ -1,0 +1,98 @@
+"""TrainingConfig: how one training step runs (shapes, precision, optimizer, checkpointing)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memcalc.errors import from_pydantic
+
+Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
+Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
+Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
+Attention = Literal["eager", "sdpa"]
+Device = Literal["cuda", "cpu"]
+
+# torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
+DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}
+
+
+class TrainingConfig(BaseModel):
+    """One training step.
+
+    >>> TrainingConfig(micro_batch=4, seq_len=1024, device="cpu").resolved_optimizer_impl
+    'for-loop'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    micro_batch: int = Field(gt=0)
+    """Sequences per forward/backward pass (b)."""
+    seq_len: int = Field(gt=0)
+    """Tokens per sequence (s)."""
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-steps per optimizer step; gradients stay alive between them."""
+    precision: Precision = "fp32"
+    """fp32; fp16-amp (autocast fp16 + GradScaler dynamic loss scaling); bf16-amp (autocast bf16);
+    bf16 (parameters, gradients and optimizer states in bf16)."""
+    optimizer: Optimizer = "adamw"
+    """torch.optim.SGD (momentum 0 or 0.9), Adam or AdamW."""
+    optimizer_impl: OptimizerImpl | None = None
+    """foreach, fused or for-loop; None means torch's default on the device (foreach on cuda,
+    for-loop on cpu: torch/optim/optimizer.py _default_to_fused_or_foreach)."""
+    weight_decay: float | None = Field(default=None, ge=0.0)
+    """Optimizer weight decay; None means torch's default for the optimizer."""
+    checkpointing: Checkpointing = "none"
+    """Activation checkpointing: none, per-layer, sqrt (about sqrt(L) segments), every-k, or
+    selective (attention core recomputed, Korthikanti et al. 2022)."""
+    checkpoint_every: int | None = Field(default=None, gt=0)
+    """Layers per checkpointed segment, for checkpointing='every-k'."""
+    attention: Attention = "sdpa"
+    """eager (explicit softmax(QK^T)V) or sdpa (F.scaled_dot_product_attention)."""
+    device: Device = "cuda"
+    """Where the step runs: cuda (caching allocator rules apply) or cpu."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.checkpointing == "every-k" and self.checkpoint_every is None:
+            raise ValueError("checkpointing='every-k' needs checkpoint_every (layers per segment)")
+        if self.checkpoint_every is not None and self.checkpointing != "every-k":
+            raise ValueError("checkpoint_every is only used with checkpointing='every-k'")
+        if self.optimizer_impl == "fused" and self.optimizer.startswith("sgd") and self.device == "cpu":
+            pass  # torch supports fused SGD on CPU since 2.4
+        return self
+
+    @classmethod
+    def make(cls, **fields) -> "TrainingConfig":
+        """Build a config, turning validation failures into one SpecError naming the field.
+
+        >>> TrainingConfig.make(micro_batch=1, seq_len=8).grad_accum
+        1
+        """
+        try:
+            return cls(**fields)
+        except ValidationError as err:
+            raise from_pydantic(err, "TrainingConfig") from None
+
+    @property
+    def resolved_optimizer_impl(self) -> str:
+        """The implementation torch runs: the explicit one, else the device default."""
+        if self.optimizer_impl is not None:
+            return self.optimizer_impl
+        return "foreach" if self.device == "cuda" else "for-loop"
+
+    @property
+    def resolved_weight_decay(self) -> float:
+        """Weight decay, with torch's per-optimizer default filled in."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return DEFAULT_WEIGHT_DECAY[self.optimizer]
+
+    def with_(self, **changes) -> "TrainingConfig":
+        """A copy with some fields changed, validated again.
+
+        >>> TrainingConfig(micro_batch=1, seq_len=8).with_(micro_batch=2).micro_batch
+        2
+        """
+        return type(self).make(**{**self.model_dump(), **changes})
