@@ -1,0 +1,206 @@
+"""Hugging Face models from a ModelSpec (implementation='hf') or a config dict: random weights,
+nothing downloaded, checkpointing applied the way a user of transformers would (per-layer), or by
+grouping decoder layers (every-k, sqrt), or around the attention function only (selective).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from memcalc.errors import MemcalcError
+from validate.models import RMS_EPS, ROPE_THETA, segment_size
+
+CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _gpt2_config(spec) -> dict:
+    if not (spec.qkv_bias and spec.out_bias and spec.mlp_bias):
+        raise MemcalcError("qkv_bias", "HF GPT-2 always has q/k/v, output and MLP biases",
+                           "set qkv_bias/out_bias/mlp_bias true or use implementation=reference")
+    if spec.head_size * spec.num_heads != spec.hidden_size:
+        raise MemcalcError("head_dim", "HF GPT-2 needs head_dim = hidden_size / num_heads",
+                           "drop head_dim or use implementation=reference")
+    act = {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation)
+    if act == "silu":
+        raise MemcalcError("activation", "gpt2 family with silu is not a HF GPT-2 model",
+                           "use gelu_new, gelu or gelu_tanh")
+    return dict(model_type="gpt2", vocab_size=spec.vocab_size, n_embd=spec.hidden_size,
+                n_layer=spec.num_layers, n_head=spec.num_heads, n_inner=spec.intermediate_size,
+                n_positions=spec.max_position_embeddings, activation_function=act,
+                embd_pdrop=spec.embd_dropout, attn_pdrop=spec.attn_dropout,
+                resid_pdrop=spec.resid_dropout, tie_word_embeddings=spec.tie_embeddings,
+                bos_token_id=0, eos_token_id=0)
+
+
+def _llama_model_type(spec) -> str:
+    if spec.mlp_bias and (spec.qkv_bias != spec.out_bias):
+        raise MemcalcError("mlp_bias", "no HF llama-family class has this bias combination",
+                           "use implementation=reference")
+    if spec.qkv_bias and not spec.out_bias:
+        return "qwen2"
+    if spec.out_bias and not spec.qkv_bias:
+        raise MemcalcError("out_bias", "HF Llama has an output bias only together with q/k/v biases",
+                           "use implementation=reference")
+    return "mistral" if "mistral" in spec.name.lower() else "llama"
+
+
+def hf_config_dict(spec) -> dict:
+    """A transformers config dict (with model_type) that builds the spec's architecture.
+
+    >>> from memcalc.specs import ModelSpec
+    >>> hf_config_dict(ModelSpec.preset("qwen2-0.5b"))["model_type"]
+    'qwen2'
+    """
+    if spec.family == "gpt2":
+        return _gpt2_config(spec)
+    model_type = _llama_model_type(spec)
+    cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+               num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+               num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+               intermediate_size=spec.ffn_size, max_position_embeddings=spec.max_position_embeddings,
+               tie_word_embeddings=spec.tie_embeddings, hidden_act="silu",
+               attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA,
+               bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    if model_type == "llama":
+        cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
+    if model_type in ("mistral", "qwen2"):
+        cfg.update(sliding_window=None, use_sliding_window=False)
+    return cfg
+
+
+def _make_config(config: dict):
+    import transformers
+
+    cfg = dict(config)
+    model_type = cfg.pop("model_type", None)
+    if model_type not in CLASSES:
+        raise MemcalcError("hf_config.model_type", f"{model_type!r} is not supported",
+                           f"use one of {', '.join(CLASSES)}")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+                "auto_map", "quantization_config"):
+        cfg.pop(key, None)
+    return model_type, transformers.AutoConfig.for_model(model_type, **cfg)
+
+
+def build_hf(spec, training, config: dict | None = None):
+    """A randomly initialised HF causal LM in train mode, on the current default device.
+
+    Returns (model, description), e.g. 'hf:GPT2LMHeadModel:sdpa'.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> spec = ModelSpec.make(family="gpt2", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2)
+    >>> build_hf(spec, TrainingConfig(micro_batch=1, seq_len=4, attention="eager"))[1]
+    'hf:GPT2LMHeadModel:eager'
+    """
+    import transformers
+
+    model_type, cfg = _make_config(config if config is not None else hf_config_dict(spec))
+    cls = getattr(transformers, CLASSES[model_type])
+    attn = training.attention
+    if training.checkpointing == "selective":
+        attn = register_selective(training.attention)
+    model = cls._from_config(cfg, attn_implementation=attn)
+    _apply_checkpointing(model, spec, training)
+    return model.train(), f"hf:{cls.__name__}:{training.attention}"
+
+
+# ---- checkpointing -----------------------------------------------------------------------------
+def _layer_list(model):
+    base = getattr(model, model.base_model_prefix)
+    name = "h" if hasattr(base, "h") else "layers"
+    return base, name
+
+
+def _apply_checkpointing(model, spec, training) -> None:
+    kind = training.checkpointing
+    if kind == "per-layer":
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif kind in ("every-k", "sqrt"):
+        k = segment_size(spec, training)
+        base, name = _layer_list(model)
+        layers = list(getattr(base, name))
+        setattr(base, name, torch.nn.ModuleList(_group_layers(layers, k)))
+
+
+class _Group:
+    """Shared state of one checkpointed segment: its layers, and the layers' output form."""
+
+    def __init__(self, layers):
+        self.layers = layers
+        self.tuple_output = False
+
+
+class SegmentLayer(torch.nn.Module):
+    """Wraps one decoder layer. The segment's first wrapper runs all the segment's layers under
+    one non-reentrant checkpoint; the others pass their input through unchanged."""
+
+    def __init__(self, layer, group: _Group, leader: bool):
+        super().__init__()
+        self.layer = layer  # registered here, so parameters and state_dict stay per layer
+        self._group, self._leader = group, leader
+
+    def _run(self, hidden, *args, **kwargs):
+        out = hidden
+        for layer in self._group.layers:
+            out = layer(hidden, *args, **kwargs)
+            self._group.tuple_output = isinstance(out, tuple)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return out
+
+    def forward(self, hidden, *args, **kwargs):
+        if not self._leader:
+            return (hidden,) if self._group.tuple_output else hidden
+        if not (self.training and torch.is_grad_enabled()):
+            return self._run(hidden, *args, **kwargs)
+        return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
+
+
+def _group_layers(layers, k: int):
+    wrapped = []
+    for i in range(0, len(layers), k):
+        group = _Group(layers[i:i + k])
+        wrapped += [SegmentLayer(layer, group, j == 0) for j, layer in enumerate(group.layers)]
+    return wrapped
+
+
+def register_selective(base: str) -> str:
+    """Register an attention function that runs `base` (eager or sdpa) inside a non-reentrant
+    checkpoint; returns its name for attn_implementation.
+
+    >>> register_selective("sdpa")
+    'memcalc_selective_sdpa'
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    name = f"memcalc_selective_{base}"
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        fn = _base_attention(module, base)
+
+        def core(q, k, v):
+            return fn(module, q, k, v, attention_mask, **kwargs)[0]
+
+        if not (module.training and torch.is_grad_enabled()):
+            return core(query, key, value), None
+        return checkpoint(core, query, key, value, use_reentrant=False), None
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    return name
+
+
+def _base_attention(module, base: str):
+    if base == "sdpa":
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward
+    import sys
+
+    # each modeling file defines its own eager_attention_forward; use the module's own
+    return sys.modules[type(module).__module__].eager_attention_forward
