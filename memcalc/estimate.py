@@ -1,0 +1,145 @@
+"""estimate(): the peak of a training step, per phase, with its breakdown and symbolic form."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from memcalc.poly import Poly
+from memcalc.specs import ModelSpec
+from memcalc.tape.graph import Graph
+from memcalc.tape.ops import Ops
+from memcalc.tape.simulate import Moment
+from memcalc.tape.step import simulate_step
+from memcalc.training import TrainingConfig
+
+GIB = 1024 ** 3
+PHASES = ("forward", "backward", "optimizer")
+# cuBLAS workspace, allocated through the caching allocator at the first matmul and kept:
+# CUBLAS_WORKSPACE_CONFIG default ":4096:8" = 4 MiB x 8 on sm90, 4096 KiB*2+16 KiB*8 ~ 8 MiB on older
+# (aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize). Not yet validated on a GPU.
+CUBLAS_WORKSPACE_BYTES = 32 * 1024 ** 2
+
+
+def segment_starts(num_layers: int, training: TrainingConfig) -> set[int]:
+    """First layer of each checkpointed segment.
+
+    >>> sorted(segment_starts(9, TrainingConfig(micro_batch=1, seq_len=8, checkpointing="sqrt")))
+    [0, 3, 6]
+    """
+    mode = training.checkpointing
+    if mode in ("none", "selective"):
+        return set()
+    k = {"per-layer": 1, "every-k": training.checkpoint_every or 1,
+         "sqrt": sqrt_segment_size(num_layers)}[mode]
+    return set(range(0, num_layers, k))
+
+
+def sqrt_segment_size(num_layers: int) -> int:
+    """Layers per segment under 'sqrt' checkpointing: round(sqrt(L)) (Chen et al. 2016, sec. 4).
+
+    >>> sqrt_segment_size(16)
+    4
+    """
+    return max(1, round(math.sqrt(num_layers)))
+
+
+def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]:
+    """The forward program of the model's implementation."""
+    from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+
+    ops = Ops(Graph(), training.precision, training.device)
+    module = {("hf", "gpt2"): hf_gpt2, ("hf", "llama"): hf_llama,
+              ("reference", "gpt2"): ref_gpt2, ("reference", "llama"): ref_llama}[
+        (model.implementation, model.family)]
+    module.build(ops, model, training, segment_starts(model.num_layers, training))
+    return ops.g, ops
+
+
+@dataclass
+class Candidates:
+    """The moments that can set the peak, for the steady state and the first step."""
+
+    steady: list[Moment]
+    first: list[Moment]
+
+
+@lru_cache(maxsize=256)
+def _candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
+    shape_free = training.with_(micro_batch=1, seq_len=1) if False else training
+    graph, ops = build_graph(model, shape_free)
+    constants = {"cublas_workspace": CUBLAS_WORKSPACE_BYTES} if training.device == "cuda" else {}
+    steady = simulate_step(graph, training, ops.param_elt, False, constants)
+    graph, ops = build_graph(model, shape_free)
+    first = simulate_step(graph, training, ops.param_elt, True, constants)
+    return Candidates(steady, first)
+
+
+def _key(training: TrainingConfig) -> TrainingConfig:
+    return training.with_(micro_batch=1, seq_len=1)
+
+
+@dataclass
+class MemoryReport:
+    """Predicted memory of one training step.
+
+    >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128))
+    >>> r.peak_bytes == max(r.phases.values())
+    True
+    """
+
+    peak_bytes: int
+    first_step_peak_bytes: int
+    peak_phase: str
+    phases: dict[str, int]
+    components: dict[str, int]
+    moment: str
+    model: ModelSpec = field(repr=False)
+    training: TrainingConfig = field(repr=False)
+    _candidates: list = field(repr=False, default_factory=list)
+
+    @property
+    def expr(self):
+        """The steady-state peak as a sympy Max over the candidate moments, in b and s."""
+        from memcalc.symbols import b, s
+        import sympy
+
+        return sympy.Max(*[m.total.to_sympy(b, s) for m in self._candidates])
+
+    @property
+    def peak_gib(self) -> float:
+        """The peak in GiB (2**30 bytes)."""
+        return self.peak_bytes / GIB
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={v / GIB:.3f}" for k, v in self.components.items() if v)
+        return (f"MemoryReport(peak={self.peak_gib:.3f} GiB in {self.peak_phase}; {parts} GiB; "
+                f"first step {self.first_step_peak_bytes / GIB:.3f} GiB)")
+
+
+def _best(moments: list[Moment], b: int, s: int) -> tuple[Moment, int]:
+    best, value = None, -1
+    for m in moments:
+        v = m.total.eval(b, s)
+        if v > value:
+            best, value = m, v
+    return best, value
+
+
+def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
+    """Predict the peak memory of one training step.
+
+    >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=4, seq_len=1024))
+    >>> round(r.peak_gib, 1) > 5
+    True
+    """
+    cands = _candidates(model, _key(training))
+    b, s = training.micro_batch, training.seq_len
+    phases = {}
+    for phase in PHASES:
+        _, phases[phase] = _best([m for m in cands.steady if m.phase == phase], b, s)
+    top, peak = _best(cands.steady, b, s)
+    _, first = _best(cands.first, b, s)
+    components = {k: v.eval(b, s) for k, v in top.by_category.items()}
+    return MemoryReport(peak, first, top.phase, phases, components, top.label, model, training,
+                        cands.steady)

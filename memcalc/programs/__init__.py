@@ -1,0 +1,1 @@
+"""Forward programs per implementation: the ops each model's code runs, in order."""

@@ -1,0 +1,36 @@
+"""Eager attention: softmax(q k^T * scale + mask) v, materialising the (b, heads, s, s) scores.
+
+torch.matmul on 4-D operands reshapes them to 3-D for bmm; q, k, v that are transposed views
+of a fused projection cannot be flattened without a copy (aten/src/ATen/native/LinearAlgebra.cpp
+_matmul_impl), and bmm saves those copies. transformers' eager_attention_forward adds a float mask;
+the reference model uses masked_fill with a bool buffer.
+"""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.tape.graph import Alias, Grad
+
+
+def _copy(ops, x, name):
+    """A contiguous copy made by reshape/contiguous; its backward passes the gradient through."""
+    return ops.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
+
+
+def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, True)):
+    """Scores path of one attention layer; returns the (b, s, heads*d) output before o_proj."""
+    g, a, d = ops.g, spec.num_heads, spec.head_size
+    elt = q.elt
+    scores = Poly.mono(a * elt, 1, 2)
+    qc = _copy(ops, q, "q reshape copy") if copies[0] else q
+    kc = _copy(ops, k, "k reshape copy") if copies[1] else k
+    s = g.op("q@k^T", [qc, kc], scores, saves=[qc, kc], backward=[Grad(0), Grad(1)], elt=elt)
+    s = ops.scale(s, "* scale")
+    if hf:
+        s = g.op("+ mask", [s, ops.mask], s.size, backward=[Alias(0)], elt=elt)
+    else:
+        s = g.op("masked_fill", [s], s.size, backward=[Grad(0)], elt=elt)
+    p = ops.unary_saving_output("softmax", s)
+    p = ops.dropout(p, spec.attn_dropout)
+    vc = _copy(ops, v, "v reshape copy") if copies[2] else v
+    y = g.op("p@v", [p, vc], Poly.bs(a * d * elt), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=elt)
+    return _copy(ops, y, "transpose contiguous")

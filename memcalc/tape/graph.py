@@ -1,0 +1,163 @@
+"""A forward program described tensor by tensor: what each op allocates, what autograd saves,
+and what its backward allocates (from PyTorch's tools/autograd/derivatives.yaml and the aten
+kernels; checked op by op against the live-tensor timeline that validate.tracker records).
+
+The engine never runs these ops; `memcalc.tape.simulate` walks the program to find when each
+storage is born and freed, forward, backward and in the optimizer step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memcalc.poly import Poly
+
+
+@dataclass(eq=False)
+class Storage:
+    """A block of memory; views share one."""
+
+    size: Poly
+    category: str
+    label: str
+
+
+@dataclass(eq=False)
+class Value:
+    """A logical tensor (possibly a view) of `size` bytes backed by `storage`."""
+
+    storage: Storage
+    size: Poly
+    requires_grad: bool
+    is_param: bool = False
+    label: str = ""
+    grad_size: Poly | None = None  # bytes of its gradient when it differs (params under autocast)
+    elt: int = 4  # bytes per element (dtype size)
+
+
+@dataclass
+class Grad:
+    """Backward step: allocate the gradient of input `index` (its own size unless `size`)."""
+
+    index: int
+    size: Poly | None = None
+
+
+@dataclass
+class Alias:
+    """Backward step: input `index` receives the incoming gradient itself (no allocation)."""
+
+    index: int
+
+
+@dataclass
+class Temp:
+    """Backward step: allocate a temporary of `size` bytes, freed when the node finishes
+    (or at the next FreeTemps)."""
+
+    size: Poly
+
+
+@dataclass
+class FreeTemps:
+    """Backward step: free the temporaries allocated so far in this node."""
+
+
+@dataclass(eq=False)
+class Node:
+    """One forward op."""
+
+    name: str
+    inputs: list[Value]
+    outputs: list[Value]
+    saved: list[Storage]
+    backward: list
+    region: int | None = None  # checkpoint region id; saved tensors of a region are recomputed
+    extra_forward: list[Poly] = field(default_factory=list)  # forward-only temporaries
+
+
+class Graph:
+    """Builds a forward program.
+
+    >>> g = Graph(); w = g.param("w", Poly.const(16)); x = g.input("x", Poly.bs(4))
+    >>> y = g.op("mul", [x, w], Poly.bs(4), saves=[x, w], backward=[Grad(0), Grad(1)])
+    >>> len(g.nodes)
+    1
+    """
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.params: list[Value] = []
+        self.inputs: list[Value] = []
+        self.buffers: list[Value] = []
+        self.region: int | None = None
+        self._next_region = 0
+        self.keep: list[Value] = []  # outputs kept alive past the forward (the loss)
+
+    # ---- leaves ------------------------------------------------------------------------------
+    def param(self, label: str, size: Poly, elt: int = 4) -> Value:
+        """A trainable parameter (a leaf that accumulates .grad)."""
+        v = Value(Storage(size, "weights", label), size, True, True, label, None, elt)
+        self.params.append(v)
+        return v
+
+    def input(self, label: str, size: Poly, elt: int = 8) -> Value:
+        """A batch tensor created before the step (token ids, labels)."""
+        v = Value(Storage(size, "inputs", label), size, False, label=label, elt=elt)
+        self.inputs.append(v)
+        return v
+
+    def buffer(self, label: str, size: Poly, elt: int = 4) -> Value:
+        """A module buffer alive for the whole run (causal mask, rotary tables)."""
+        v = Value(Storage(size, "buffers", label), size, False, label=label, elt=elt)
+        self.buffers.append(v)
+        return v
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def op(self, name: str, inputs: list[Value], size: Poly, saves=(), backward=(),
+           requires_grad: bool | None = None, category: str = "activations",
+           extra_forward=(), elt: int = 4) -> Value:
+        """An op producing one new tensor of `size` bytes (`elt` bytes per element)."""
+        return self.op_multi(name, inputs, [size], saves, backward, requires_grad, category,
+                             extra_forward, [elt])[0]
+
+    def op_multi(self, name, inputs, sizes, saves=(), backward=(), requires_grad=None,
+                 category="activations", extra_forward=(), elts=None) -> list[Value]:
+        """An op producing several new tensors."""
+        rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
+        elts = elts or [4] * len(sizes)
+        outs = [Value(Storage(sz, category, f"{name}.out{i}"), sz, rg, label=name, elt=e)
+                for i, (sz, e) in enumerate(zip(sizes, elts))]
+        saved = [v.storage if isinstance(v, Value) else v for v in saves] if rg else []
+        self.nodes.append(Node(name, list(inputs), outs, saved, list(backward) if rg else [],
+                               self.region, list(extra_forward)))
+        return outs
+
+    def view(self, name: str, x: Value, size: Poly | None = None, backward=None) -> Value:
+        """A view of x (no allocation); its backward passes the gradient through."""
+        out = Value(x.storage, x.size if size is None else size, x.requires_grad, label=name, elt=x.elt)
+        bwd = [Alias(0)] if backward is None else backward
+        self.nodes.append(Node(name, [x], [out], [], bwd if x.requires_grad else [], self.region))
+        return out
+
+    def views(self, name: str, x: Value, sizes: list[Poly], backward=()) -> list[Value]:
+        """Several views of x at once (split/chunk); `backward` runs once for all of them."""
+        outs = [Value(x.storage, sz, x.requires_grad, label=f"{name}.{i}", elt=x.elt)
+                for i, sz in enumerate(sizes)]
+        self.nodes.append(Node(name, [x], outs, [], list(backward) if x.requires_grad else [],
+                               self.region))
+        return outs
+
+    def scope_end(self, values: list[Value]) -> None:
+        """Python locals stay alive until their function returns: keep `values` alive to here."""
+        self.nodes.append(Node("scope end", list(values), [], [], [], self.region))
+
+    # ---- checkpoint regions ------------------------------------------------------------------
+    def begin_region(self) -> None:
+        """Following ops run under torch.utils.checkpoint (non-reentrant): nothing saved in
+        forward, the region's inputs kept, the region recomputed in backward."""
+        self.region = self._next_region
+        self._next_region += 1
+
+    def end_region(self) -> None:
+        """Back to normal autograd saving."""
+        self.region = None

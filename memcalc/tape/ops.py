@@ -1,0 +1,142 @@
+"""Memory rules of the ops a transformer step uses, precision-aware.
+
+Each method adds one op to a Graph: what it allocates (outputs), what autograd saves
+(tools/autograd/derivatives.yaml), and what its backward allocates in order. Autocast rules are
+ATen's (aten/src/ATen/autocast_mode.cpp): matmuls in the low dtype with weight casts cached until
+the autocast region exits; on CUDA layer_norm / softmax / log_softmax / cross_entropy run in fp32,
+on CPU only cross_entropy does (checked with torch 2.13).
+"""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Temp, Value
+
+
+def numel(v: Value) -> Poly:
+    """Elements of a tensor (its bytes over its element size)."""
+    return Poly({m: c // v.elt for m, c in v.size.terms.items()})
+
+
+class Ops:
+    """Op builders bound to a graph and a precision regime.
+
+    >>> from memcalc.tape.graph import Graph
+    >>> ops = Ops(Graph(), "fp32", "cpu"); ops.low
+    4
+    """
+
+    def __init__(self, graph: Graph, precision: str, device: str):
+        self.g = graph
+        self.precision = precision
+        self.device = device
+        self.autocast = precision in ("fp16-amp", "bf16-amp")
+        self.low = 4 if precision == "fp32" else 2  # element size of matmul outputs
+        self.param_elt = 2 if precision == "bf16" else 4
+        self.weight_casts: list[Value] = []
+        self._cast_cache: dict[int, Value] = {}
+
+    # ---- dtype handling ---------------------------------------------------------------------
+    def to(self, x: Value, elt: int, name: str = "to") -> Value:
+        """x.to(dtype): a copy saving nothing; its backward converts the gradient back."""
+        if x.elt == elt:
+            return x
+        return self.g.op(name, [x], numel(x) * elt, backward=[Grad(0)], elt=elt)
+
+    def matmul_operand(self, x: Value) -> Value:
+        """Autocast's cast of a matmul input to the low dtype; weights are cast once per forward
+        and cached until autocast exits (autocast_mode.cpp cached_cast)."""
+        if not self.autocast or x.elt == self.low:
+            return x
+        if not x.is_param:
+            return self.to(x, self.low, "autocast cast")
+        if id(x) not in self._cast_cache:
+            cast = self.to(x, self.low, f"cast {x.label}")
+            self._cast_cache[id(x)] = cast
+            self.weight_casts.append(cast)
+        return self._cast_cache[id(x)]
+
+    def fp32_op_input(self, x: Value) -> Value:
+        """Inputs of autocast's fp32 ops on this device are cast up."""
+        return self.to(x, 4, "autocast upcast") if self.autocast and x.elt != 4 else x
+
+    def norm_input(self, x: Value) -> Value:
+        """layer_norm / rms_norm run in fp32 under CUDA autocast, in the input dtype on CPU."""
+        return self.fp32_op_input(x) if self.device == "cuda" else x
+
+    # ---- parameters -------------------------------------------------------------------------
+    def param(self, label: str, count: int) -> Value:
+        """A parameter of `count` elements in the regime's parameter dtype."""
+        return self.g.param(label, Poly.const(count * self.param_elt), self.param_elt)
+
+    # ---- ops --------------------------------------------------------------------------------
+    def linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
+               name: str = "linear") -> Value:
+        """x @ w.T + bias (addmm/mm): saves x and w; backward makes grad x, grad w, grad bias."""
+        xin, win = self.matmul_operand(x), self.matmul_operand(w)
+        bin_ = self.matmul_operand(bias) if bias is not None else None
+        elt = self.low if self.autocast else x.elt
+        inputs = [xin, win] + ([bin_] if bin_ is not None else [])
+        backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
+        return self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
+                         elt=elt)
+
+    def layer_norm(self, x: Value, w: Value, b: Value, tokens: Poly) -> Value:
+        """native_layer_norm: outputs y, mean, rstd (fp32 stats); saves x, mean, rstd, w, b."""
+        xin = self.norm_input(x)
+        stats = tokens * 4 if xin.elt == 4 or self.device == "cpu" else tokens * 4
+        y, mean, rstd = self.g.op_multi("layer_norm", [xin, w, b], [xin.size, stats, stats],
+                                        backward=[Grad(0), Grad(1), Grad(2)],
+                                        elts=[xin.elt, 4, 4])
+        node = self.g.nodes[-1]
+        node.saved = [xin.storage, mean.storage, rstd.storage] if xin.requires_grad or w.requires_grad else []
+        node.outputs = [y, mean, rstd]
+        return y
+
+    def add(self, x: Value, y: Value, name: str = "add") -> Value:
+        """x + y (same shape): saves nothing; both inputs receive the incoming gradient.
+        Mixed dtypes promote (fp32 + bf16 -> fp32), and the low-dtype side gets a cast grad."""
+        elt = max(x.elt, y.elt)
+        back = [Alias(0) if x.elt == elt else Grad(0), Alias(1) if y.elt == elt else Grad(1)]
+        return self.g.op(name, [x, y], numel(x) * elt, backward=back, elt=elt)
+
+    def add_broadcast(self, x: Value, pos: Value, pos_grad: Poly) -> Value:
+        """x (b,s,h) + pos (1,s,h): pos's gradient is summed over the batch (pos_grad bytes)."""
+        return self.g.op("add", [x, pos], x.size, backward=[Alias(0), Grad(1, pos_grad)], elt=x.elt)
+
+    def unary_saving_input(self, name: str, x: Value, temps: int = 0) -> Value:
+        """gelu/silu/pow-like: saves its input; backward allocates `temps` temporaries and the grad."""
+        back = [Temp(x.size) for _ in range(temps)] + [Grad(0)]
+        return self.g.op(name, [x], x.size, saves=[x], backward=back, elt=x.elt)
+
+    def unary_saving_output(self, name: str, x: Value) -> Value:
+        """tanh/sigmoid-like: saves its result; backward allocates the grad."""
+        out = self.g.op(name, [x], x.size, backward=[Grad(0)], elt=x.elt)
+        self.g.nodes[-1].saved = [out.storage] if x.requires_grad else []
+        return out
+
+    def scale(self, x: Value, name: str = "mul scalar") -> Value:
+        """x * python scalar (or + scalar): saves nothing; backward allocates grad (mul) ."""
+        return self.g.op(name, [x], x.size, backward=[Grad(0)], elt=x.elt)
+
+    def shift(self, x: Value, name: str = "add scalar") -> Value:
+        """x + python scalar: saves nothing; gradient passes through."""
+        return self.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
+
+    def mul(self, x: Value, y: Value, name: str = "mul") -> Value:
+        """x * y (same shape): saves both; backward allocates grad x then grad y."""
+        elt = max(x.elt, y.elt)
+        return self.g.op(name, [x, y], numel(x) * elt, saves=[x, y], backward=[Grad(0), Grad(1)],
+                         elt=elt)
+
+    def dropout(self, x: Value, p: float) -> Value:
+        """Training dropout. CUDA: native_dropout saves a bool mask. CPU: _dropout_impl draws a
+        noise tensor of x's dtype, saved by the multiply (aten/src/ATen/native/Dropout.cpp)."""
+        if p <= 0:
+            return x
+        mask_elt = 1 if self.device == "cuda" else x.elt
+        mask = self.g.op("dropout mask", [], numel(x) * mask_elt, requires_grad=False, elt=mask_elt)
+        return self.g.op("dropout", [x, mask], x.size, saves=[mask], backward=[Grad(0)], elt=x.elt)
+
+    def scope_end(self, values: list[Value]) -> None:
+        """Python locals alive until their function returns."""
+        self.g.scope_end([v for v in values if v is not None])

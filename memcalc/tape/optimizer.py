@@ -1,0 +1,55 @@
+"""The optimizer step's memory (torch/optim/adam.py, adamw.py, sgd.py, torch 2.x).
+
+States (created lazily at the first step, same dtype as the parameter): Adam/AdamW exp_avg and
+exp_avg_sq, plus a 4-byte `step` tensor per parameter (on the device when fused); SGD with momentum
+one momentum_buffer (grad.clone() at the first step).
+Temporaries in steady state:
+- for-loop Adam(W): `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: two
+  parameter-sized tensors at once, for one parameter at a time (the largest sets the peak);
+  Adam with weight decay also makes `grad.add(param)` (one more);
+- foreach Adam(W): `torch._foreach_sqrt(exp_avg_sqs)`: one copy of every state tensor of the
+  group at once; Adam with weight decay adds `_foreach_add(grads, params)`, another full copy;
+- fused: none at Python level (one kernel);
+- SGD: for-loop/foreach with weight decay copy the grads (`grad.add(param)` / `_foreach_add`);
+  otherwise in place.
+"""
+from __future__ import annotations
+
+
+def state_bytes_per_param(optimizer: str, param_elt: int) -> int:
+    """Bytes of optimizer state per parameter element.
+
+    >>> state_bytes_per_param("adamw", 4)
+    8
+    """
+    return {"sgd": 0, "sgd-momentum": param_elt, "adam": 2 * param_elt, "adamw": 2 * param_elt}[optimizer]
+
+
+def step_scalar_bytes(optimizer: str, n_tensors: int) -> int:
+    """Adam's per-parameter `step` counters (float32 scalars).
+
+    >>> step_scalar_bytes("adam", 10)
+    40
+    """
+    return 4 * n_tensors if optimizer in ("adam", "adamw") else 0
+
+
+def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[int]) -> int:
+    """Peak temporaries of one optimizer.step() in steady state, over parameter byte sizes.
+
+    >>> transient_bytes("adamw", "foreach", 0.01, [100, 300])
+    400
+    >>> transient_bytes("adamw", "for-loop", 0.01, [100, 300])
+    600
+    """
+    total, largest = sum(sizes), max(sizes, default=0)
+    coupled_wd = weight_decay > 0 and optimizer in ("adam", "sgd", "sgd-momentum")
+    if impl == "fused":
+        return 0
+    if optimizer in ("adam", "adamw"):
+        if impl == "foreach":
+            return total * (2 if coupled_wd else 1)
+        return largest * (3 if coupled_wd else 2)
+    if coupled_wd:
+        return total if impl == "foreach" else largest
+    return 0

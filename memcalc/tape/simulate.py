@@ -1,0 +1,320 @@
+"""Walk a forward program through forward, backward and the optimizer step, tracking every
+storage's lifetime, and keep the moments that can set the peak.
+
+Rules, each from PyTorch's own machinery (and each checked against validate.tracker timelines):
+- forward: an op's outputs are allocated, then tensors whose last forward use has passed are
+  freed unless an autograd node saved them (Python references end at last use);
+- backward (torch/csrc/autograd/engine.cpp): nodes run in reverse creation order; a node
+  allocates its input gradients, then frees what it saved and its incoming gradient;
+  a gradient arriving where one is already buffered is summed out of place (input_buffer.cpp);
+  a parameter's first gradient is stolen into .grad, later ones are added in place
+  (accumulate_grad.h);
+- checkpoint regions (torch/utils/checkpoint.py, non-reentrant, early stop): nothing inside is
+  saved in forward, the region's inputs are; backward recomputes the region up to its last
+  saving op, then runs the region's backward.
+A moment is kept unless another moment of the same phase dominates it for every b, s >= 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memcalc.poly import Poly, ZERO
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
+
+
+@dataclass
+class Moment:
+    """Live bytes at one instant, with the breakdown by category."""
+
+    phase: str
+    label: str
+    total: Poly
+    by_category: dict[str, Poly]
+
+
+class Memory:
+    """Live storages with hold counts, the running total, and the kept moments."""
+
+    def __init__(self):
+        self.holds: dict[int, int] = {}
+        self.sizes: dict[int, tuple[Poly, str]] = {}
+        self.total = ZERO
+        self.by_category: dict[str, Poly] = {}
+        self.moments: list[Moment] = []
+        self.phase = "setup"
+
+    def hold(self, st: Storage, category: str | None = None) -> None:
+        """Add one reference to a storage, allocating it on the first."""
+        key = id(st)
+        if key in self.holds:
+            self.holds[key] += 1
+            return
+        cat = category or st.category
+        self.holds[key] = 1
+        self.sizes[key] = (st.size, cat)
+        self.total = self.total + st.size
+        self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
+
+    def release(self, st: Storage) -> None:
+        """Drop one reference; free the storage on the last."""
+        key = id(st)
+        self.holds[key] -= 1
+        if self.holds[key] == 0:
+            del self.holds[key]
+            size, cat = self.sizes.pop(key)
+            self.total = self.total - size
+            self.by_category[cat] = self.by_category[cat] - size
+
+    def alive(self, st: Storage) -> bool:
+        """Whether the storage is allocated."""
+        return id(st) in self.holds
+
+    def mark(self, label: str) -> None:
+        """Record this instant as a candidate for the peak (pruned against dominated ones)."""
+        total = self.total
+        same_phase = [m for m in self.moments if m.phase == self.phase]
+        for m in same_phase:
+            if m.total.dominates(total):
+                return
+        self.moments = [m for m in self.moments if m.phase != self.phase or not total.dominates(m.total)]
+        self.moments.append(Moment(self.phase, label, total, dict(self.by_category)))
+
+
+class StepSimulator:
+    """Simulate micro-steps of forward and backward over one Graph.
+
+    >>> from memcalc.tape.graph import Graph, Grad
+    >>> g = Graph(); w = g.param("w", Poly.const(64)); x = g.input("x", Poly.bs(4))
+    >>> y = g.op("mul", [x, w], Poly.bs(4), saves=[x, w], backward=[Grad(1)])
+    >>> g.keep.append(y); sim = StepSimulator(g); sim.setup(); sim.micro_step(False)
+    >>> max(m.total.eval(1, 1) for m in sim.mem.moments)
+    136
+    """
+
+    def __init__(self, graph: Graph, param_grad_category: str = "gradients"):
+        self.g = graph
+        self.mem = Memory()
+        self.param_grads: dict[int, Storage] = {}
+        self._last_use = self._forward_last_use()
+
+    # ---- setup ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Parameters and buffers are allocated before the step."""
+        for v in self.g.params + self.g.buffers:
+            self.mem.hold(v.storage)
+
+    def _forward_last_use(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for i, node in enumerate(self.g.nodes):
+            for v in node.inputs:
+                last[id(v.storage)] = i
+        return last
+
+    # ---- forward --------------------------------------------------------------------------
+    def forward(self) -> None:
+        """Run the forward program, holding saved tensors (or region inputs)."""
+        mem, nodes = self.mem, self.g.nodes
+        mem.phase = "forward"
+        expiring: dict[int, list[Storage]] = {}
+        kept = {id(v.storage) for v in self.g.keep}
+        persistent = {id(v.storage) for v in self.g.params + self.g.buffers + self.g.inputs}
+        self._region_inputs: dict[int, list[Storage]] = {}
+        produced_in: dict[int, int | None] = {}
+        for i, node in enumerate(nodes):
+            new = [v.storage for v in node.outputs if not mem.alive(v.storage)]
+            for st in new:
+                mem.hold(st)
+                produced_in[id(st)] = node.region
+            for extra in node.extra_forward:
+                mem.total = mem.total + extra
+            mem.mark(node.name)
+            for extra in node.extra_forward:
+                mem.total = mem.total - extra
+            if node.region is None:
+                for st in node.saved:
+                    mem.hold(st)
+            else:
+                self._hold_region_inputs(node, produced_in)
+            for st in new:
+                key = id(st)
+                if key in kept:
+                    continue
+                end = self._last_use.get(key, i)
+                expiring.setdefault(max(end, i), []).append(st)
+            for st in expiring.pop(i, []):
+                mem.release(st)
+        mem.mark("end of forward")
+
+    def _hold_region_inputs(self, node: Node, produced_in: dict) -> None:
+        held = self._region_inputs.setdefault(node.region, [])
+        for v in node.inputs:
+            st = v.storage
+            if v.is_param or produced_in.get(id(st), "outside") == node.region:
+                continue
+            if any(st is h for h in held) or not self.mem.alive(st):
+                continue
+            held.append(st)
+            self.mem.hold(st)
+
+    # ---- backward -------------------------------------------------------------------------
+    def backward(self, grads_exist: bool) -> None:
+        """Run backward from the kept loss; parameter grads accumulate into .grad."""
+        mem, nodes = self.mem, self.g.nodes
+        mem.phase = "backward"
+        grads: dict[int, Storage] = {}
+        loss = self.g.keep[0]
+        seed = Storage(loss.size, "activation_grads", "grad of loss")
+        mem.hold(seed)
+        grads[id(loss)] = seed
+        mem.mark("loss grad")
+        recomputed: dict[int, Storage] = {}
+        started_regions: set[int] = set()
+        for i in range(len(nodes) - 1, -1, -1):
+            node = nodes[i]
+            incoming = [grads.pop(id(v), None) for v in node.outputs]
+            if all(g is None for g in incoming):
+                continue
+            if node.region is not None and node.region not in started_regions:
+                started_regions.add(node.region)
+                recomputed = self._recompute(node.region, i)
+            def release_saved(node=node, recomputed=recomputed):
+                for st in node.saved:
+                    mem.release(st if node.region is None else recomputed.get(id(st), st))
+
+            self._run_node(node, [g for g in incoming if g is not None], grads, grads_exist,
+                           release_saved)
+            if node.region is not None and self._first_of_region(i):
+                for st in self._region_inputs.get(node.region, []):
+                    mem.release(st)
+        for v in self.g.keep:
+            mem.release(v.storage)
+        for st in grads.values():
+            mem.release(st)
+        mem.mark("end of backward")
+
+    def _first_of_region(self, i: int) -> bool:
+        nodes = self.g.nodes
+        return i == 0 or nodes[i - 1].region != nodes[i].region
+
+    def _recompute(self, region: int, last: int) -> dict[int, Storage]:
+        """Re-run the region's forward up to its last saving op; return original -> recomputed."""
+        mem, nodes = self.mem, self.g.nodes
+        first = last
+        while first > 0 and nodes[first - 1].region == region:
+            first -= 1
+        stop = max((j for j in range(first, last + 1) if nodes[j].saved), default=first - 1)
+        copies: dict[int, Storage] = {}
+        uses: dict[int, int] = {}
+        for j in range(first, stop + 1):
+            for v in nodes[j].inputs:
+                uses[id(v.storage)] = j
+        for j in range(first, stop + 1):
+            node = nodes[j]
+            fresh = []
+            for v in node.outputs:
+                if id(v.storage) in copies:
+                    continue
+                if any(v.storage is u.storage for u in node.inputs):
+                    continue  # a view of an input: no new storage
+                copies[id(v.storage)] = Storage(v.storage.size, "activations", "recomputed")
+                fresh.append(v.storage)
+                mem.hold(copies[id(v.storage)])
+            mem.mark(f"recompute {node.name}")
+            for st in node.saved:
+                mem.hold(copies.get(id(st), st))
+            for st in fresh:
+                if uses.get(id(st), j) <= j:
+                    mem.release(copies[id(st)])
+            for v in node.inputs:
+                key = id(v.storage)
+                if key in copies and uses.get(key) == j and key not in {id(o.storage) for o in node.outputs}:
+                    if any(key == id(f) for f in fresh):
+                        continue
+                    mem.release(copies[key])
+                    uses[key] = -1
+        return copies
+
+    def _run_node(self, node: Node, incoming: list[Storage], grads: dict, grads_exist: bool,
+                  release_saved) -> None:
+        """engine.cpp call_function: compute all input grads, free the incoming grads and the
+        node's saved tensors, then deliver the grads (where sums happen)."""
+        mem = self.mem
+        temps: list[Storage] = []
+        deliveries: list[tuple[Value, Storage, bool]] = []
+        for step in node.backward:
+            if isinstance(step, Temp):
+                st = Storage(step.size, "activation_grads", f"{node.name} temp")
+                mem.hold(st)
+                temps.append(st)
+                mem.mark(f"{node.name} backward")
+            elif isinstance(step, FreeTemps):
+                for st in temps:
+                    mem.release(st)
+                temps = []
+            elif isinstance(step, Grad):
+                target = node.inputs[step.index]
+                if not target.requires_grad:
+                    continue
+                size = step.size or target.grad_size or target.size
+                st = Storage(size, "gradients" if target.is_param else "activation_grads",
+                             f"grad {target.label}")
+                mem.hold(st)
+                mem.mark(f"{node.name} backward")
+                deliveries.append((target, st, True))
+            elif isinstance(step, Alias):
+                target = node.inputs[step.index]
+                if target.requires_grad and incoming:
+                    mem.hold(incoming[0])
+                    deliveries.append((target, incoming[0], False))
+        for st in temps:
+            mem.release(st)
+        for st in incoming:
+            mem.release(st)
+        release_saved()
+        for target, st, fresh in deliveries:
+            self._deliver(target, st, grads, grads_exist, fresh)
+
+    def _deliver(self, target: Value, st: Storage, grads: dict, grads_exist: bool, fresh: bool) -> None:
+        mem = self.mem
+        if target.is_param:
+            key = id(target)
+            old = self.param_grads.get(key)
+            if old is None:
+                if not fresh:  # an aliased gradient is copied into .grad
+                    own = Storage(st.size, "gradients", "grad copy")
+                    mem.hold(own)
+                    mem.release(st)
+                    st = own
+                self.param_grads[key] = st
+                return
+            if grads_exist:  # accumulate_grad.h: in place when .grad exists from an earlier micro-step
+                mem.release(st)
+                return
+            total = Storage(old.size, "gradients", "grad sum")  # tied weight: out-of-place sum
+            mem.hold(total)
+            mem.mark("accumulate grad")
+            mem.release(st)
+            mem.release(old)
+            self.param_grads[key] = total
+            return
+        key = id(target)
+        old = grads.get(key)
+        if old is None:
+            grads[key] = st
+            return
+        total = Storage(target.size, "activation_grads", "grad sum")
+        mem.hold(total)
+        mem.mark("accumulate activation grad")
+        mem.release(st)
+        mem.release(old)
+        grads[key] = total
+
+    # ---- a micro-step ---------------------------------------------------------------------
+    def micro_step(self, grads_exist: bool) -> None:
+        """Inputs, forward, backward; parameter grads survive (gradient accumulation)."""
+        for v in self.g.inputs:
+            self.mem.hold(v.storage)
+        self.forward()
+        self.backward(grads_exist)
+        for v in self.g.inputs:
+            self.mem.release(v.storage)

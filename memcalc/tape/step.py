@@ -1,0 +1,55 @@
+"""A whole training step over a forward program: micro-steps, then the optimizer.
+
+Steady state (steps >= 2): optimizer states alive from the start, grads None (zero_grad with
+set_to_none=True), created in the first micro-step's backward and accumulated in place by later
+ones. First step: no optimizer state until optimizer.step() creates it.
+"""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.tape.graph import Graph, Storage
+from memcalc.tape.optimizer import state_bytes_per_param, step_scalar_bytes, transient_bytes
+from memcalc.tape.simulate import Moment, StepSimulator
+
+
+def _param_sizes(graph: Graph) -> list[int]:
+    return [v.size.eval(1, 1) for v in graph.params]
+
+
+def _optimizer_storages(graph: Graph, training, param_elt: int) -> list[Storage]:
+    per_elt = state_bytes_per_param(training.optimizer, param_elt)
+    total = sum(s // param_elt * per_elt for s in _param_sizes(graph))
+    total += step_scalar_bytes(training.optimizer, len(graph.params))
+    return [Storage(Poly.const(total), "optimizer", "optimizer states")] if total else []
+
+
+def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
+                  constants: dict[str, int]) -> list[Moment]:
+    """The kept moments of one step (phases forward, backward, optimizer).
+
+    >>> from memcalc.tape.graph import Graph
+    """
+    sim = StepSimulator(graph)
+    sim.setup()
+    for name, nbytes in constants.items():
+        sim.mem.hold(Storage(Poly.const(nbytes), name, name))
+    states = _optimizer_storages(graph, training, param_elt)
+    if not first_step:
+        for st in states:
+            sim.mem.hold(st)
+    for micro in range(min(training.grad_accum, 2)):
+        sim.micro_step(grads_exist=micro > 0)
+    mem = sim.mem
+    mem.phase = "optimizer"
+    if first_step:
+        for st in states:
+            mem.hold(st)
+    impl = training.resolved_optimizer_impl
+    temp = transient_bytes(training.optimizer, impl, training.resolved_weight_decay, _param_sizes(graph))
+    if temp:
+        tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
+        mem.hold(tmp)
+        mem.mark("optimizer.step")
+        mem.release(tmp)
+    mem.mark("optimizer.step")
+    return mem.moments
