@@ -34,3 +34,29 @@ def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, 
     vc = _copy(ops, v, "v reshape copy") if copies[2] else v
     y = g.op("p@v", [p, vc], Poly.bs(a * d * elt), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=elt)
     return _copy(ops, y, "transpose contiguous")
+
+
+def eager_scores(ops, spec, q, k, v, hf: bool, family: str):
+    """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
+    k and v to all heads when kv < heads (their backward sums back: a kv-sized gradient); a
+    transposed v is copied by matmul's reshape; q after rotary is contiguous; softmax in fp32 then
+    cast back to the query dtype."""
+    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
+    q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
+    elt = q.elt
+    if kv < a:
+        full = Poly.bs(a * d * k.elt)
+        k = g.op("repeat_kv k", [k], full, backward=[Grad(0)], elt=k.elt)
+        v = g.op("repeat_kv v", [v], full, backward=[Grad(0)], elt=v.elt)
+    else:
+        v = _copy(ops, v, "v reshape copy")
+    scores = Poly.mono(a * elt, 1, 2)
+    s = g.op("q@k^T", [q, k], scores, saves=[q, k], backward=[Grad(0), Grad(1)], elt=elt)
+    s = ops.scale(s, "* scale")
+    s = g.op("+ mask", [s, ops.mask], s.size, backward=[Alias(0)], elt=elt)
+    s = ops.to(s, 4, "softmax dtype=float32")
+    p = ops.unary_saving_output("softmax", s)
+    p = ops.to(p, elt, "softmax .to(query dtype)")
+    p = ops.dropout(p, spec.attn_dropout)
+    y = g.op("p@v", [p, v], Poly.bs(a * d * elt), saves=[p, v], backward=[Grad(0), Grad(1)], elt=elt)
+    return _copy(ops, y, "transpose contiguous")

@@ -1,3 +1,124 @@
-"""placeholder"""
-def build(ops, spec, training, segments):
-    raise NotImplementedError
+"""transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (models/llama/
+modeling_llama.py, transformers 5.x), use_cache=False.
+
+LlamaRMSNorm upcasts to fp32 and saves the fp32 copy, its square, the normalised tensor and the
+rsqrt; rotary embedding multiplies q and k by cos/sin tables computed once per forward (fp32 under
+autocast, so q and k are promoted to fp32); rotate_half slices and concatenates; eager attention
+materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is no mask
+(integrations/sdpa_attention.py use_gqa_in_sdpa).
+"""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.programs.common import causal_lm_loss, sdpa
+from memcalc.programs.eager import eager_scores
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp
+from memcalc.tape.ops import Ops, numel
+
+
+def rms_norm(ops: Ops, x, w, N: Poly):
+    """LlamaRMSNorm.forward op by op."""
+    g = ops.g
+    x32 = ops.to(x, 4, "rmsnorm .float()")
+    sq = ops.unary_saving_input("pow 2", x32, temps=2)
+    var = g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4)
+    var = ops.shift(var, "+ eps")
+    r = ops.unary_saving_output("rsqrt", var)
+    normed = ops.mul(x32, r, "x * rsqrt")
+    normed = ops.to(normed, x.elt, "rmsnorm .to(input_dtype)")
+    out_elt = max(w.elt, normed.elt)
+    return g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=[w, normed],
+                backward=[Temp(numel(normed) * out_elt), Grad(0), FreeTemps(), Grad(1)], elt=out_elt)
+
+
+def rotary(ops: Ops, x, cos, sin, heads: int, d: int):
+    """(x * cos) + (rotate_half(x) * sin); rotate_half = cat(-x2, x1)."""
+    g = ops.g
+    elt = max(x.elt, cos.elt)
+    full = Poly.bs(heads * d)
+    xc = g.op("x*cos", [x, cos], full * elt, saves=[cos], backward=[Grad(0)], elt=elt)
+    half = Poly.bs(heads * d // 2)
+    neg = g.op("-x2", [x], half * x.elt, backward=[Grad(0, full * x.elt)], elt=x.elt)
+    rh = g.op("cat", [neg, x], full * x.elt, backward=[Grad(0, half * x.elt), Grad(1, full * x.elt)],
+              elt=x.elt)
+    rs = g.op("rot*sin", [rh, sin], full * elt, saves=[sin], backward=[Grad(0)], elt=elt)
+    return ops.add(xc, rs, "rotary add")
+
+
+def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
+    """LlamaAttention with the configured attention interface."""
+    a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
+    bias = spec.qkv_bias
+    q = ops.linear(x, p("q_proj.weight", h * a * d), p("q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
+    k = ops.linear(x, p("k_proj.weight", h * kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
+    v = ops.linear(x, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
+    q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
+    if training.checkpointing == "selective":
+        ops.g.begin_region()
+    if training.attention == "sdpa":
+        q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
+        y = sdpa(ops, q, k, v, a, d, hf=True)
+    else:
+        y = eager_scores(ops, spec, q, k, v, hf=True, family="llama")
+    if training.checkpointing == "selective":
+        ops.g.end_region()
+    return ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None,
+                      N, h, "o_proj")
+
+
+def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
+    """One LlamaDecoderLayer."""
+    h, f = spec.hidden_size, spec.ffn_size
+    p = lambda name, n: ops.param(f"layers.{layer}.{name}", n)
+    attn = attention(ops, spec, training, rms_norm(ops, x, p("input_layernorm.weight", h), N), cos, sin, N, p)
+    x = ops.add(x, attn, "residual 1")
+    n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
+    mb = spec.mlp_bias
+    gate = ops.linear(n2, p("gate_proj.weight", h * f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
+    act = ops.unary_saving_input("silu", gate)
+    up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
+    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
+                   p("down_proj.bias", h) if mb else None, N, h, "down_proj")
+    return ops.add(x, m, "residual 2")
+
+
+def rotary_tables(ops: Ops, d: int, elt: int):
+    """LlamaRotaryEmbedding.forward: freqs (1,s,d/2), emb=cat (1,s,d), cos/sin *scaling, .to(x.dtype)."""
+    g = ops.g
+    pos = g.op("position_ids.float()", [], Poly.mono(4, 0, 1), requires_grad=False)
+    freqs = g.op("freqs", [pos], Poly.mono(4 * (d // 2), 0, 1), requires_grad=False)
+    emb = g.op("emb=cat", [freqs], Poly.mono(4 * d, 0, 1), requires_grad=False)
+    out = []
+    for name in ("cos", "sin"):
+        t = g.op(name, [emb], Poly.mono(4 * d, 0, 1), requires_grad=False)
+        t = g.op(f"{name}*scaling", [t], Poly.mono(4 * d, 0, 1), requires_grad=False)
+        out.append(ops.to(t, elt, f"{name}.to(dtype)"))
+    return out
+
+
+def build(ops: Ops, spec, training, segments) -> None:
+    """The whole forward and loss."""
+    g, h, V = ops.g, spec.hidden_size, spec.vocab_size
+    N = Poly.bs(1)
+    ids = g.input("input_ids", Poly.bs(8))
+    embed = ops.param("embed_tokens", V * h)
+    x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
+    inputs_embeds = x
+    g.op("position_ids", [], Poly.mono(8, 0, 1), requires_grad=False, elt=8)
+    mask = None
+    if training.attention == "eager":
+        mask = g.op("causal mask", [], Poly.mono(x.elt, 1, 2), requires_grad=False, elt=x.elt)
+        ops.mask = mask
+    cos, sin = rotary_tables(ops, spec.head_size, x.elt)
+    for layer in range(spec.num_layers):
+        if layer in segments:
+            g.begin_region()
+        x = block(ops, spec, training, x, cos, sin, N, layer)
+        if layer + 1 in segments or layer == spec.num_layers - 1:
+            g.end_region()
+    x = rms_norm(ops, x, ops.param("norm.weight", h), N)
+    ops.scope_end([inputs_embeds, mask, cos, sin])
+    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
+    logits = ops.linear(x, head, None, N, V, "lm_head")
+    causal_lm_loss(ops, logits, V, labels_in_forward=True)
+    ops.scope_end([logits] + ops.weight_casts)
