@@ -95,6 +95,7 @@ def build_hf(spec, training, config: dict | None = None):
     """
     import transformers
 
+    transformers.logging.set_verbosity_error()  # config-default chatter, one line per model
     model_type, cfg = _make_config(config if config is not None else hf_config_dict(spec))
     cls = getattr(transformers, CLASSES[model_type])
     attn = training.attention

@@ -200,6 +200,7 @@ def _measure_fake(spec, training, hf_config, steps, seed) -> Measurement:
 def _measure_cuda(spec, training, hf_config, steps, seed) -> Measurement:
     result = Measurement(status="ok", backend="cuda", device="cuda",
                          device_name=torch.cuda.get_device_name())
+    result.extra["total_bytes"] = torch.cuda.get_device_properties(0).total_memory
     gc.collect()
     torch.cuda.empty_cache()
     meter = CudaMeter()
@@ -268,7 +269,11 @@ def sdpa_backend(spec, training) -> str | None:
     q = torch.empty(b, spec.num_heads, s, d, **opts)
     kv = torch.empty(b, spec.kv_heads, s, d, **opts)
     gqa = spec.kv_heads != spec.num_heads
-    choice = torch._fused_sdp_choice(q, kv, kv, None, spec.attn_dropout, True, None, gqa)
+    try:
+        choice = torch._fused_sdp_choice(q, kv, kv, attn_mask=None, dropout_p=spec.attn_dropout,
+                                         is_causal=True, enable_gqa=gqa)
+    except (RuntimeError, TypeError) as err:  # private API: report, never fail a measurement
+        return f"unknown ({type(err).__name__})"
     names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend)
              if n.isupper() and isinstance(getattr(SDPBackend, n), SDPBackend)}
     return names.get(int(choice), str(choice))

@@ -1,0 +1,228 @@
+"""Named validation matrices: lists of Cases (model spec, training config, optional HF config).
+
+`ci` (CPU) and `gpu-full` are covering designs: every value of every axis appears and every pair of
+values of any two axes appears in some row (greedy pairwise construction, deterministic), far
+fewer rows than the full product. `gpu-quick` is a hand-picked list sized for ~5 minutes on one
+H200, with 7B-class layer shapes at realistic sequence lengths and few layers.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+from memcalc.errors import UnknownNameError, closest_names
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+from validate.compare import Case
+
+PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
+CHECKPOINTING = ("none", "per-layer", "sqrt", "every-k", "selective")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
+IMPLS = ("foreach", "fused", "for-loop")
+
+
+def pairwise(axes: dict[str, tuple], seed: int = 0, candidates: int = 40) -> list[dict]:
+    """Rows covering every pair of values of every two axes (greedy AETG-style, deterministic).
+
+    >>> rows = pairwise({"a": (1, 2), "b": (1, 2), "c": (1, 2)})
+    >>> len(rows) <= 6 and {(r["a"], r["b"]) for r in rows} == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    True
+    """
+    names = list(axes)
+    uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(names)), 2)
+                 for a in range(len(axes[names[i]])) for b in range(len(axes[names[j]]))}
+    rng = random.Random(seed)
+    rows = []
+    while uncovered:
+        best = max((_candidate(axes, names, uncovered, rng) for _ in range(candidates)),
+                   key=lambda row: _gain(row, uncovered))
+        uncovered -= _pairs(best)
+        rows.append({n: axes[n][v] for n, v in zip(names, best)})
+    return rows
+
+
+def _pairs(row) -> set:
+    return {((i, row[i]), (j, row[j])) for i, j in itertools.combinations(range(len(row)), 2)}
+
+
+def _gain(row, uncovered) -> int:
+    return len(_pairs(row) & uncovered)
+
+
+def _candidate(axes, names, uncovered, rng) -> tuple:
+    (i, a), (j, b) = rng.choice(sorted(uncovered))
+    row: dict[int, int] = {i: a, j: b}
+    for k in rng.sample(range(len(names)), len(names)):
+        if k in row:
+            continue
+        options = list(range(len(axes[names[k]])))
+        rng.shuffle(options)
+        row[k] = max(options, key=lambda v: sum(((min(k, m), v if k < m else w),
+                                                 (max(k, m), w if k < m else v)) in uncovered
+                                                for m, w in row.items()))
+    return tuple(row[k] for k in range(len(names)))
+
+
+# ---- models ------------------------------------------------------------------------------------
+def qwen2_config(h: int, layers: int, heads: int, kv: int, ffn: int, vocab: int,
+                 positions: int = 256, tie: bool = True) -> dict:
+    """A Qwen2 config.json dict (as on the Hub, trimmed), for ModelSpec.from_hf_config."""
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": h,
+            "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab,
+            "max_position_embeddings": positions, "tie_word_embeddings": tie,
+            "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None}
+
+
+def _model(kind: str, shape: dict):
+    """(spec, hf_config) for a model kind on a shape dict."""
+    h, L, a, V, P = shape["h"], shape["L"], shape["a"], shape["V"], shape["P"]
+    if kind.startswith("gpt2"):
+        p = shape["dropout"]
+        spec = ModelSpec.make(name="gpt2-like", family="gpt2", vocab_size=V, hidden_size=h,
+                              num_layers=L, num_heads=a, max_position_embeddings=P,
+                              embd_dropout=p, attn_dropout=p, resid_dropout=p,
+                              implementation="hf" if kind.endswith("hf") else "reference")
+        return spec, None
+    if kind == "qwen2-hf":
+        cfg = qwen2_config(h, L, a, shape["kv"], shape["f"], V, P)
+        return ModelSpec.from_hf_config(cfg).with_(name="qwen2-like"), cfg
+    spec = ModelSpec.make(name="llama-like", family="llama", vocab_size=V, hidden_size=h,
+                          num_layers=L, num_heads=a, num_kv_heads=shape["kv"],
+                          intermediate_size=shape["f"], max_position_embeddings=P,
+                          tie_embeddings=shape["tie"], qkv_bias=False, out_bias=False,
+                          mlp_bias=False, activation="silu", attn_dropout=shape["dropout"],
+                          implementation="hf" if kind.endswith("hf") else "reference")
+    return spec, None
+
+
+def _case(name: str, row: dict, shape: dict, device: str) -> Case:
+    spec, cfg = _model(row["model"], shape)
+    ck = row["checkpointing"]
+    training = TrainingConfig.make(
+        micro_batch=shape["b"], seq_len=shape["s"], grad_accum=row["grad_accum"],
+        precision=row["precision"], optimizer=row["optimizer"], optimizer_impl=row["impl"],
+        checkpointing=ck, checkpoint_every=2 if ck == "every-k" else None,
+        attention=row["attention"], device=device)
+    return Case(name, spec, training, cfg)
+
+
+# ---- ci ----------------------------------------------------------------------------------------
+# Small enough for ~1 s a configuration on 2 cores under the tracker, big enough that matrices,
+# not scalars, set the peak (smallest activation tensor ~16K elements).
+CI_SHAPES = (
+    dict(h=64, a=4, kv=2, L=2, V=500, b=4, s=64, f=176, P=256, dropout=0.0, tie=False),
+    dict(h=128, a=4, kv=4, L=4, V=2000, b=2, s=128, f=344, P=256, dropout=0.1, tie=False),
+    dict(h=256, a=8, kv=2, L=3, V=4000, b=1, s=256, f=688, P=256, dropout=0.0, tie=True),
+    dict(h=96, a=6, kv=3, L=6, V=1000, b=3, s=32, f=256, P=256, dropout=0.1, tie=False),
+)
+CI_AXES = {
+    "model": ("gpt2-ref", "llama-ref", "gpt2-hf", "llama-hf", "qwen2-hf"),
+    "precision": PRECISIONS,
+    "checkpointing": CHECKPOINTING,
+    "optimizer": OPTIMIZERS,
+    "impl": IMPLS,
+    "attention": ("eager", "sdpa"),
+    "grad_accum": (1, 2),
+    "shape": tuple(range(len(CI_SHAPES))),
+}
+
+
+def ci_matrix(device: str = "cpu") -> list[Case]:
+    """The CPU matrix: pairwise over model x precision x checkpointing x optimizer x impl x
+    attention x grad_accum x shape.
+
+    >>> cases = ci_matrix(); len(cases) < 40
+    True
+    """
+    rows = pairwise(CI_AXES)
+    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+
+
+# ---- gpu ---------------------------------------------------------------------------------------
+def _preset(name: str, **changes) -> ModelSpec:
+    return ModelSpec.preset(name).with_(**changes)
+
+
+def _tc(**fields) -> TrainingConfig:
+    return TrainingConfig.make(device="cuda", **fields)
+
+
+def gpu_quick_matrix(device: str = "cuda") -> list[Case]:
+    """About 5 minutes on one H200: GPT-2 small/medium whole, 7B-class layers (Llama-2, Mistral,
+    Llama-3 with its 128K vocabulary) with 2-4 layers at 2K-8K tokens, Qwen2-0.5B whole."""
+    full = dict(embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
+    rows = [
+        ("gpt2-bf16amp", _preset("gpt2"), _tc(micro_batch=8, seq_len=1024, precision="bf16-amp", optimizer_impl="fused")),
+        ("gpt2-fp32-eager-ckpt", _preset("gpt2"), _tc(micro_batch=8, seq_len=1024, attention="eager", checkpointing="per-layer")),
+        ("gpt2-ref-fp16amp", _preset("gpt2", implementation="reference", **full), _tc(micro_batch=8, seq_len=1024, precision="fp16-amp", optimizer="adam")),
+        ("gpt2m-sgdm-ga2", _preset("gpt2-medium"), _tc(micro_batch=4, seq_len=1024, optimizer="sgd-momentum", optimizer_impl="for-loop", grad_accum=2)),
+        ("llama2-7b-L2-bf16amp", _preset("llama-2-7b", num_layers=2), _tc(micro_batch=1, seq_len=4096, precision="bf16-amp", optimizer_impl="fused")),
+        ("llama2-7b-L2-ref-bf16", _preset("llama-2-7b", num_layers=2, implementation="reference"), _tc(micro_batch=2, seq_len=2048, precision="bf16", attention="eager", checkpointing="per-layer")),
+        ("mistral-7b-L4-sqrt", _preset("mistral-7b", num_layers=4, max_position_embeddings=8192), _tc(micro_batch=1, seq_len=8192, precision="bf16-amp", checkpointing="sqrt")),
+        ("llama3-8b-L2-selective", _preset("llama-3-8b", num_layers=2), _tc(micro_batch=1, seq_len=4096, precision="bf16-amp", attention="eager", checkpointing="selective")),
+        ("llama3-8b-L2-ref-sdpa", _preset("llama-3-8b", num_layers=2, implementation="reference"), _tc(micro_batch=2, seq_len=4096, precision="bf16-amp", optimizer="adam")),
+        ("qwen2-0.5b-perlayer", _preset("qwen2-0.5b"), _tc(micro_batch=4, seq_len=1024, precision="bf16-amp", checkpointing="per-layer")),
+        ("qwen2-0.5b-ref-fp32", _preset("qwen2-0.5b", implementation="reference", num_layers=6), _tc(micro_batch=2, seq_len=1024, optimizer_impl="for-loop", checkpointing="every-k", checkpoint_every=3)),
+    ]
+    return [Case(n, s, t.with_(device=device)) for n, s, t in rows]
+
+
+GPU_MODELS = {
+    "gpt2": lambda impl: _preset("gpt2", implementation=impl),
+    "gpt2-medium": lambda impl: _preset("gpt2-medium", implementation=impl),
+    "llama-2-7b-L4": lambda impl: _preset("llama-2-7b", num_layers=4, implementation=impl),
+    "mistral-7b-L4": lambda impl: _preset("mistral-7b", num_layers=4, implementation=impl,
+                                          max_position_embeddings=8192),
+    "qwen2-1.5b-L8": lambda impl: _preset("qwen2-1.5b", num_layers=8, implementation=impl,
+                                          max_position_embeddings=8192),
+}
+GPU_SHAPES = ((1, 4096), (4, 1024), (2, 2048))
+GPU_AXES = {
+    "model": tuple(GPU_MODELS),
+    "implementation": ("hf", "reference"),
+    "precision": PRECISIONS,
+    "checkpointing": CHECKPOINTING,
+    "optimizer": OPTIMIZERS,
+    "impl": IMPLS,
+    "attention": ("eager", "sdpa"),
+    "grad_accum": (1, 2),
+    "shape": tuple(range(len(GPU_SHAPES))),
+}
+
+
+def gpu_full_matrix(device: str = "cuda") -> list[Case]:
+    """Pairwise design over 5 real architectures (7B-class with 4 layers) plus two whole 7B runs:
+    the lecture's fp32+Adam case (expected to OOM on 141 GB: 112 GB of model states plus
+    activations) and a bf16-amp one with per-layer checkpointing."""
+    cases = []
+    for i, r in enumerate(pairwise(GPU_AXES, seed=1)):
+        spec = GPU_MODELS[r["model"]](r["implementation"])
+        b, s = GPU_SHAPES[r["shape"]]
+        ck = r["checkpointing"]
+        t = _tc(micro_batch=b, seq_len=min(s, spec.max_position_embeddings),
+                grad_accum=r["grad_accum"], precision=r["precision"], optimizer=r["optimizer"],
+                optimizer_impl=r["impl"], checkpointing=ck,
+                checkpoint_every=2 if ck == "every-k" else None, attention=r["attention"])
+        cases.append(Case(f"gpu{i:02d}-{r['model']}", spec, t.with_(device=device)))
+    seven = _preset("llama-2-7b")
+    cases.append(Case("llama2-7b-fp32-adam", seven, _tc(micro_batch=1, seq_len=4096, optimizer="adam").with_(device=device)))
+    cases.append(Case("llama2-7b-bf16amp-ckpt", seven, _tc(micro_batch=1, seq_len=4096, precision="bf16-amp", optimizer_impl="fused", checkpointing="per-layer").with_(device=device)))
+    return cases
+
+
+MATRICES = {"ci": ci_matrix, "gpu-quick": gpu_quick_matrix, "gpu-full": gpu_full_matrix}
+
+
+def get_matrix(name: str, device: str | None = None) -> list[Case]:
+    """A named matrix; `device` overrides the matrix's own.
+
+    >>> len(get_matrix("gpu-quick")) > 5
+    True
+    """
+    if name not in MATRICES:
+        raise UnknownNameError("matrix", f"unknown matrix {name!r}",
+                               f"use one of: {closest_names(name, list(MATRICES))}")
+    default = "cpu" if name == "ci" else "cuda"
+    return MATRICES[name](device or default)
