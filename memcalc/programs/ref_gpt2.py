@@ -1,3 +1,58 @@
-"""placeholder"""
-def build(ops, spec, training, segments):
-    raise NotImplementedError
+"""validate.models.ReferenceGPT2 (nanoGPT style): one fused tanh-GELU op, x = x + branch with no
+lingering locals, F.cross_entropy on the logits directly (autocast runs it in fp32)."""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.programs.common import sdpa
+from memcalc.programs.ref_common import cross_entropy, ref_eager
+from memcalc.tape.graph import Grad
+from memcalc.tape.ops import Ops
+
+
+def block(ops: Ops, spec, training, x, N: Poly, layer: int):
+    """One reference GPT2Block."""
+    h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
+    p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
+    ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
+    qkv = ops.linear(ln1, p("c_attn.weight", h * 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
+                     N, 3 * a * d, "c_attn")
+    q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
+    if training.checkpointing == "selective":
+        ops.g.begin_region()
+    y = sdpa(ops, q, k, v, a, d, hf=False) if training.attention == "sdpa" else \
+        ref_eager(ops, spec, q, k, v, copies=(True, True, True))
+    if training.checkpointing == "selective":
+        ops.g.end_region()
+    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
+                      N, h, "attn c_proj")
+    x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
+    ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
+    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    act = ops.unary_saving_input("gelu", h1)
+    m = ops.linear(act, p("mlp.c_proj.weight", f * h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
+    return ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
+
+
+def build(ops: Ops, spec, training, segments) -> None:
+    """ReferenceGPT2.forward and its loss."""
+    g, h, V, P = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings
+    N = Poly.bs(1)
+    ids = g.input("ids", Poly.bs(8))
+    wte, wpe = ops.param("wte", V * h), ops.param("wpe", P * h)
+    if training.attention == "eager":
+        g.buffer("causal_mask", Poly.const(spec.num_layers * P * P), elt=1)
+    pos_ids = g.op("arange", [], Poly.mono(8, 0, 1), requires_grad=False, elt=8)
+    tok = g.op("wte embedding", [wte, ids], N * h * wte.elt, saves=[ids], backward=[Grad(0)], elt=wte.elt)
+    pos = g.op("wpe embedding", [wpe, pos_ids], Poly.mono(h * wpe.elt, 0, 1), saves=[pos_ids],
+               backward=[Grad(0)], elt=wpe.elt)
+    x = ops.dropout(ops.add_broadcast(tok, pos, Poly.mono(h * wpe.elt, 0, 1)), spec.embd_dropout)
+    for layer in range(spec.num_layers):
+        if layer in segments:
+            g.begin_region()
+        x = block(ops, spec, training, x, N, layer)
+        if layer + 1 in segments or layer == spec.num_layers - 1:
+            g.end_region()
+    x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
+    head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
+    cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
+    ops.scope_end(ops.weight_casts)

@@ -1,3 +1,80 @@
-"""placeholder"""
-def build(ops, spec, training, segments):
-    raise NotImplementedError
+"""validate.models.ReferenceLlama: F.rms_norm (composite on CPU: upcast, pow, mean, rsqrt,
+multiply by the weight in fp32, cast back), rotary from fp32 (P, d) buffers cast to q's dtype in
+every attention call, SDPA with enable_gqa, eager with repeat_interleave."""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+from memcalc.programs.common import sdpa
+from memcalc.programs.hf_llama import rotary
+from memcalc.programs.ref_common import cross_entropy, ref_eager
+from memcalc.tape.graph import FreeTemps, Grad, Temp
+from memcalc.tape.ops import Ops, numel
+
+
+def rms_norm(ops: Ops, x, w, N: Poly):
+    """F.rms_norm op by op (aten/src/ATen/native/layer_norm.cpp rms_norm_symint)."""
+    g = ops.g
+    x32 = ops.to(x, 4, "rms_norm upcast")
+    sq = ops.unary_saving_input("pow 2", x32, temps=2)
+    var = ops.shift(g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4), "+ eps")
+    r = ops.unary_saving_output("rsqrt", var)
+    normed = ops.mul(x32, r, "x * rsqrt")
+    w32 = ops.to(w, 4, "weight upcast")
+    out = g.op("* weight", [normed, w32], normed.size, saves=[normed, w32],
+               backward=[Grad(0), Temp(normed.size), Grad(1), FreeTemps()], elt=4)
+    return ops.to(out, x.elt, "rms_norm downcast")
+
+
+def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
+    """One reference LlamaBlock."""
+    h, f, a, kv, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.kv_heads, spec.head_size
+    p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
+    qb = spec.qkv_bias
+    n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
+    q = ops.linear(n1, p("q_proj.weight", h * a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
+    k = ops.linear(n1, p("k_proj.weight", h * kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
+    v = ops.linear(n1, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
+    c, s_ = ops.to(cos, q.elt, "cos.to(q.dtype)"), ops.to(sin, q.elt, "sin.to(q.dtype)")
+    q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
+    if training.checkpointing == "selective":
+        ops.g.begin_region()
+    if training.attention == "sdpa":
+        q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
+        y = sdpa(ops, q, k, v, a, d, hf=False)
+    else:
+        y = ref_eager(ops, spec, q, k, v, copies=(False, False, kv == a))
+    if training.checkpointing == "selective":
+        ops.g.end_region()
+    attn = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
+    x = ops.add(x, attn, "residual 1")
+    n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
+    mb = spec.mlp_bias
+    gate = ops.linear(n2, p("gate_proj.weight", h * f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
+    act = ops.unary_saving_input("silu", gate)
+    up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
+    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
+                   p("down_proj.bias", h) if mb else None, N, h, "down_proj")
+    return ops.add(x, m, "residual 2")
+
+
+def build(ops: Ops, spec, training, segments) -> None:
+    """ReferenceLlama.forward and its loss."""
+    g, h, V, P, d = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings, spec.head_size
+    N = Poly.bs(1)
+    ids = g.input("ids", Poly.bs(8))
+    embed = ops.param("embed", V * h)
+    cos = g.buffer("rotary.cos", Poly.const(P * d * 4), elt=4)
+    sin = g.buffer("rotary.sin", Poly.const(P * d * 4), elt=4)
+    if training.attention == "eager":
+        g.buffer("causal_mask", Poly.const(spec.num_layers * P * P), elt=1)
+    x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
+    for layer in range(spec.num_layers):
+        if layer in segments:
+            g.begin_region()
+        x = block(ops, spec, training, x, cos, sin, N, layer)
+        if layer + 1 in segments or layer == spec.num_layers - 1:
+            g.end_region()
+    x = rms_norm(ops, x, ops.param("norm.weight", h), N)
+    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
+    cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
+    ops.scope_end(ops.weight_casts)
