@@ -1,0 +1,60 @@
+"""Model states from a parameter count alone: weights + gradients + optimizer states.
+
+Bytes per parameter as torch allocates them (torch/optim/adam.py, adamw.py, sgd.py: states take the
+parameter's dtype; autocast leaves parameters, hence gradients and states, in fp32):
+
+    regime                       weights  grads  states (adam/adamw | sgd-momentum | sgd)
+    fp32, fp16-amp, bf16-amp     4        4      8 | 4 | 0
+    bf16 (pure)                  2        2      4 | 2 | 0
+
+Adam's per-tensor `step` counters are a few bytes per tensor, not per parameter, and are left out
+(estimate() counts them). The ZeRO paper's mixed-precision figure (fp16 weights and grads plus fp32
+master weights, momentum and variance: 2 + 2 + 12 = 16 bytes, Rajbhandari et al. 2020, sec. 3.1)
+is `zero_paper_mixed_precision_bytes`; torch's autocast keeps no fp16 copy, so it is not a regime
+of model_state_bytes.
+"""
+from __future__ import annotations
+
+from memcalc.errors import MemcalcError, UnknownNameError, closest_names
+
+# bytes per element of the parameters (and so of their gradients and optimizer states)
+PARAM_BYTES = {"fp32": 4, "fp16-amp": 4, "bf16-amp": 4, "bf16": 2}
+# optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum_buffer; none)
+STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}
+ZERO_PAPER_BYTES_PER_PARAM = 2 + 2 + 12
+
+
+def _check_params(params) -> int:
+    if isinstance(params, bool) or not isinstance(params, int) or params < 0:
+        raise MemcalcError("params", f"must be a non-negative int, got {params!r}",
+                           "pass the parameter count, e.g. ModelSpec.preset('gpt2').param_count")
+    return params
+
+
+def _lookup(table: dict, name: str, field: str) -> int:
+    if name not in table:
+        raise UnknownNameError(field, f"unknown {field} {name!r}",
+                               f"use one of: {closest_names(str(name), list(table))}")
+    return table[name]
+
+
+def model_state_bytes(params: int, precision: str = "fp32", optimizer: str = "adam") -> int:
+    """Weights + gradients + optimizer states of `params` parameters, in bytes.
+
+    >>> model_state_bytes(7_000_000_000, precision="fp32", optimizer="adam")  # 16 bytes/param
+    112000000000
+    >>> model_state_bytes(1_000, precision="bf16", optimizer="sgd")
+    4000
+    """
+    elt = _lookup(PARAM_BYTES, precision, "precision")
+    states = _lookup(STATES_PER_PARAM, optimizer, "optimizer")
+    return _check_params(params) * elt * (2 + states)
+
+
+def zero_paper_mixed_precision_bytes(params: int) -> int:
+    """The ZeRO paper's 16 bytes/param: fp16 weights and grads, fp32 master copy and Adam states.
+
+    >>> zero_paper_mixed_precision_bytes(7_500_000_000)  # ZeRO sec. 3.1: 120 GB for 7.5B params
+    120000000000
+    """
+    return _check_params(params) * ZERO_PAPER_BYTES_PER_PARAM

@@ -1,0 +1,230 @@
+"""estimate_grid(): steady-state peaks over arrays of shapes, evaluated with numpy.
+
+The engine simulates each (model, training without b and s) once into candidate moments whose
+totals are polynomials in b and s; the peak is their max. Here every candidate is evaluated at
+every point at once: the monomials b**i * s**j form a (points x monomials) matrix, the candidates'
+coefficients a (monomials x candidates) matrix, and their product's row-max is the peak.
+Needs numpy (extra 'grid').
+"""
+from __future__ import annotations
+
+from memcalc.poly import Poly
+
+SHAPE_FIELDS = ("micro_batch", "seq_len")
+_EXACT_FLOAT = 2 ** 53  # float64 holds every integer below this exactly
+_CHUNK = 1 << 16  # points per matrix product (bounds the temporary to ~CHUNK x candidates)
+
+
+def steady_polys(model, training) -> list[Poly]:
+    """The steady-state candidate totals of the engine (cached per model and shape-free training).
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> polys = steady_polys(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=2, seq_len=64))
+    >>> max(p.eval(2, 64) for p in polys) == estimate_peak(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=2, seq_len=64))
+    True
+    """
+    from memcalc.estimate import _candidates, _key
+
+    return [m.total for m in _candidates(model, _key(training)).steady]
+
+
+def estimate_peak(model, training) -> int:
+    """estimate(model, training).peak_bytes, from the cached polynomials (no report built)."""
+    b, s = training.micro_batch, training.seq_len
+    return max(p.eval(b, s) for p in steady_polys(model, training))
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        from memcalc.errors import MemcalcError
+
+        raise MemcalcError("numpy", "estimate_grid needs numpy, which is not installed",
+                           "pip install 'memcalc[grid]'") from None
+    return numpy
+
+
+def _positive_ints(np, name: str, values):
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu" or (arr.size and arr.min() < 1):
+        from memcalc.errors import MemcalcError
+
+        raise MemcalcError(name, "must be an array of integers >= 1", f"pass e.g. {name}=np.arange(1, 65)")
+    return arr.astype(np.int64)
+
+
+def _upper_bound(p: Poly, box: tuple[int, int, int, int]) -> int:
+    """An upper bound of p over b in [b0, b1], s in [s0, s1] (all >= 1): positive terms at the
+    top corner, negative terms at the bottom one."""
+    b0, b1, s0, s1 = box
+    return sum(c * (b1 ** i * s1 ** j if c > 0 else b0 ** i * s0 ** j) for (i, j), c in p.terms.items())
+
+
+def prune(polys: list[Poly], box: tuple[int, int, int, int]) -> list[Poly]:
+    """Drop candidates that never exceed another one on the box (sound: the max is unchanged).
+
+    Only the candidates that are largest at a corner of the box serve as dominators, so the
+    pruning costs O(candidates x corners) rather than O(candidates**2).
+
+    >>> prune([Poly.bs(2), Poly.bs(1), Poly.const(3)], (1, 4, 1, 4))
+    [Poly(2*b*s), Poly(3)]
+    """
+    b0, b1, s0, s1 = box
+    corners = [(b0, s0), (b0, s1), (b1, s0), (b1, s1)]
+    champions = {id(max(polys, key=lambda p: p.eval(x, y))): None for x, y in corners}
+    tops = [p for p in polys if id(p) in champions]
+    return [p for p in polys if id(p) in champions
+            or not any(_upper_bound(p - q, box) <= 0 for q in tops)]
+
+
+def eval_polys(polys: list[Poly], b, s):
+    """max over polys at every (b, s) pair of two equal-shape int64 arrays; exact int64 result.
+
+    When every candidate is linear in b and s takes few distinct values, each distinct s gets the
+    upper envelope of the lines p_k(b) = A_k(s) + B_k(s) * b (exact integer breakpoints), and the
+    points are looked up in it; otherwise a dense (points x candidates) product is taken.
+    """
+    np = _numpy()
+    if not b.size:
+        return np.zeros(b.shape, dtype=np.int64)
+    polys = prune(polys, (int(b.min()), int(b.max()), int(s.min()), int(s.max())))
+    bound = max(_upper_bound(p, (1, int(b.max()), 1, int(s.max()))) for p in polys)
+    if bound >= 2 ** 62:  # beyond int64: exact Python ints, slowly
+        flat = [max(p.eval(int(x), int(y)) for p in polys) for x, y in zip(b.ravel(), s.ravel())]
+        return np.array(flat, dtype=object).reshape(b.shape)
+    s_values, s_index = np.unique(s.ravel(), return_inverse=True)
+    linear_in_b = all(i <= 1 for p in polys for i, _ in p.terms)
+    if linear_in_b and len(polys) > 8 and s_values.size * 64 <= b.size:
+        return _eval_envelopes(np, polys, b.ravel(), s_values, s_index).reshape(b.shape)
+    if bound >= _EXACT_FLOAT:
+        flat = [max(p.eval(int(x), int(y)) for p in polys) for x, y in zip(b.ravel(), s.ravel())]
+        return np.array(flat, dtype=np.int64).reshape(b.shape)
+    return _eval_dense(np, polys, b.ravel(), s.ravel()).reshape(b.shape)
+
+
+def _eval_dense(np, polys, b, s):
+    monos = sorted({m for p in polys for m in p.terms})
+    coeffs = np.array([[p.terms.get(m, 0) for p in polys] for m in monos], dtype=np.float64)
+    out = np.empty(b.shape, dtype=np.int64)
+    for start in range(0, b.size, _CHUNK):
+        bb = b[start:start + _CHUNK].astype(np.float64)
+        ss = s[start:start + _CHUNK].astype(np.float64)
+        mat = np.stack([bb ** i * ss ** j for i, j in monos], 1)
+        out[start:start + _CHUNK] = (mat @ coeffs).max(axis=1).astype(np.int64)
+    return out
+
+
+def _line_coeffs(np, polys, s_values):
+    """A[k, u], B[k, u]: candidate k at s = s_values[u] is A + B * b (int64; callers bound it)."""
+    a = np.zeros((len(polys), s_values.size), dtype=np.int64)
+    c = np.zeros((len(polys), s_values.size), dtype=np.int64)
+    for k, p in enumerate(polys):
+        for (i, j), coef in p.terms.items():
+            (a if i == 0 else c)[k] += coef * s_values ** j
+    return a, c
+
+
+def _survivors(np, a, c, lo: int, hi: int):
+    """mask[k, u]: line k is not below one of the two lines on top at b = lo and b = hi (a line
+    below another at both ends of [lo, hi] is below it on the whole interval)."""
+    at_lo, at_hi = a + c * lo, a + c * hi
+    keep = np.ones(a.shape, dtype=bool)
+    cols, rows = np.arange(a.shape[1]), np.arange(a.shape[0])[:, None]
+    for top in (at_lo.argmax(axis=0), at_hi.argmax(axis=0)):
+        below = (at_lo <= at_lo[top, cols]) & (at_hi <= at_hi[top, cols])
+        keep &= ~below | (rows == top)
+    return keep
+
+
+def upper_envelope(lines: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Indices of the lines (intercept, slope) that form max_k(A_k + B_k x) for integer x >= 1, in
+    order, and the integer x at which each next one takes over (exact integer arithmetic).
+
+    >>> upper_envelope([(10, 0), (-20, 5), (4, 2), (0, 1)])  # 10, then 4 + 2x from 3, then 5x - 20
+    ([0, 2, 1], [3, 8])
+    """
+    order = sorted(range(len(lines)), key=lambda k: (lines[k][1], lines[k][0]))
+    hull: list[int] = []
+    for k in order:
+        a3, b3 = lines[k]
+        if hull and lines[hull[-1]][1] == b3:
+            hull.pop()  # same slope: the later one (larger intercept) wins
+        while len(hull) >= 2:
+            (a1, b1), (a2, b2) = lines[hull[-2]], lines[hull[-1]]
+            if (a1 - a3) * (b2 - b1) <= (a1 - a2) * (b3 - b1):
+                hull.pop()  # the middle line is never strictly on top
+            else:
+                break
+        hull.append(k)
+    takeover = []
+    for k, nxt in zip(hull, hull[1:]):
+        (a1, b1), (a2, b2) = lines[k], lines[nxt]
+        takeover.append(-((a2 - a1) // (b2 - b1)))  # ceil((a1 - a2) / (b2 - b1))
+    return hull, takeover
+
+
+def _eval_envelopes(np, polys, b, s_values, s_index):
+    a, c = _line_coeffs(np, polys, s_values)
+    keep = _survivors(np, a, c, int(b.min()), int(b.max()))
+    out = np.empty(b.shape, dtype=np.int64)
+    order = np.argsort(s_index, kind="stable")
+    bounds = np.searchsorted(s_index[order], np.arange(s_values.size + 1))
+    for u in range(s_values.size):
+        rows = order[bounds[u]:bounds[u + 1]]
+        if not rows.size:
+            continue
+        ks = np.flatnonzero(keep[:, u])
+        lines = list(zip(a[ks, u].tolist(), c[ks, u].tolist()))
+        hull, takeover = upper_envelope(lines)
+        pick = np.searchsorted(np.array(takeover, dtype=np.int64), b[rows], side="right")
+        hull_a = np.array([lines[k][0] for k in hull], dtype=np.int64)
+        hull_b = np.array([lines[k][1] for k in hull], dtype=np.int64)
+        out[rows] = hull_a[pick] + hull_b[pick] * b[rows]
+    return out
+
+
+def estimate_grid(model, training, **arrays):
+    """Steady-state peak bytes for every point of broadcast arrays of shapes (and other fields).
+
+    `micro_batch` and `seq_len` are evaluated on the cached polynomials; any other TrainingConfig
+    or ModelSpec field given as an array is looped over its distinct values.
+
+    >>> import numpy as np
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> grid = estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8),
+    ...                      micro_batch=np.arange(1, 5)[:, None], seq_len=np.array([128, 256]))
+    >>> grid.shape
+    (4, 2)
+    """
+    np = _numpy()
+    names = list(arrays)
+    arrs = np.broadcast_arrays(*[np.asarray(arrays[n]) for n in names]) if names else []
+    fields = dict(zip(names, arrs))
+    shape = arrs[0].shape if arrs else ()
+    b = _positive_ints(np, "micro_batch", fields.pop("micro_batch", np.full(shape, training.micro_batch)))
+    s = _positive_ints(np, "seq_len", fields.pop("seq_len", np.full(shape, training.seq_len)))
+    if not fields:
+        return eval_polys(steady_polys(model, training), b, s)
+    return _grid_over_fields(np, model, training, fields, b, s)
+
+
+def _grid_over_fields(np, model, training, fields: dict, b, s):
+    from memcalc.errors import MemcalcError
+
+    model_fields = set(type(model).model_fields)
+    train_fields = set(type(training).model_fields)
+    for name in fields:
+        if name not in model_fields | train_fields:
+            raise MemcalcError(name, "is not a ModelSpec or TrainingConfig field",
+                               "pass micro_batch, seq_len, or a field such as num_layers or precision")
+    names = list(fields)
+    keys = np.stack([np.asarray(fields[n]).astype(object).ravel() for n in names], 1)
+    out = np.empty(b.size, dtype=np.int64)
+    for combo in {tuple(row) for row in keys.tolist()}:
+        mask = np.all(keys == np.array(combo, dtype=object), axis=1)
+        changes = {n: (v.item() if hasattr(v, "item") else v) for n, v in zip(names, combo)}
+        m = model.with_(**{k: v for k, v in changes.items() if k in model_fields})
+        t = training.with_(**{k: v for k, v in changes.items() if k in train_fields and k not in model_fields})
+        out[mask] = eval_polys(steady_polys(m, t), b.ravel()[mask], s.ravel()[mask])
+    return out.reshape(b.shape)
