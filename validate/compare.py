@@ -174,8 +174,10 @@ def append_jsonl(path, row: dict) -> None:
     """Append one row and flush it to disk (a crash loses at most the running configuration)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with path.open("a") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
+        # after a crash mid-write, start a fresh line so the torn one stays the only bad line
+        f.write(("\n" if torn else "") + json.dumps(row, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
