@@ -23,6 +23,10 @@ class UnknownNameError(MemcalcError):
     """A preset, GPU or option name is not known; the message lists the closest names."""
 
 
+class NotModelledError(MemcalcError):
+    """A valid configuration whose memory the engine does not model (yet)."""
+
+
 def closest_names(name: str, known: list[str], n: int = 3) -> str:
     """The known names closest to `name`, for 'did you mean' hints.
 

@@ -16,6 +16,15 @@ def _copy(ops, x, name):
     return ops.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
 
 
+def _add_mask(ops, s):
+    """scores + float mask: a low-precision score tensor is promoted to the mask's dtype (fp32
+    under autocast), so the sum is a new fp32 tensor whose gradient is cast back."""
+    elt = max(s.elt, ops.mask.elt)
+    back = [Alias(0)] if elt == s.elt else [Grad(0)]
+    return ops.g.op("+ mask", [s, ops.mask], Poly({m: c // s.elt * elt for m, c in s.size.terms.items()}),
+                    backward=back, elt=elt)
+
+
 def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, True)):
     """Scores path of one attention layer; returns the (b, s, heads*d) output before o_proj."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
@@ -26,10 +35,11 @@ def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, 
     s = g.op("q@k^T", [qc, kc], scores, saves=[qc, kc], backward=[Grad(0), Grad(1)], elt=elt)
     s = ops.scale(s, "* scale")
     if hf:
-        s = g.op("+ mask", [s, ops.mask], s.size, backward=[Alias(0)], elt=elt)
+        s = _add_mask(ops, s)
     else:
         s = g.op("masked_fill", [s], s.size, backward=[Grad(0)], elt=elt)
     p = ops.unary_saving_output("softmax", s)
+    p = ops.to(p, v.elt, "attn_weights.type(value.dtype)")
     p = ops.dropout(p, spec.attn_dropout)
     vc = _copy(ops, v, "v reshape copy") if copies[2] else v
     y = g.op("p@v", [p, vc], Poly.bs(a * d * elt), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=elt)
@@ -53,8 +63,7 @@ def eager_scores(ops, spec, q, k, v, hf: bool, family: str):
     scores = Poly.mono(a * elt, 1, 2)
     s = g.op("q@k^T", [q, k], scores, saves=[q, k], backward=[Grad(0), Grad(1)], elt=elt)
     s = ops.scale(s, "* scale")
-    s = g.op("+ mask", [s, ops.mask], s.size, backward=[Alias(0)], elt=elt)
-    s = ops.to(s, 4, "softmax dtype=float32")
+    s = ops.to(_add_mask(ops, s), 4, "softmax dtype=float32")
     p = ops.unary_saving_output("softmax", s)
     p = ops.to(p, elt, "softmax .to(query dtype)")
     p = ops.dropout(p, spec.attn_dropout)

@@ -1,0 +1,77 @@
+"""The engine against independent figures: published parameter counts, and peaks measured by
+running the real training step on CPU (validate's live-tensor tracker)."""
+import pytest
+
+from memcalc.errors import NotModelledError, SpecError
+from memcalc.estimate import estimate
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+PUBLISHED = {  # model cards / papers
+    "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200, "llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192, "llama-3-8b": 8_030_261_248, "llama-3-70b": 70_553_706_496,
+    "mistral-7b": 7_241_732_096, "qwen2-0.5b": 494_032_768, "qwen2-1.5b": 1_543_714_304,
+    "qwen2-7b": 7_615_616_512,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_parameter_counts_match_published(name):
+    assert ModelSpec.preset(name).param_count == PUBLISHED[name]
+
+
+def _gpt2(impl, **kw):
+    base = dict(family="gpt2", vocab_size=800, hidden_size=128, num_layers=3, num_heads=4,
+                max_position_embeddings=128, embd_dropout=0, attn_dropout=0, resid_dropout=0,
+                activation="gelu_tanh" if impl == "reference" else "gelu_new", implementation=impl)
+    return ModelSpec.make(**{**base, **kw})
+
+
+def _llama(impl, **kw):
+    base = dict(family="llama", vocab_size=800, hidden_size=128, num_layers=3, num_heads=4,
+                num_kv_heads=2, intermediate_size=344, max_position_embeddings=128,
+                qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu",
+                tie_embeddings=False, implementation=impl)
+    return ModelSpec.make(**{**base, **kw})
+
+
+CASES = [
+    (_gpt2("hf"), dict(precision="fp32", attention="sdpa")),
+    (_gpt2("hf", hidden_size=192, vocab_size=300), dict(precision="bf16-amp", attention="eager", seq_len=96)),
+    (_gpt2("reference"), dict(precision="bf16", checkpointing="per-layer", optimizer="sgd-momentum")),
+    (_llama("hf"), dict(precision="bf16-amp", attention="sdpa", optimizer_impl="foreach")),
+    (_llama("reference", qkv_bias=True), dict(precision="fp32", attention="eager", grad_accum=2)),
+    (_llama("hf", num_layers=4), dict(precision="fp32", checkpointing="sqrt", optimizer="adam")),
+]
+
+
+@pytest.mark.parametrize("spec,fields", CASES, ids=[f"{s.implementation}-{s.family}-{f}" for s, f in CASES])
+def test_prediction_within_one_percent_of_measured_cpu_peak(spec, fields):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from validate.measure import measure
+
+    training = TrainingConfig.make(**{"micro_batch": 2, "seq_len": 64, "device": "cpu", **fields})
+    measured = measure(spec, training)
+    predicted = estimate(spec, training)
+    assert abs(predicted.peak_bytes - measured.peak_bytes) <= 0.01 * measured.peak_bytes
+
+
+def test_unmodelled_regime_is_refused_not_guessed():
+    spec = _gpt2("hf", attn_dropout=0.1)
+    with pytest.raises(NotModelledError, match="attn_dropout"):
+        estimate(spec, TrainingConfig(micro_batch=1, seq_len=16, device="cpu", attention="sdpa"))
+
+
+def test_bad_spec_names_the_field():
+    with pytest.raises(SpecError, match="num_kv_heads"):
+        ModelSpec.make(family="llama", vocab_size=10, hidden_size=64, num_layers=1, num_heads=4,
+                       num_kv_heads=3, intermediate_size=128)
+
+
+def test_phases_and_components_are_consistent():
+    r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=2, seq_len=512))
+    assert r.peak_bytes == max(r.phases.values()) == sum(r.components.values())
+    assert all(isinstance(v, int) and v >= 0 for v in r.components.values())
+    assert r.first_step_peak_bytes <= r.peak_bytes
