@@ -20,8 +20,9 @@ LLAMA = ModelSpec.make(family="llama", vocab_size=1000, hidden_size=64, num_laye
 @pytest.mark.parametrize("spec", [GPT2, LLAMA], ids=["gpt2", "llama"])
 @pytest.mark.parametrize("training", [
     TrainingConfig(micro_batch=2, seq_len=64, device="cpu", attention="eager"),
-    TrainingConfig(micro_batch=2, seq_len=64, device="cpu", precision="bf16-amp",
-                   optimizer_impl="foreach", checkpointing="per-layer"),
+    pytest.param(TrainingConfig(micro_batch=2, seq_len=64, device="cpu", precision="bf16-amp",
+                                optimizer_impl="foreach", checkpointing="per-layer"),
+                 marks=pytest.mark.slow),
 ], ids=["fp32-eager", "bf16amp-ckpt"])
 def test_tracker_agrees_with_memtracker_on_hf_models(spec, training):
     ours = measure(spec, training)
@@ -42,6 +43,7 @@ def test_fake_mode_is_exact_on_reference_models(checkpointing):
                (fake.peak_bytes, fake.first_step_peak_bytes, fake.phases)
 
 
+@pytest.mark.slow
 def test_fake_mode_is_close_on_hf_models():
     # HF builds its attention mask from data-dependent checks; under FakeTensorMode it cannot
     # prove the mask is causal-only and materialises it, so fake runs read slightly higher.

@@ -10,6 +10,7 @@ dashes), so they cannot drift from the contracts. Bad input: one line on stderr,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -217,8 +218,9 @@ def cmd_run(args) -> int:
     out = _default_out(args, cases)
     target = out or Path(tempfile.mkdtemp(prefix="validate-")) / "run.jsonl"
     step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
-    rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
-                     steps=args.steps, with_prediction=not args.no_predict)
+    with _exclusive(target):
+        rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
+                         steps=args.steps, with_prediction=not args.no_predict)
     close()
     if out is not None:
         out.with_suffix(".md").write_text(_md_header(args, rows) + markdown_table(rows, args.tolerance))
@@ -232,6 +234,24 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         return EXIT_OUT_OF_TOLERANCE
     return 0
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """Hold an advisory lock on PATH.lock: two runs appending to one file would interleave."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SpecError("out", f"another run is writing {str(path)!r}",
+                            "wait for it or give another --out") from None
+        yield
 
 
 def _md_header(args, rows) -> str:
