@@ -20,7 +20,8 @@ MIB = 2**20
 SMALL = ModelSpec.make(name="small-gpt2", family="gpt2", vocab_size=8192, hidden_size=256,
                        num_layers=4, num_heads=4, max_position_embeddings=256,
                        embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1)
-SMALL_STEP = TrainingConfig(micro_batch=8, seq_len=256, device="cpu", optimizer="adamw")
+SMALL_STEP = TrainingConfig(micro_batch=8, seq_len=256, device="cpu", optimizer="adamw",
+                            attention="eager")  # the engine declines SDPA + dropout on CPU
 DEPTHS = (4, 8, 16, 32, 64)
 DEEP = ModelSpec.make(name="deep-gpt2", family="gpt2", vocab_size=2048, hidden_size=128,
                       num_layers=4, num_heads=4, max_position_embeddings=256,
