@@ -122,3 +122,17 @@ def build(ops: Ops, spec, training, segments) -> None:
     logits = ops.linear(x, head, None, N, V, "lm_head")
     causal_lm_loss(ops, logits, V, labels_in_forward=True)
     ops.scope_end([logits] + ops.weight_casts)
+    g.order_params(registration_rank)
+
+
+_LAYER_ORDER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                "input_layernorm", "post_attention_layernorm"]
+
+
+def registration_rank(label: str) -> tuple:
+    """LlamaForCausalLM registration order: embed_tokens, layers (self_attn q/k/v/o, mlp
+    gate/up/down, input_layernorm, post_attention_layernorm), norm, lm_head."""
+    if label.startswith("layers."):
+        _, i, name = label.split(".", 2)
+        return (1, int(i), _LAYER_ORDER.index(name.split(".")[0]))
+    return ({"embed_tokens": 0, "norm.weight": 2, "lm_head": 3}[label], 0, 0)

@@ -56,3 +56,4 @@ def build(ops: Ops, spec, training, segments) -> None:
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
     cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
     ops.scope_end(ops.weight_casts)
+    g.order_params(lambda label: 2 if label.startswith("ln_f") else 1 if label == "lm_head" else 0)

@@ -78,3 +78,4 @@ def build(ops: Ops, spec, training, segments) -> None:
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
     cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
     ops.scope_end(ops.weight_casts)
+    g.order_params(lambda label: {"norm.weight": 2}.get(label, 1 if label == "lm_head" else 0))

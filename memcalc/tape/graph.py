@@ -147,6 +147,11 @@ class Graph:
                                self.region))
         return outs
 
+    def order_params(self, rank) -> None:
+        """Put parameters in nn.Module registration order (model.parameters(), the order the
+        optimizer's for-loop visits them): a stable sort by `rank(label)`."""
+        self.params.sort(key=lambda v: rank(v.label))
+
     def scope_end(self, values: list[Value]) -> None:
         """Python locals stay alive until their function returns: keep `values` alive to here."""
         self.nodes.append(Node("scope end", list(values), [], [], [], self.region))

@@ -34,13 +34,21 @@ def step_scalar_bytes(optimizer: str, n_tensors: int) -> int:
     return 4 * n_tensors if optimizer in ("adam", "adamw") else 0
 
 
+def _loop_peak(sizes: list[int], per_param: int, carried: int) -> int:
+    """Peak temporaries of a per-parameter Python loop: `per_param` copies of the current
+    parameter plus `carried` copies of the previous one still bound to a loop variable."""
+    return max((per_param * s + carried * prev for prev, s in zip([0] + sizes, sizes)), default=0)
+
+
 def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[int]) -> int:
-    """Peak temporaries of one optimizer.step() in steady state, over parameter byte sizes.
+    """Peak temporaries of one optimizer.step() in steady state, over parameter byte sizes in
+    model.parameters() order. For-loop Adam's `denom` of the previous parameter stays bound
+    until the next assignment (measured with validate.tracker), so it overlaps the next one's.
 
     >>> transient_bytes("adamw", "foreach", 0.01, [100, 300])
     400
     >>> transient_bytes("adamw", "for-loop", 0.01, [100, 300])
-    600
+    700
     """
     total, largest = sum(sizes), max(sizes, default=0)
     coupled_wd = weight_decay > 0 and optimizer in ("adam", "sgd", "sgd-momentum")
@@ -49,7 +57,7 @@ def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[
     if optimizer in ("adam", "adamw"):
         if impl == "foreach":
             return total * (2 if coupled_wd else 1)
-        return largest * (3 if coupled_wd else 2)
+        return _loop_peak(sizes, 3 if coupled_wd else 2, 1)
     if coupled_wd:
         return total if impl == "foreach" else largest
     return 0

@@ -1,0 +1,226 @@
+"""The largest micro-batch, sequence length or depth that fits a memory budget.
+
+The steady-state peak is a max of candidate polynomials in b (degree 1) and s (degree <= 2), so
+the peak fits iff every candidate fits: for the unknown x, each candidate is c2 x^2 + c1 x + c0,
+its largest integer root of `<= budget` comes from an exact integer square root, and the min over
+candidates is the first guess. estimate() then confirms it: the answer n satisfies
+peak(n) <= budget < peak(n + 1). Depth is not symbolic: doubling, then bisection, over estimate().
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memcalc.errors import MemcalcError
+from memcalc.gpus import parse_budget
+
+NO_LIMIT = 2 ** 40  # answers are capped here when no candidate grows with the unknown
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How far one field can go within a budget.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> r = max_micro_batch(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "24GiB")
+    >>> r.peak_bytes <= r.budget_bytes < r.next_peak_bytes
+    True
+    """
+
+    field: str
+    """The field solved for: micro_batch, seq_len or num_layers."""
+    budget_bytes: int
+    """The memory budget, bytes."""
+    value: int
+    """The largest value that fits; 0 when even 1 does not fit."""
+    peak_bytes: int | None
+    """Steady-state peak at `value` (None when value is 0)."""
+    next_peak_bytes: int | None
+    """Steady-state peak at `value + 1` (None when value hits the cap NO_LIMIT)."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether any value fits."""
+        return self.value > 0
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Budget left at `value`."""
+        return None if self.peak_bytes is None else self.budget_bytes - self.peak_bytes
+
+
+def _peak(model, training) -> int:
+    from memcalc.estimate import estimate
+
+    return estimate(model, training).peak_bytes
+
+
+def largest_root(coeffs: dict[int, int], budget: int, cap: int = NO_LIMIT) -> int:
+    """Largest integer x in [0, cap] with sum(c * x**p) <= budget, for degree <= 2 and a polynomial
+    nondecreasing on x >= 1 (then it is a first guess that estimate() confirms).
+
+    >>> largest_root({0: 10, 1: 3}, 100), largest_root({2: 1}, 99), largest_root({0: 5}, 4)
+    (30, 9, 0)
+    """
+    c0, c1, c2 = coeffs.get(0, 0), coeffs.get(1, 0), coeffs.get(2, 0)
+    room = budget - c0
+    if c2 > 0:
+        disc = c1 * c1 + 4 * c2 * room
+        if disc < 0:
+            return 0
+        x = (math.isqrt(disc) - c1) // (2 * c2)
+    elif c1 > 0:
+        x = room // c1
+    else:
+        x = cap if room >= 0 else 0
+    x = min(max(x, 0), cap)
+    while x > 0 and c2 * x * x + c1 * x + c0 > budget:
+        x -= 1
+    while x < cap and c2 * (x + 1) ** 2 + c1 * (x + 1) + c0 <= budget:
+        x += 1
+    return x
+
+
+def _in_unknown(poly, unknown: str, other: int) -> dict[int, int]:
+    """Coefficients of a Poly in b or s, with the other symbol set to `other`."""
+    out: dict[int, int] = {}
+    for (i, j), c in poly.terms.items():
+        power, fixed = (i, other ** j) if unknown == "micro_batch" else (j, other ** i)
+        out[power] = out.get(power, 0) + c * fixed
+    return out
+
+
+def _symbolic_guess(model, training, field: str, budget: int) -> int:
+    from memcalc.grid import steady_polys
+
+    other = training.seq_len if field == "micro_batch" else training.micro_batch
+    return min(largest_root(_in_unknown(p, field, other), budget)
+               for p in steady_polys(model, training))
+
+
+def _confirm(peak_at, guess: int, budget: int) -> int:
+    """Move the guess until peak_at(n) <= budget < peak_at(n + 1) (galloping when far off)."""
+    n = max(guess, 0)
+    if n > 0 and peak_at(n) > budget:
+        step = 1
+        while n > 0 and peak_at(n) > budget:
+            n, step = max(n - step, 0), step * 2
+    step = 1
+    while n < NO_LIMIT and peak_at(n + 1) <= budget:
+        n, step = n + step, step * 2
+        if n > NO_LIMIT or peak_at(n) > budget:
+            return _bisect(peak_at, n - step // 2, min(n, NO_LIMIT), budget)
+    return n
+
+
+def _bisect(peak_at, lo: int, hi: int, budget: int) -> int:
+    """Largest n in [lo, hi] with peak_at(n) <= budget, given peak_at(lo) <= budget."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if peak_at(mid) <= budget else (lo, mid - 1)
+    return lo
+
+
+def _result(field, budget, n, peak_at) -> Capacity:
+    return Capacity(field, budget, n, peak_at(n) if n else None,
+                    peak_at(n + 1) if n < NO_LIMIT else None)
+
+
+def max_micro_batch(model, training, budget) -> Capacity:
+    """The largest micro_batch whose steady-state peak fits `budget` (training's other fields kept).
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> max_micro_batch(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "1GiB").value
+    0
+    """
+    return _solve_shape(model, training, "micro_batch", budget)
+
+
+def max_seq_len(model, training, budget) -> Capacity:
+    """The largest seq_len whose steady-state peak fits `budget`. Memory only: a model with
+    learned positions accepts at most model.max_position_embeddings tokens.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> r = max_seq_len(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=8, seq_len=1), "A100-80GB")
+    >>> r.value > 1024
+    True
+    """
+    return _solve_shape(model, training, "seq_len", budget)
+
+
+def _solve_shape(model, training, field: str, budget) -> Capacity:
+    nbytes = parse_budget(budget)
+    guess = _symbolic_guess(model, training, field, nbytes)
+
+    def peak_at(n: int) -> int:
+        return _peak(model, training.with_(**{field: n}))
+
+    return _result(field, nbytes, _confirm(peak_at, guess, nbytes), peak_at)
+
+
+def max_layers(model, training, budget, cap: int = 1024) -> Capacity:
+    """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers).
+
+    Depth is not symbolic and a simulation's cost grows with depth, so the search probes as few
+    depths as it can: the peak is close to affine in L (each block adds its weights, states and
+    saved activations), so a secant through L = 1, 2 guesses the answer and interpolation search
+    (bisection when it stalls) keeps a bracket lo (fits) < hi (does not fit) until hi = lo + 1.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> small = ModelSpec.preset("gpt2").with_(hidden_size=64, num_heads=4, vocab_size=256)
+    >>> max_layers(small, TrainingConfig(micro_batch=1, seq_len=16), "64MiB").value > 4
+    True
+    """
+    if cap < 1:
+        raise MemcalcError("cap", f"must be >= 1, got {cap}", "pass a positive layer count")
+    nbytes = parse_budget(budget)
+    seen: dict[int, int] = {}
+
+    def peak_at(n: int) -> int:
+        if n not in seen:
+            seen[n] = _peak(model.with_(num_layers=n), training)
+        return seen[n]
+
+    if peak_at(1) > nbytes:
+        return Capacity("num_layers", nbytes, 0, None, peak_at(1))
+    n = _interpolation_search(peak_at, seen, nbytes, cap)
+    return Capacity("num_layers", nbytes, n, peak_at(n), peak_at(n + 1) if n < cap else None)
+
+
+def _interpolation_search(peak_at, seen: dict, budget: int, cap: int) -> int:
+    """Largest n in [1, cap] with peak_at(n) <= budget, given peak_at(1) <= budget."""
+    lo, hi = 1, None  # peak_at(lo) <= budget; hi: the smallest depth known not to fit
+    while hi is None or hi - lo > 1:
+        probe = _next_probe(peak_at, seen, lo, hi, budget, cap)
+        if peak_at(probe) <= budget:
+            lo = probe
+            if lo == cap:
+                return cap
+        else:
+            hi = probe
+    return lo
+
+
+def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: int) -> int:
+    """The secant's predicted answer, kept strictly inside the bracket; without an upper end,
+    at most double lo (a simulation costs about L**2, so overshooting far is expensive)."""
+    below = [k for k in seen if k < lo]
+    ref = hi if hi is not None else max(below) if below else None
+    if ref is None:
+        return min(2, cap)
+    slope = (peak_at(ref) - peak_at(lo)) / (ref - lo)
+    top = min(2 * lo, cap) if hi is None else hi - 1
+    if slope <= 0:
+        return top if hi is None else (lo + hi) // 2
+    guess = lo + int((budget - peak_at(lo)) // slope)
+    return min(max(guess, lo + 1), top)
+
+
+def fits(model, training, budget) -> bool:
+    """Whether the step's steady-state peak fits `budget` (bytes, '80GB', a GPU name or 'local').
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> fits(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "H100-80GB")
+    True
+    """
+    return _peak(model, training) <= parse_budget(budget)
