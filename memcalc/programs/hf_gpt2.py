@@ -35,6 +35,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     """One GPT2Block."""
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
     p = lambda name, n: ops.param(f"h.{layer}.{name}", n)
+    block_input = x  # the caller's loop variable holds it until the block returns
     ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
     qkv = ops.linear(ln1, p("attn.c_attn.weight", h * 3 * a * d),
                      p("attn.c_attn.bias", 3 * a * d) if spec.qkv_bias else None, N, 3 * a * d, "c_attn")
@@ -57,7 +58,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
                    p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     m = ops.dropout(m, spec.resid_dropout)
     x = ops.add(x, m, "residual 2")
-    ops.scope_end([attn, m])
+    ops.scope_end([attn, m, block_input])
     return x
 
 

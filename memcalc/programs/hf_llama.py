@@ -68,6 +68,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
 
 def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One LlamaDecoderLayer."""
+    block_input = x  # the caller's loop variable holds it until the block returns
     h, f = spec.hidden_size, spec.ffn_size
     p = lambda name, n: ops.param(f"layers.{layer}.{name}", n)
     attn = attention(ops, spec, training, rms_norm(ops, x, p("input_layernorm.weight", h), N), cos, sin, N, p)
@@ -79,7 +80,9 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
     m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
-    return ops.add(x, m, "residual 2")
+    out = ops.add(x, m, "residual 2")
+    ops.scope_end([block_input])
+    return out
 
 
 def rotary_tables(ops: Ops, d: int, elt: int):

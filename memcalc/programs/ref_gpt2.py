@@ -11,6 +11,7 @@ from memcalc.tape.ops import Ops
 
 def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     """One reference GPT2Block."""
+    block_input = x  # the caller's loop variable holds it until the block returns
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
     p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
     ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
@@ -30,7 +31,9 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
     m = ops.linear(act, p("mlp.c_proj.weight", f * h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
-    return ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
+    out = ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
+    ops.scope_end([block_input])
+    return out
 
 
 def build(ops: Ops, spec, training, segments) -> None:
@@ -52,8 +55,10 @@ def build(ops: Ops, spec, training, segments) -> None:
         x = block(ops, spec, training, x, N, layer)
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
+    trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
-    cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
-    ops.scope_end(ops.weight_casts)
+    logits = ops.linear(x, head, None, N, V, "lm_head")
+    cross_entropy(ops, logits, ids)
+    ops.scope_end([logits, trunk_out] + ops.weight_casts)  # head_loss's `logits` lives until it returns
     g.order_params(lambda label: 2 if label.startswith("ln_f") else 1 if label == "lm_head" else 0)

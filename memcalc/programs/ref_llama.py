@@ -19,14 +19,14 @@ def rms_norm(ops: Ops, x, w, N: Poly):
     var = ops.shift(g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4), "+ eps")
     r = ops.unary_saving_output("rsqrt", var)
     normed = ops.mul(x32, r, "x * rsqrt")
-    w32 = ops.to(w, 4, "weight upcast")
-    out = g.op("* weight", [normed, w32], normed.size, saves=[normed, w32],
+    out = g.op("* weight", [normed, w], normed.size, saves=[normed, w],  # promotes, no copy
                backward=[Grad(0), Temp(normed.size), Grad(1), FreeTemps()], elt=4)
     return ops.to(out, x.elt, "rms_norm downcast")
 
 
 def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One reference LlamaBlock."""
+    block_input = x  # the caller's loop variable holds it until the block returns
     h, f, a, kv, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.kv_heads, spec.head_size
     p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
     qb = spec.qkv_bias
@@ -54,7 +54,9 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
     m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
-    return ops.add(x, m, "residual 2")
+    out = ops.add(x, m, "residual 2")
+    ops.scope_end([block_input])
+    return out
 
 
 def build(ops: Ops, spec, training, segments) -> None:
@@ -63,10 +65,13 @@ def build(ops: Ops, spec, training, segments) -> None:
     N = Poly.bs(1)
     ids = g.input("ids", Poly.bs(8))
     embed = ops.param("embed", V * h)
-    cos = g.buffer("rotary.cos", Poly.const(P * d * 4), elt=4)
-    sin = g.buffer("rotary.sin", Poly.const(P * d * 4), elt=4)
+    be = ops.param_elt  # model.to(torch.bfloat16) casts float buffers too
+    cos = g.buffer("rotary.cos", Poly.const(P * d * be), elt=be)
+    sin = g.buffer("rotary.sin", Poly.const(P * d * be), elt=be)
     if training.attention == "eager":
         g.buffer("causal_mask", Poly.const(spec.num_layers * P * P), elt=1)
+    cos = g.view("cos[:s]", cos, Poly.mono(d * be, 0, 1))
+    sin = g.view("sin[:s]", sin, Poly.mono(d * be, 0, 1))
     x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
     for layer in range(spec.num_layers):
         if layer in segments:
@@ -74,8 +79,10 @@ def build(ops: Ops, spec, training, segments) -> None:
         x = block(ops, spec, training, x, cos, sin, N, layer)
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
+    trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
-    cross_entropy(ops, ops.linear(x, head, None, N, V, "lm_head"), ids)
-    ops.scope_end(ops.weight_casts)
+    logits = ops.linear(x, head, None, N, V, "lm_head")
+    cross_entropy(ops, logits, ids)
+    ops.scope_end([logits, trunk_out] + ops.weight_casts)  # head_loss's `logits` lives until it returns
     g.order_params(lambda label: {"norm.weight": 2}.get(label, 1 if label == "lm_head" else 0))

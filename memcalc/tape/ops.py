@@ -83,10 +83,12 @@ class Ops:
     def layer_norm(self, x: Value, w: Value, b: Value, tokens: Poly) -> Value:
         """native_layer_norm: outputs y, mean, rstd (fp32 stats); saves x, mean, rstd, w, b."""
         xin = self.norm_input(x)
-        stats = tokens * 4 if xin.elt == 4 or self.device == "cpu" else tokens * 4
+        # mean/rstd: fp32 on CUDA (acc type); the input's dtype on CPU (measured, torch 2.13)
+        stat_elt = xin.elt if self.device == "cpu" else 4
+        stats = tokens * stat_elt
         y, mean, rstd = self.g.op_multi("layer_norm", [xin, w, b], [xin.size, stats, stats],
                                         backward=[Grad(0), Grad(1), Grad(2)],
-                                        elts=[xin.elt, 4, 4])
+                                        elts=[xin.elt, stat_elt, stat_elt])
         node = self.g.nodes[-1]
         node.saved = [xin.storage, mean.storage, rstd.storage] if xin.requires_grad or w.requires_grad else []
         node.outputs = [y, mean, rstd]

@@ -1,0 +1,154 @@
+"""Reference tables: the memory breakdown of every preset under standard regimes, and the
+largest micro-batch per catalogue GPU; markdown and CSV (deterministic, checked in CI with
+`memcalc tables --check`), plus PNG plots when matplotlib is installed (not checked: PNG bytes
+depend on the matplotlib and freetype versions).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+GIB = 1024 ** 3
+REGIMES = {"fp32 Adam": dict(precision="fp32", optimizer="adam"),
+           "bf16-amp AdamW": dict(precision="bf16-amp", optimizer="adamw"),
+           "bf16 AdamW": dict(precision="bf16", optimizer="adamw")}
+CHECKPOINTING = ("none", "per-layer", "sqrt")
+COMPONENTS = ("weights", "gradients", "optimizer", "activations", "activation_grads",
+              "temporaries", "other")
+NOT_MODELLED = "not modelled yet"
+
+
+def standard_seq_len(preset: str) -> int:
+    """The shape a preset is tabulated at: 1024 tokens for GPT-2 (its context), 4096 otherwise.
+
+    >>> standard_seq_len("gpt2-xl"), standard_seq_len("llama-3-8b")
+    (1024, 4096)
+    """
+    return 1024 if preset.startswith("gpt2") else 4096
+
+
+def configs(presets=None):
+    """(preset, regime, checkpointing, ModelSpec, TrainingConfig) of every table row, in order."""
+    from memcalc.presets import PRESETS
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
+
+    for name in presets or PRESETS:
+        model = ModelSpec.preset(name)
+        for regime, fields in REGIMES.items():
+            for mode in CHECKPOINTING:
+                yield name, regime, mode, model, TrainingConfig(
+                    micro_batch=1, seq_len=standard_seq_len(name), checkpointing=mode, **fields)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.3f}"
+
+
+def breakdown_rows(presets=None) -> list[list[str]]:
+    """One row per (preset, regime, checkpointing): peak, phase and components in GiB."""
+    from memcalc.estimate import estimate
+
+    rows = []
+    for name, regime, mode, model, training in configs(presets):
+        head = [name, regime, mode, str(training.seq_len)]
+        try:
+            r = estimate(model, training)
+        except NotImplementedError:
+            rows.append(head + [NOT_MODELLED] + [""] * (len(COMPONENTS) + 1))
+            continue
+        comps = dict.fromkeys(COMPONENTS, 0)
+        for k, v in r.components.items():
+            comps[k if k in comps else "other"] += v
+        rows.append(head + [_gib(r.peak_bytes), r.peak_phase] + [_gib(v) for v in comps.values()])
+    return rows
+
+
+BREAKDOWN_HEADER = ["model", "regime", "checkpointing", "seq_len", "peak GiB", "peak phase"] + [
+    f"{c} GiB" for c in COMPONENTS]
+
+
+def capacity_rows(presets=None) -> list[list[str]]:
+    """One row per (preset, regime, checkpointing): the largest micro-batch on each GPU."""
+    from memcalc.capacity import max_micro_batch
+    from memcalc.gpus import GPUS
+
+    rows = []
+    for name, regime, mode, model, training in configs(presets):
+        head = [name, regime, mode, str(training.seq_len)]
+        try:
+            rows.append(head + [str(max_micro_batch(model, training, g.usable_bytes).value)
+                                for g in GPUS.values()])
+        except NotImplementedError:
+            rows.append(head + [NOT_MODELLED] * len(GPUS))
+    return rows
+
+
+def capacity_header() -> list[str]:
+    """Columns of the capacity table."""
+    from memcalc.gpus import GPUS
+
+    return ["model", "regime", "checkpointing", "seq_len"] + list(GPUS)
+
+
+def to_markdown(header: list[str], rows: list[list[str]], title: str) -> str:
+    """A markdown table with a title line.
+
+    >>> print(to_markdown(["a", "b"], [["1", "2"]], "T"), end="")
+    # T
+    <BLANKLINE>
+    | a | b |
+    |---|---|
+    | 1 | 2 |
+    """
+    lines = [f"# {title}", "", "| " + " | ".join(header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(header: list[str], rows: list[list[str]]) -> str:
+    """CSV text with \\n line endings."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+BREAKDOWN_TITLE = ("Peak memory of one training step (steady state, micro_batch 1, cuda, sdpa "
+                   "attention; GiB = 2**30 bytes)")
+CAPACITY_TITLE = ("Largest micro-batch per GPU (usable memory = total - 500 MiB CUDA context; "
+                  "0 = does not fit)")
+
+
+def render(presets=None) -> dict[str, str]:
+    """File name -> text of every checked table."""
+    b_rows, c_rows = breakdown_rows(presets), capacity_rows(presets)
+    return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
+            "breakdown.csv": to_csv(BREAKDOWN_HEADER, b_rows),
+            "max_micro_batch.md": to_markdown(capacity_header(), c_rows, CAPACITY_TITLE),
+            "max_micro_batch.csv": to_csv(capacity_header(), c_rows)}
+
+
+def write(out: Path, presets=None, plots: bool = True) -> list[str]:
+    """Write the tables (and the plots when matplotlib is importable); return the file names."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = render(presets)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    names = list(files)
+    if plots:
+        from memcalc.plots import write_plots
+
+        names += write_plots(out)
+    return names
+
+
+def check(out: Path, presets=None) -> list[str]:
+    """Names of the checked tables under `out` that differ from what the code generates."""
+    out = Path(out)
+    return [name for name, text in render(presets).items()
+            if not (out / name).exists() or (out / name).read_text() != text]
