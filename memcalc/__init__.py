@@ -10,5 +10,22 @@ from memcalc.estimate import MemoryReport, estimate, sqrt_segment_size
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
+# Loaded on first use (PEP 562), so that `import memcalc` stays light for the CLI.
+_LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
+         "zero_paper_mixed_precision_bytes": "memcalc.formulas.model_states",
+         "max_micro_batch": "memcalc.capacity", "max_seq_len": "memcalc.capacity",
+         "max_layers": "memcalc.capacity", "fits": "memcalc.capacity", "Capacity": "memcalc.capacity",
+         "estimate_grid": "memcalc.grid", "plan": "memcalc.planner", "Plan": "memcalc.planner",
+         "GPUS": "memcalc.gpus", "GPU": "memcalc.gpus", "parse_budget": "memcalc.gpus",
+         "local_gpus": "memcalc.gpus"}
+
 __all__ = ["MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate",
-           "sqrt_segment_size", "ModelSpec", "TrainingConfig"]
+           "sqrt_segment_size", "ModelSpec", "TrainingConfig", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'memcalc' has no attribute {name!r}")

@@ -93,8 +93,9 @@ def gpu(name: str) -> GPU:
     by_lower = {k.lower(): v for k, v in GPUS.items()}
     key = str(name).strip().lower()
     if key not in by_lower:
-        raise UnknownNameError("gpu", f"unknown GPU {name!r}",
-                               f"use one of: {closest_names(str(name), list(GPUS))}")
+        close = closest_names(key, list(by_lower)).split(", ")
+        hint = ", ".join(by_lower[c].name if c in by_lower else c for c in close)
+        raise UnknownNameError("gpu", f"unknown GPU {name!r}", f"use one of: {hint}")
     return by_lower[key]
 
 

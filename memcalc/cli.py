@@ -1,0 +1,285 @@
+"""The `memcalc` command: estimate, capacity, plan, gpus, tables (each with --json).
+
+Imports are lazy so that `memcalc estimate` answers cold in well under a second (sympy only for
+--formula, numpy never). Bad input of any kind prints one line
+`memcalc: error: <field>: <problem>; fix: <fix>` on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+GIB = 1024 ** 3
+MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                   "head_dim", "intermediate_size", "max_position_embeddings")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the project's one-line form (exit 2)."""
+
+    def error(self, message: str):
+        match = re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+        field, problem = (match.group(1).replace("-", "_"), match.group(2)) if match else (
+            "arguments", message)
+        _fail(field, problem, f"see `{self.prog} --help`")
+
+
+def _fail(field: str, problem: str, fix: str):
+    print(f"memcalc: error: {field}: {problem}; fix: {fix}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---- arguments --------------------------------------------------------------------------------
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="preset name, e.g. gpt2, llama-3-8b")
+    g.add_argument("--hf-config", help="path to a Hugging Face config.json")
+    g.add_argument("--implementation", help="hf (default) or reference")
+    for name in MODEL_OVERRIDES:
+        g.add_argument("--" + name.replace("_", "-"), type=int, help=f"override {name}")
+
+
+def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
+    g = p.add_argument_group("training")
+    if shapes:
+        g.add_argument("--micro-batch", type=int, default=1, help="sequences per pass (default 1)")
+        g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
+        g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    g.add_argument("--precision", default="fp32", help="fp32, fp16-amp, bf16-amp or bf16")
+    g.add_argument("--optimizer", default="adamw", help="sgd, sgd-momentum, adam or adamw")
+    g.add_argument("--optimizer-impl", help="foreach, fused or for-loop (default: torch's)")
+    g.add_argument("--weight-decay", type=float, help="default: torch's for the optimizer")
+    g.add_argument("--checkpointing", default="none",
+                   help="none, per-layer, sqrt, every-k or selective")
+    g.add_argument("--checkpoint-every", type=int, help="layers per segment for every-k")
+    g.add_argument("--attention", default="sdpa", help="eager or sdpa")
+    g.add_argument("--device", default="cuda", help="cuda or cpu")
+
+
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = _Parser(prog="memcalc", description="Peak memory of a transformer training step.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("estimate", help="peak memory and its breakdown")
+    _model_args(p), _training_args(p), _json_arg(p)
+    p.add_argument("--formula", action="store_true", help="print the sympy expression in b, s")
+    p = sub.add_parser("capacity", help="largest micro-batch / seq_len / depth within a budget")
+    _model_args(p), _training_args(p), _json_arg(p)
+    p.add_argument("--budget", default=None, help="GPU name, 'local', bytes or '80GB'")
+    p.add_argument("--gpu", default=None, help="catalogue GPU (same as --budget NAME)")
+    p.add_argument("--solve", default="micro_batch",
+                   choices=["micro_batch", "seq_len", "num_layers"], help="the unknown")
+    p = sub.add_parser("plan", help="ranked training plans for one GPU")
+    _model_args(p), _training_args(p, shapes=False), _json_arg(p)
+    p.add_argument("--gpu", required=True, help="catalogue GPU, e.g. H100-80GB")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
+    p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
+    _json_arg(p)
+    p = sub.add_parser("tables", help="write (or --check) the reference tables")
+    p.add_argument("--out", default="tables", help="output folder (default tables/)")
+    p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ")
+    p.add_argument("--presets", nargs="*", help="only these presets")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _json_arg(p)
+    return parser
+
+
+# ---- building specs ---------------------------------------------------------------------------
+def model_from_args(args):
+    """The ModelSpec named by --model / --hf-config plus overrides."""
+    from memcalc.specs import ModelSpec
+
+    if bool(args.model) == bool(args.hf_config):
+        _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
+              "e.g. --model gpt2")
+    model = ModelSpec.preset(args.model) if args.model else _from_hf(args.hf_config, args)
+    changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
+    if args.implementation and args.model:
+        changes["implementation"] = args.implementation
+    return model.with_(**changes) if changes else model
+
+
+def _from_hf(path: str, args):
+    from memcalc.specs import ModelSpec
+
+    try:
+        with open(path) as fh:
+            config = json.load(fh)
+    except (OSError, ValueError) as err:
+        _fail("hf_config", f"cannot read {path}: {err}", "pass the path of a config.json")
+    return ModelSpec.from_hf_config(config, implementation=args.implementation or "hf")
+
+
+def training_from_args(args, **fixed):
+    """The TrainingConfig of the training flags (plus `fixed` fields)."""
+    from memcalc.training import TrainingConfig
+
+    names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
+             "weight_decay", "checkpointing", "checkpoint_every", "attention", "device")
+    fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})
+
+
+# ---- commands ---------------------------------------------------------------------------------
+def cmd_estimate(args) -> dict:
+    """Run `estimate`; return the JSON payload (printed as text unless --json)."""
+    from memcalc.estimate import estimate
+
+    model, training = model_from_args(args), training_from_args(args)
+    r = estimate(model, training)
+    out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
+           "peak_gib": r.peak_gib, "peak_phase": r.peak_phase, "moment": r.moment,
+           "first_step_peak_bytes": r.first_step_peak_bytes, "phases": r.phases,
+           "components": r.components}
+    if args.formula:
+        out["formula"] = str(r.expr)
+    if not args.json:
+        _print_estimate(out)
+    return out
+
+
+def _print_estimate(out: dict) -> None:
+    print(f"{out['model']} ({out['params']:,} parameters): peak {out['peak_gib']:.3f} GiB "
+          f"in {out['peak_phase']} ({out['moment']})")
+    print("  at the peak:")
+    for name, nbytes in out["components"].items():
+        if nbytes:
+            print(f"    {name:<18} {nbytes / GIB:10.3f} GiB")
+    print("  phases:")
+    for name, nbytes in out["phases"].items():
+        print(f"    {name:<18} {nbytes / GIB:10.3f} GiB")
+    print(f"  first step:          {out['first_step_peak_bytes'] / GIB:10.3f} GiB")
+    if "formula" in out:
+        print(f"  peak(b, s) = {out['formula']}")
+
+
+def cmd_capacity(args) -> dict:
+    """Run `capacity`."""
+    from memcalc import capacity
+
+    if (args.budget is None) == (args.gpu is None):
+        _fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
+    model, training = model_from_args(args), training_from_args(args)
+    solver = {"micro_batch": capacity.max_micro_batch, "seq_len": capacity.max_seq_len,
+              "num_layers": capacity.max_layers}[args.solve]
+    r = solver(model, training, args.budget or args.gpu)
+    out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes,
+           "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
+    if not args.json:
+        if not r.fits:
+            print(f"does not fit: {r.field}=1 needs {r.next_peak_bytes / GIB:.3f} GiB "
+                  f"> budget {r.budget_bytes / GIB:.3f} GiB")
+        else:
+            print(f"largest {r.field}: {r.value} (peak {r.peak_bytes / GIB:.3f} GiB of "
+                  f"{r.budget_bytes / GIB:.3f} GiB; headroom {r.headroom_bytes / GIB:.3f} GiB)")
+    return out
+
+
+def cmd_plan(args) -> dict:
+    """Run `plan`."""
+    from memcalc.planner import plan
+
+    model = model_from_args(args)
+    base = training_from_args(args, seq_len=args.seq_len)
+    plans = plan(model, args.gpu, args.global_batch, args.seq_len, base, args.utilisation)
+    out = {"gpu": args.gpu, "global_batch": args.global_batch, "seq_len": args.seq_len,
+           "utilisation": args.utilisation, "plans": [p.as_dict() for p in plans[:args.top]],
+           "fitting": len(plans)}
+    if not args.json:
+        _print_plans(plans[:args.top], len(plans), args)
+    return out
+
+
+def _print_plans(plans, total: int, args) -> None:
+    if not plans:
+        print(f"no plan fits {args.gpu} (global batch {args.global_batch}, seq_len {args.seq_len})")
+        return
+    print(f"{total} plans fit {args.gpu}; fastest {len(plans)} (utilisation {args.utilisation}):")
+    print(f"{'#':>3} {'precision':<9} {'ckpt':<10} {'micro':>5} {'accum':>5} "
+          f"{'peak GiB':>9} {'headroom':>9} {'step s':>9}")
+    for i, p in enumerate(plans, 1):
+        print(f"{i:>3} {p.precision:<9} {p.checkpointing:<10} {p.micro_batch:>5} {p.grad_accum:>5} "
+              f"{p.peak_bytes / GIB:>9.2f} {p.headroom_bytes / GIB:>9.2f} {p.step_seconds:>9.2f}")
+
+
+def cmd_gpus(args) -> dict:
+    """Run `gpus`."""
+    from memcalc.gpus import CONTEXT_MIB, GPUS, local_gpus
+
+    found, note = local_gpus()
+    out = {"context_mib": CONTEXT_MIB,
+           "catalogue": [dict(name=g.name, total_bytes=g.total_bytes, usable_bytes=g.usable_bytes,
+                              tflops_bf16=g.tflops_bf16, tflops_fp16=g.tflops_fp16,
+                              tflops_fp32=g.tflops_fp32, source=g.source) for g in GPUS.values()],
+           "local": [g.__dict__ for g in found], "local_note": note}
+    if not args.json:
+        print(f"{'GPU':<11} {'total GiB':>9} {'usable':>7} {'bf16':>7} {'fp16':>7} {'fp32':>6}  "
+              f"(TFLOPS dense; usable = total - {CONTEXT_MIB} MiB context)")
+        for g in GPUS.values():
+            print(f"{g.name:<11} {g.total_bytes / GIB:>9.2f} {g.usable_bytes / GIB:>7.2f} "
+                  f"{g.tflops_bf16 or '-':>7} {g.tflops_fp16:>7} {g.tflops_fp32:>6}")
+        for g in found:
+            print(f"local GPU {g.index}: {g.name}, {g.total_bytes / GIB:.2f} GiB total, "
+                  f"{g.free_bytes / GIB:.2f} GiB free")
+        if note:
+            print(f"local: {note}")
+    return out
+
+
+def cmd_tables(args) -> dict:
+    """Run `tables` (write, or --check and exit 1 on a difference)."""
+    from memcalc import tables
+
+    if args.check:
+        stale = tables.check(args.out, args.presets)
+        if not args.json:
+            print("tables are up to date" if not stale else
+                  f"tables differ from the code: {', '.join(stale)}; run `memcalc tables`")
+        if stale:
+            if args.json:
+                print(json.dumps({"stale": stale}))
+            raise SystemExit(1)
+        return {"stale": stale}
+    names = tables.write(args.out, args.presets, plots=not args.no_plots)
+    if not args.json:
+        print(f"wrote {len(names)} files to {args.out}: {', '.join(names)}")
+    return {"written": names}
+
+
+COMMANDS = {"estimate": cmd_estimate, "capacity": cmd_capacity, "plan": cmd_plan,
+            "gpus": cmd_gpus, "tables": cmd_tables}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `memcalc` command.
+
+    >>> main(["gpus", "--json"]) == 0  # doctest: +ELLIPSIS
+    {...
+    True
+    """
+    args = build_parser().parse_args(argv)
+    from memcalc.errors import MemcalcError
+
+    try:
+        out = COMMANDS[args.command](args)
+    except MemcalcError as err:
+        _fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
+    except NotImplementedError as err:
+        _fail("model", f"this implementation/family is not modelled yet ({err})",
+              "use --implementation hf with a gpt2 or llama preset")
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
