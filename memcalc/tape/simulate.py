@@ -95,6 +95,9 @@ class StepSimulator:
         self.g = graph
         self.mem = Memory()
         self.param_grads: dict[int, Storage] = {}
+        self._param_buffers: dict[int, Storage] = {}
+        self._consumers = self._param_consumers()
+        self._pending: dict[int, int] = {}
         self._last_use = self._forward_last_use()
 
     # ---- setup ----------------------------------------------------------------------------
@@ -102,6 +105,17 @@ class StepSimulator:
         """Parameters and buffers are allocated before the step."""
         for v in self.g.params + self.g.buffers:
             self.mem.hold(v.storage)
+
+    def _param_consumers(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for node in self.g.nodes:
+            if not node.backward:
+                continue
+            params = {id(node.inputs[step.index]) for step in node.backward
+                      if isinstance(step, Grad) and node.inputs[step.index].is_param}
+            for key in params:
+                counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def _forward_last_use(self) -> dict[int, int]:
         last: dict[int, int] = {}
@@ -162,6 +176,7 @@ class StepSimulator:
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "backward"
         grads: dict[int, Storage] = {}
+        self._pending = dict(self._consumers)
         loss = self.g.keep[0]
         seed = Storage(loss.size, "activation_grads", "grad of loss")
         mem.hold(seed)
@@ -275,39 +290,43 @@ class StepSimulator:
             self._deliver(target, st, grads, grads_exist, fresh)
 
     def _deliver(self, target: Value, st: Storage, grads: dict, grads_exist: bool, fresh: bool) -> None:
-        mem = self.mem
-        if target.is_param:
-            key = id(target)
-            old = self.param_grads.get(key)
-            if old is None:
-                if not fresh:  # an aliased gradient is copied into .grad
-                    own = Storage(st.size, "gradients", "grad copy")
-                    mem.hold(own)
-                    mem.release(st)
-                    st = own
-                self.param_grads[key] = st
-                return
-            if grads_exist:  # accumulate_grad.h: in place when .grad exists from an earlier micro-step
-                mem.release(st)
-                return
-            total = Storage(old.size, "gradients", "grad sum")  # tied weight: out-of-place sum
-            mem.hold(total)
-            mem.mark("accumulate grad")
-            mem.release(st)
-            mem.release(old)
-            self.param_grads[key] = total
+        """Hand a gradient to its input: an activation's input buffer, or a parameter's
+        AccumulateGrad node, which runs once every consumer of the parameter has delivered
+        (a tied weight's two gradients are first summed in its input buffer)."""
+        if not target.is_param:
+            self._buffer(grads, id(target), st, target.size)
             return
         key = id(target)
-        old = grads.get(key)
+        self._buffer(self._param_buffers, key, st, target.grad_size or target.size)
+        self._pending[key] -= 1
+        if self._pending[key] == 0:
+            self._accumulate(key, self._param_buffers.pop(key), fresh)
+
+    def _buffer(self, buffers: dict, key: int, st: Storage, size) -> None:
+        """input_buffer.cpp: the first gradient is stored, a later one summed out of place."""
+        old = buffers.get(key)
         if old is None:
-            grads[key] = st
+            buffers[key] = st
             return
-        total = Storage(target.size, "activation_grads", "grad sum")
-        mem.hold(total)
-        mem.mark("accumulate activation grad")
+        total = Storage(size, "activation_grads", "grad sum")
+        self.mem.hold(total)
+        self.mem.mark("sum of gradients")
+        self.mem.release(st)
+        self.mem.release(old)
+        buffers[key] = total
+
+    def _accumulate(self, key: int, st: Storage, fresh: bool) -> None:
+        """accumulate_grad.h: steal the gradient into an empty .grad (copy an aliased one);
+        add in place into an existing .grad (gradient accumulation)."""
+        mem = self.mem
+        old = self.param_grads.get(key)
+        if old is not None:
+            mem.release(st)
+            return
+        own = Storage(st.size, "gradients", "grad")  # same bytes, now owned by .grad
+        mem.hold(own)
         mem.release(st)
-        mem.release(old)
-        grads[key] = total
+        self.param_grads[key] = own
 
     # ---- a micro-step ---------------------------------------------------------------------
     def micro_step(self, grads_exist: bool) -> None:
