@@ -23,8 +23,9 @@ def steady_polys(model, training) -> list[Poly]:
     >>> max(p.eval(2, 64) for p in polys) == estimate_peak(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=2, seq_len=64))
     True
     """
-    from memcalc.estimate import _candidates, _key
+    from memcalc.estimate import _candidates, _key, check_modelled
 
+    check_modelled(model, training)
     return [m.total for m in _candidates(model, _key(training)).steady]
 
 

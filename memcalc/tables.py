@@ -9,6 +9,8 @@ import csv
 import io
 from pathlib import Path
 
+from memcalc.errors import NotModelledError
+
 GIB = 1024 ** 3
 REGIMES = {"fp32 Adam": dict(precision="fp32", optimizer="adam"),
            "bf16-amp AdamW": dict(precision="bf16-amp", optimizer="adamw"),
@@ -55,7 +57,7 @@ def breakdown_rows(presets=None) -> list[list[str]]:
         head = [name, regime, mode, str(training.seq_len)]
         try:
             r = estimate(model, training)
-        except NotImplementedError:
+        except (NotImplementedError, NotModelledError):
             rows.append(head + [NOT_MODELLED] + [""] * (len(COMPONENTS) + 1))
             continue
         comps = dict.fromkeys(COMPONENTS, 0)
@@ -80,7 +82,7 @@ def capacity_rows(presets=None) -> list[list[str]]:
         try:
             rows.append(head + [str(max_micro_batch(model, training, g.usable_bytes).value)
                                 for g in GPUS.values()])
-        except NotImplementedError:
+        except (NotImplementedError, NotModelledError):
             rows.append(head + [NOT_MODELLED] * len(GPUS))
     return rows
 

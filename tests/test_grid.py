@@ -1,0 +1,52 @@
+"""estimate_grid equals estimate() point by point."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from memcalc.errors import MemcalcError
+from memcalc.estimate import estimate
+from memcalc.grid import estimate_grid, upper_envelope
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+from tests.strategies import cases
+
+
+@given(cases(), st.lists(st.integers(1, 64), min_size=1, max_size=6),
+       st.lists(st.integers(1, 512), min_size=1, max_size=6))
+def test_grid_equals_estimate(case, bs, ss):
+    model, training = case
+    grid = estimate_grid(model, training, micro_batch=np.array(bs)[:, None], seq_len=np.array(ss))
+    for i, b in enumerate(bs):
+        for j, s in enumerate(ss):
+            assert grid[i, j] == estimate(model, training.with_(micro_batch=b, seq_len=s)).peak_bytes
+
+
+def test_envelope_path_on_many_points():
+    model, training = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8, attention="eager")
+    rng = np.random.default_rng(0)
+    b, s = rng.integers(1, 64, 20000), rng.integers(1, 40, 20000)  # few distinct s: envelope path
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for k in rng.integers(0, b.size, 40):
+        assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
+
+
+def test_other_fields_loop_over_values():
+    model, training = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=64)
+    grid = estimate_grid(model, training, num_layers=np.array([2, 3]), precision=np.array(["fp32", "bf16"])[:, None])
+    assert grid[1, 0] == estimate(model.with_(num_layers=2), training.with_(precision="bf16")).peak_bytes
+
+
+@given(st.lists(st.tuples(st.integers(-1000, 1000), st.integers(0, 50)), min_size=1, max_size=12),
+       st.integers(1, 200))
+def test_upper_envelope_is_the_max(lines, x):
+    hull, takeover = upper_envelope(lines)
+    k = hull[sum(1 for t in takeover if t <= x)]
+    assert lines[k][0] + lines[k][1] * x == max(a + c * x for a, c in lines)
+
+
+def test_bad_arrays():
+    with pytest.raises(MemcalcError, match="micro_batch"):
+        estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), micro_batch=np.array([0, 1]))
+    with pytest.raises(MemcalcError, match="colour"):
+        estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), colour=np.array([1]))

@@ -1,0 +1,41 @@
+"""Plans fit their GPU, rank by the FLOP model, and share simulations soundly."""
+from hypothesis import given, settings, strategies as st
+
+from memcalc.estimate import estimate
+from memcalc.gpus import GPUS
+from memcalc.planner import ACCUM_EQUIVALENT, plan, step_flops
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+from tests.strategies import small_models
+
+
+@settings(max_examples=10)
+@given(small_models(), st.sampled_from(["L4", "V100-16GB", "H100-80GB"]), st.sampled_from([4, 6, 8]),
+       st.integers(8, 64))
+def test_first_plan_fits_its_gpu(model, name, global_batch, seq_len):
+    plans = plan(model, name, global_batch, seq_len, checkpointing=("none", "per-layer"))
+    best = plans[0]
+    t = TrainingConfig(micro_batch=best.micro_batch, seq_len=seq_len, grad_accum=best.grad_accum,
+                       precision=best.precision, checkpointing=best.checkpointing)
+    assert estimate(model, t).peak_bytes == best.peak_bytes <= GPUS[name].usable_bytes
+    assert [p.step_seconds for p in plans] == sorted(p.step_seconds for p in plans)
+
+
+def test_grad_accum_beyond_two_costs_the_same_memory():
+    model = ModelSpec.preset("gpt2").with_(num_layers=2)
+    t = TrainingConfig(micro_batch=2, seq_len=64, grad_accum=ACCUM_EQUIVALENT)
+    assert estimate(model, t).peak_bytes == estimate(model, t.with_(grad_accum=7)).peak_bytes
+
+
+def test_flop_model():
+    m = ModelSpec.preset("gpt2")
+    none, full, sel = (step_flops(m, 8, 1024, c) for c in ("none", "per-layer", "selective"))
+    assert 3 * full == 4 * none  # full recompute: +1/3 (one more forward)
+    attention = 12 * m.num_layers * m.hidden_size * 1024 * 1024 * 8
+    assert sel - none == attention // 3
+
+
+def test_bf16_skipped_on_v100():
+    plans = plan(ModelSpec.preset("gpt2").with_(num_layers=2), "V100-16GB", 2, 64)
+    assert plans and all(p.precision != "bf16" and p.precision != "bf16-amp" for p in plans)
