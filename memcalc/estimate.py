@@ -125,20 +125,6 @@ def _best(moments: list[Moment], b: int, s: int) -> tuple[Moment, int]:
     return best, value
 
 
-def check_modelled(model: ModelSpec, training: TrainingConfig) -> None:
-    """Refuse the regimes whose measured peak the engine does not yet match, rather than give a
-    silent wrong answer (measured with validate on CPU, torch 2.13; see README 'Known gaps').
-
-    >>> check_modelled(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
-    """
-    from memcalc.errors import NotModelledError
-
-    if training.device == "cpu" and training.attention == "sdpa" and model.attn_dropout > 0:
-        raise NotModelledError("attn_dropout", "SDPA with attention dropout on CPU runs the math "
-                               "kernel, whose saved tensors are not modelled yet",
-                               "use attention='eager' or attn_dropout=0 on device='cpu'")
-
-
 def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     """Predict the peak memory of one training step.
 
@@ -146,7 +132,6 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
-    check_modelled(model, training)
     cands = _candidates(model, _key(training))
     b, s = training.micro_batch, training.seq_len
     phases = {}

@@ -43,7 +43,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     if training.checkpointing == "selective":
         ops.g.begin_region()
     if training.attention == "sdpa":
-        y = sdpa(ops, q, k, v, a, d, hf=True)
+        y = sdpa(ops, spec, q, k, v)
     else:
         y = eager_attention(ops, spec, training, q, k, v, hf=True)
     if training.checkpointing == "selective":

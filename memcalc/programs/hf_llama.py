@@ -57,7 +57,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
         ops.g.begin_region()
     if training.attention == "sdpa":
         q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
-        y = sdpa(ops, q, k, v, a, d, hf=True)
+        y = sdpa(ops, spec, q, k, v)
     else:
         y = eager_scores(ops, spec, q, k, v, hf=True, family="llama")
     if training.checkpointing == "selective":

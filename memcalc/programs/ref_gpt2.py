@@ -20,7 +20,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
     if training.checkpointing == "selective":
         ops.g.begin_region()
-    y = sdpa(ops, q, k, v, a, d, hf=False) if training.attention == "sdpa" else \
+    y = sdpa(ops, spec, q, k, v) if training.attention == "sdpa" else \
         ref_eager(ops, spec, q, k, v, copies=(True, True, True))
     if training.checkpointing == "selective":
         ops.g.end_region()

@@ -40,7 +40,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
         ops.g.begin_region()
     if training.attention == "sdpa":
         q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
-        y = sdpa(ops, q, k, v, a, d, hf=False)
+        y = sdpa(ops, spec, q, k, v)
     else:
         y = ref_eager(ops, spec, q, k, v, copies=(False, False, kv == a))
     if training.checkpointing == "selective":
