@@ -1,0 +1,95 @@
+"""Properties of the engine's estimate() over random small models and configs."""
+import pytest
+from hypothesis import given, strategies as st
+
+from memcalc.estimate import estimate
+from memcalc.formulas.model_states import model_state_bytes
+from memcalc.plots import activation_peak_bytes
+from memcalc.specs import ModelSpec
+from memcalc.symbols import b as B, s as S
+from memcalc.training import TrainingConfig
+
+from tests.strategies import cases
+
+
+def _peak(model, training, **changes):
+    return estimate(model, training.with_(**changes)).peak_bytes
+
+
+@given(cases(), st.integers(1, 8))
+def test_peak_never_decreases_with_micro_batch(case, extra):
+    model, t = case
+    assert _peak(model, t, micro_batch=t.micro_batch + extra) >= _peak(model, t)
+
+
+@given(cases(), st.integers(1, 64))
+def test_peak_never_decreases_with_seq_len(case, extra):
+    model, t = case
+    assert _peak(model, t, seq_len=t.seq_len + extra) >= _peak(model, t)
+
+
+@given(cases(max_layers=3), st.integers(1, 3))
+def test_peak_never_decreases_with_layers(case, extra):
+    model, t = case
+    assert estimate(model.with_(num_layers=model.num_layers + extra), t).peak_bytes >= estimate(model, t).peak_bytes
+
+
+@given(cases())
+def test_components_are_non_negative_ints_summing_to_the_peak(case):
+    r = estimate(*case)
+    assert all(isinstance(v, int) and v >= 0 for v in r.components.values())
+    assert sum(r.components.values()) == r.peak_bytes
+    assert r.peak_bytes == max(r.phases.values())
+
+
+@given(cases(checkpointing=["none"]), st.sampled_from(["per-layer", "sqrt"]))
+def test_checkpointing_never_increases_activations(case, mode):
+    model, t = case
+    assert activation_peak_bytes(model, t.with_(checkpointing=mode)) <= activation_peak_bytes(model, t)
+
+
+@given(cases(), st.integers(1, 64), st.integers(1, 512))
+def test_symbolic_equals_numeric(case, b, s):
+    model, t = case
+    r = estimate(model, t.with_(micro_batch=b, seq_len=s))
+    assert int(r.expr.subs({B: b, S: s})) == r.peak_bytes
+
+
+@given(cases(), st.sampled_from(["sgd", "sgd-momentum", "adam", "adamw"]))
+def test_pure_bf16_uses_less_than_fp32(case, optimizer):
+    model, t = case
+    assert _peak(model, t, precision="bf16", optimizer=optimizer) < _peak(model, t, precision="fp32", optimizer=optimizer)
+
+
+@given(cases())
+def test_peak_holds_at_least_the_model_states(case):
+    """Weights, gradients and optimizer states are all alive at optimizer.step() in steady state
+    (an independent lower bound from the parameter count)."""
+    model, t = case
+    assert estimate(model, t).peak_bytes >= model_state_bytes(model.param_count, t.precision, t.optimizer)
+
+
+@pytest.mark.xfail(strict=False, reason="engine bug (memcalc/tape/simulate.py Memory keys storages by "
+                   "id(); the cuBLAS workspace Storage made in tape/step.py dies while held, and the "
+                   "optimizer-state Storage can reuse its id). Lead: fix, then drop this marker.")
+@pytest.mark.parametrize("preset,mode", [("gpt2-medium", "sqrt"), ("gpt2-large", "per-layer")])
+def test_steady_state_keeps_optimizer_states_on_cuda(preset, mode):
+    """Regression: a held storage with a reused id() (the cuBLAS workspace Storage is dropped right
+    after mem.hold) hid the optimizer states from the steady state."""
+    model = ModelSpec.preset(preset)
+    t = TrainingConfig(micro_batch=2, seq_len=1024, precision="bf16-amp", checkpointing=mode)
+    assert estimate(model, t).peak_bytes >= model_state_bytes(model.param_count, "bf16-amp", "adamw")
+
+
+def _activations(layers: int, mode: str) -> int:
+    model = ModelSpec.preset("gpt2").with_(num_layers=layers, hidden_size=128, num_heads=4, vocab_size=512)
+    return activation_peak_bytes(model, TrainingConfig(micro_batch=2, seq_len=128, checkpointing=mode))
+
+
+def test_sqrt_checkpointing_grows_like_sqrt_depth():
+    # L 16 -> 64: none keeps every layer's activations (x4); sqrt keeps sqrt(L) segment inputs plus
+    # one segment being recomputed, both ~sqrt(L) (x2).
+    none = _activations(64, "none") / _activations(16, "none")
+    sqrt = _activations(64, "sqrt") / _activations(16, "sqrt")
+    assert 3.5 <= none <= 4.1
+    assert 1.5 <= sqrt <= 2.6

@@ -1,0 +1,32 @@
+"""Tables are deterministic and --check notices a stale file."""
+from memcalc import tables
+from memcalc.cli import main
+
+
+def test_render_is_deterministic_and_complete():
+    first = tables.render(["gpt2"])
+    assert first == tables.render(["gpt2"])
+    rows = first["breakdown.csv"].splitlines()
+    assert len(rows) == 1 + len(tables.REGIMES) * len(tables.CHECKPOINTING)
+    assert "| gpt2 | fp32 Adam | none | 1024 |" in first["breakdown.md"]
+
+
+def test_check_detects_a_difference(tmp_path, capsys):
+    tables.write(tmp_path, ["gpt2"], plots=False)
+    assert tables.check(tmp_path, ["gpt2"]) == []
+    (tmp_path / "breakdown.csv").write_text("stale\n")
+    assert tables.check(tmp_path, ["gpt2"]) == ["breakdown.csv"]
+    try:
+        main(["tables", "--out", str(tmp_path), "--presets", "gpt2", "--check"])
+    except SystemExit as exit_:
+        assert exit_.code == 1
+    else:
+        raise AssertionError("--check must exit 1 on a stale table")
+
+
+def test_plots_when_matplotlib_is_there(tmp_path):
+    from memcalc.plots import write_plots
+
+    names = write_plots(tmp_path)
+    for name in names:
+        assert (tmp_path / name).stat().st_size > 1000
