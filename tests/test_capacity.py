@@ -49,7 +49,7 @@ def test_no_fit_is_zero_not_an_error():
 def test_max_layers_boundary():
     model = ModelSpec.preset("gpt2").with_(hidden_size=64, num_heads=4, vocab_size=256)
     training = TrainingConfig(micro_batch=2, seq_len=32)
-    r = max_layers(model, training, "96MiB")
+    r = max_layers(model, training, "40MiB")
     assert estimate(model.with_(num_layers=r.value), training).peak_bytes <= r.budget_bytes
     assert estimate(model.with_(num_layers=r.value + 1), training).peak_bytes > r.budget_bytes
 
