@@ -48,24 +48,28 @@ def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, 
 
 def eager_scores(ops, spec, q, k, v, hf: bool, family: str):
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
-    k and v to all heads when kv < heads (their backward sums back: a kv-sized gradient); a
-    transposed v is copied by matmul's reshape; q after rotary is contiguous; softmax in fp32 then
-    cast back to the query dtype."""
+    k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
+    kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
+    (b, s, heads, d) by the projection view) and k when it was not repeated; softmax runs in fp32
+    and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
+    acts in that dtype, and autocast casts the probabilities for the second matmul."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
-    q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
-    elt = q.elt
+    query_elt = q.elt
     if kv < a:
-        full = Poly.bs(a * d * k.elt)
-        k = g.op("repeat_kv k", [k], full, backward=[Grad(0)], elt=k.elt)
-        v = g.op("repeat_kv v", [v], full, backward=[Grad(0)], elt=v.elt)
+        k = g.op("repeat_kv k", [k], Poly.bs(a * d * k.elt), backward=[Grad(0)], elt=k.elt)
+        v = g.op("repeat_kv v", [v], Poly.bs(a * d * v.elt), backward=[Grad(0)], elt=v.elt)
     else:
         v = _copy(ops, v, "v reshape copy")
-    scores = Poly.mono(a * elt, 1, 2)
-    s = g.op("q@k^T", [q, k], scores, saves=[q, k], backward=[Grad(0), Grad(1)], elt=elt)
+    q, k = ops.matmul_operand(q), ops.matmul_operand(k)
+    q = _copy(ops, q, "q reshape copy")
+    if kv == a:
+        k = _copy(ops, k, "k^T reshape copy")
+    elt = q.elt
+    s = g.op("q@k^T", [q, k], Poly.mono(a * elt, 1, 2), saves=[q, k], backward=[Grad(0), Grad(1)], elt=elt)
     s = ops.scale(s, "* scale")
     s = ops.to(_add_mask(ops, s), 4, "softmax dtype=float32")
     p = ops.unary_saving_output("softmax", s)
-    p = ops.to(p, elt, "softmax .to(query dtype)")
-    p = ops.dropout(p, spec.attn_dropout)
-    y = g.op("p@v", [p, v], Poly.bs(a * d * elt), saves=[p, v], backward=[Grad(0), Grad(1)], elt=elt)
+    p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
+    p, v = ops.matmul_operand(p), ops.matmul_operand(v)
+    y = g.op("p@v", [p, v], Poly.bs(a * d * p.elt), saves=[p, v], backward=[Grad(0), Grad(1)], elt=p.elt)
     return _copy(ops, y, "transpose contiguous")
