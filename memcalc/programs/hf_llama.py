@@ -24,11 +24,13 @@ def rms_norm(ops: Ops, x, w, N: Poly):
     var = g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4)
     var = ops.shift(var, "+ eps")
     r = ops.unary_saving_output("rsqrt", var)
-    normed = ops.mul(x32, r, "x * rsqrt")
-    normed = ops.to(normed, x.elt, "rmsnorm .to(input_dtype)")
+    normed32 = ops.mul(x32, r, "x * rsqrt")
+    normed = ops.to(normed32, x.elt, "rmsnorm .to(input_dtype)")
     out_elt = max(w.elt, normed.elt)
-    return g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=[w, normed],
-                backward=[Temp(numel(normed) * out_elt), Grad(0), FreeTemps(), Grad(1)], elt=out_elt)
+    out = g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=[w, normed],
+               backward=[Temp(numel(normed) * out_elt), Grad(0), FreeTemps(), Grad(1)], elt=out_elt)
+    ops.scope_end([normed32])  # the local `hidden_states` holds it until forward returns
+    return out
 
 
 def rotary(ops: Ops, x, cos, sin, heads: int, d: int):
