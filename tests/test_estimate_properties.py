@@ -70,9 +70,6 @@ def test_peak_holds_at_least_the_model_states(case):
     assert estimate(model, t).peak_bytes >= model_state_bytes(model.param_count, t.precision, t.optimizer)
 
 
-@pytest.mark.xfail(strict=False, reason="engine bug (memcalc/tape/simulate.py Memory keys storages by "
-                   "id(); the cuBLAS workspace Storage made in tape/step.py dies while held, and the "
-                   "optimizer-state Storage can reuse its id). Lead: fix, then drop this marker.")
 @pytest.mark.parametrize("preset,mode", [("gpt2-medium", "sqrt"), ("gpt2-large", "per-layer")])
 def test_steady_state_keeps_optimizer_states_on_cuda(preset, mode):
     """Regression: a held storage with a reused id() (the cuBLAS workspace Storage is dropped right

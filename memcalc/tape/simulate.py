@@ -33,15 +33,26 @@ class Moment:
 
 
 class Memory:
-    """Live storages with hold counts, the running total, and the kept moments."""
+    """Live storages with hold counts, the running total, and the kept moments.
+
+    Storages are keyed by id() and the Storage object itself is kept while held, so an id can
+    never be reused by another storage while it is counted.
+    """
+
+    PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
 
     def __init__(self):
         self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Poly, str]] = {}
+        self.sizes: dict[int, tuple[Storage, Poly, str]] = {}
         self.total = ZERO
         self.by_category: dict[str, Poly] = {}
-        self.moments: list[Moment] = []
+        self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
+
+    @property
+    def moments(self) -> list[Moment]:
+        """Every kept moment, all phases."""
+        return [m for moments in self.frontiers.values() for m in moments]
 
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
@@ -51,7 +62,7 @@ class Memory:
             return
         cat = category or st.category
         self.holds[key] = 1
-        self.sizes[key] = (st.size, cat)
+        self.sizes[key] = (st, st.size, cat)
         self.total = self.total + st.size
         self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
 
@@ -61,7 +72,7 @@ class Memory:
         self.holds[key] -= 1
         if self.holds[key] == 0:
             del self.holds[key]
-            size, cat = self.sizes.pop(key)
+            _, size, cat = self.sizes.pop(key)
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
 
@@ -70,14 +81,55 @@ class Memory:
         return id(st) in self.holds
 
     def mark(self, label: str) -> None:
-        """Record this instant as a candidate for the peak (pruned against dominated ones)."""
+        """Record this instant as a candidate for the peak, unless a kept moment of the same
+        phase is at least as large at every shape."""
         total = self.total
-        same_phase = [m for m in self.moments if m.phase == self.phase]
-        for m in same_phase:
+        frontier = self.frontiers.setdefault(self.phase, [])
+        for m in frontier:
             if m.total.dominates(total):
                 return
-        self.moments = [m for m in self.moments if m.phase != self.phase or not total.dominates(m.total)]
-        self.moments.append(Moment(self.phase, label, total, dict(self.by_category)))
+        frontier[:] = [m for m in frontier if not total.dominates(m.total)]
+        frontier.append(Moment(self.phase, label, total, dict(self.by_category)))
+        if len(frontier) >= self.PRUNE_AT:
+            frontier[:] = prune_convex(frontier)
+
+
+def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
+    """True when m <= lam*m1 + (1-lam)*m2 coefficient-wise for some lam in [0, 1]; then
+    m(b, s) <= max(m1(b, s), m2(b, s)) at every shape, so m can never set the peak."""
+    lo, hi = 0.0, 1.0
+    for mono in set(m.terms) | set(m1.terms) | set(m2.terms):
+        c, c1, c2 = m.terms.get(mono, 0), m1.terms.get(mono, 0), m2.terms.get(mono, 0)
+        slope, need = c1 - c2, c - c2  # lam * slope >= need
+        if slope > 0:
+            lo = max(lo, need / slope)
+        elif slope < 0:
+            hi = min(hi, need / slope)
+        elif need > 0:
+            return False
+        if lo > hi:
+            return False
+    return True
+
+
+def prune_convex(moments: list[Moment]) -> list[Moment]:
+    """Drop moments lying under a mix of two others (e.g. the layers between the first and the
+    last of a backward pass, whose totals are affine in the layer index).
+
+    >>> a, b, c = (Moment("p", "", Poly({(0, 0): k, (1, 1): 10 - k}), {}) for k in (0, 5, 10))
+    >>> [m.total.terms[(0, 0)] for m in prune_convex([a, b, c]) if (0, 0) in m.total.terms]
+    [10]
+    """
+    kept = list(moments)
+    i = 0
+    while i < len(kept):
+        others = kept[:i] + kept[i + 1:]
+        if any(_below_mix(kept[i].total, x.total, y.total)
+               for j, x in enumerate(others) for y in others[j + 1:]):
+            kept.pop(i)
+        else:
+            i += 1
+    return kept
 
 
 class StepSimulator:
