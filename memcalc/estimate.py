@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from memcalc.poly import Poly
 from memcalc.specs import ModelSpec
@@ -56,6 +55,26 @@ def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]
     return ops.g, ops
 
 
+class MomentSet:
+    """Candidate moments with a fast evaluator: each total is a row of coefficients over the
+    monomials b**i * s**j they use, evaluated with plain integer arithmetic (~1 us a moment)."""
+
+    def __init__(self, moments: list[Moment]):
+        self.moments = moments
+        self.monomials = sorted({mono for m in moments for mono in m.total.terms})
+        self.rows = [tuple(m.total.terms.get(mono, 0) for mono in self.monomials) for m in moments]
+        self.by_phase = {p: [i for i, m in enumerate(moments) if m.phase == p] for p in PHASES}
+
+    def totals(self, b: int, s: int) -> list[int]:
+        """Every moment's bytes at micro_batch b, seq_len s.
+
+        >>> MomentSet([Moment("forward", "x", Poly.bs(2), {})]).totals(3, 4)
+        [24]
+        """
+        values = [b ** i * s ** j for i, j in self.monomials]
+        return [sum(c * v for c, v in zip(row, values)) for row in self.rows]
+
+
 @dataclass
 class Candidates:
     """The moments that can set the peak, for the steady state and the first step."""
@@ -63,19 +82,49 @@ class Candidates:
     steady: list[Moment]
     first: list[Moment]
 
+    def __post_init__(self):
+        self.steady_set = MomentSet(self.steady)
+        self.first_set = MomentSet(self.first)
 
-@lru_cache(maxsize=256)
-def _candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
-    graph, ops = build_graph(model, training)
+
+_CACHE: dict = {}
+_SHAPE_FIELDS = ("micro_batch", "seq_len")
+
+
+def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
+    """The simulated candidate moments of (model, training); the shape fields micro_batch and
+    seq_len are free symbols, so one simulation serves every shape.
+
+    >>> c = candidates(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
+    >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
+    True
+    """
+    key = (model, tuple(v for k, v in training.__dict__.items() if k not in _SHAPE_FIELDS))
+    found = _CACHE.get(key)
+    if found is None:
+        if len(_CACHE) > 512:
+            _CACHE.clear()
+        found = _CACHE[key] = _simulate(model, training)
+    return found
+
+
+def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
     constants = {"cublas_workspace": CUBLAS_WORKSPACE_BYTES} if training.device == "cuda" else {}
+    graph, ops = build_graph(model, training)
     steady = simulate_step(graph, training, ops.param_elt, False, constants)
     graph, ops = build_graph(model, training)
     first = simulate_step(graph, training, ops.param_elt, True, constants)
     return Candidates(steady, first)
 
 
+def _candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
+    """Former private name of `candidates` (kept for callers)."""
+    return candidates(model, training)
+
+
 def _key(training: TrainingConfig) -> TrainingConfig:
-    return training.with_(micro_batch=1, seq_len=1)
+    """Former cache key helper: the config itself now serves."""
+    return training
 
 
 @dataclass
@@ -116,15 +165,6 @@ class MemoryReport:
                 f"first step {self.first_step_peak_bytes / GIB:.3f} GiB)")
 
 
-def _best(moments: list[Moment], b: int, s: int) -> tuple[Moment, int]:
-    best, value = None, -1
-    for m in moments:
-        v = m.total.eval(b, s)
-        if v > value:
-            best, value = m, v
-    return best, value
-
-
 def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     """Predict the peak memory of one training step.
 
@@ -132,13 +172,12 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
-    cands = _candidates(model, _key(training))
+    cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
-    phases = {}
-    for phase in PHASES:
-        _, phases[phase] = _best([m for m in cands.steady if m.phase == phase], b, s)
-    top, peak = _best(cands.steady, b, s)
-    _, first = _best(cands.first, b, s)
-    components = {k: v.eval(b, s) for k, v in top.by_category.items()}
-    return MemoryReport(peak, first, top.phase, phases, components, top.label, model, training,
-                        cands.steady)
+    steady = cands.steady_set.totals(b, s)
+    phases = {p: max((steady[i] for i in idx), default=0) for p, idx in cands.steady_set.by_phase.items()}
+    top = max(range(len(steady)), key=steady.__getitem__)
+    moment = cands.steady[top]
+    components = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+    return MemoryReport(steady[top], max(cands.first_set.totals(b, s)), moment.phase, phases,
+                        components, moment.label, model, training, cands.steady)
