@@ -52,12 +52,14 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
                       N, h, "attn c_proj")
     attn = ops.dropout(attn, spec.resid_dropout)
     x = ops.add(attn, x, "residual 1")
+    ops.scope_end([ln1])  # the block's `hidden_states` held ln_1's output until this rebinding
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
     h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     m = ops.linear(activation(ops, h1, spec.activation), p("mlp.c_proj.weight", f * h),
                    p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     m = ops.dropout(m, spec.resid_dropout)
     x = ops.add(x, m, "residual 2")
+    ops.scope_end([ln2])
     ops.scope_end([attn, m, block_input])
     return x
 
@@ -89,4 +91,4 @@ def build(ops: Ops, spec, training, segments) -> None:
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     causal_lm_loss(ops, logits, V, labels_in_forward=True)
-    ops.scope_end([logits] + ops.weight_casts)
+    ops.scope_end([logits, x] + ops.weight_casts)  # outputs.last_hidden_state lives to return

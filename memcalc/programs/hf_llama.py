@@ -73,8 +73,10 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     block_input = x  # the caller's loop variable holds it until the block returns
     h, f = spec.hidden_size, spec.ffn_size
     p = lambda name, n: ops.param(f"layers.{layer}.{name}", n)
-    attn = attention(ops, spec, training, rms_norm(ops, x, p("input_layernorm.weight", h), N), cos, sin, N, p)
+    n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
+    attn = attention(ops, spec, training, n1, cos, sin, N, p)
     x = ops.add(x, attn, "residual 1")
+    ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
     mb = spec.mlp_bias
     gate = ops.linear(n2, p("gate_proj.weight", h * f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
@@ -83,7 +85,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
     out = ops.add(x, m, "residual 2")
-    ops.scope_end([block_input])
+    ops.scope_end([block_input, n2])
     return out
 
 
@@ -126,7 +128,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     causal_lm_loss(ops, logits, V, labels_in_forward=True)
-    ops.scope_end([logits] + ops.weight_casts)
+    ops.scope_end([logits, x] + ops.weight_casts)  # outputs.last_hidden_state lives to return
     g.order_params(registration_rank)
 
 

@@ -26,11 +26,13 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         ops.g.end_region()
     attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
+    ops.scope_end([ln1])  # attn.forward's argument lives until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
     h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
     m = ops.linear(act, p("mlp.c_proj.weight", f * h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
+    ops.scope_end([ln2])
     out = ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
     ops.scope_end([block_input])
     return out

@@ -46,6 +46,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     if training.checkpointing == "selective":
         ops.g.end_region()
     attn = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
+    ops.scope_end([n1])  # self_attn.forward's argument lives until it returns
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
     mb = spec.mlp_bias
@@ -54,6 +55,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
     m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
+    ops.scope_end([n2])
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input])
     return out
