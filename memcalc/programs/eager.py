@@ -41,6 +41,7 @@ def eager_attention(ops, spec, training, q, k, v, hf: bool, copies=(True, True, 
     p = ops.unary_saving_output("softmax", s)
     p = ops.to(p, v.elt, "attn_weights.type(value.dtype)")
     p = ops.dropout(p, spec.attn_dropout)
+    ops.attn_weights = p  # returned to the attention module, which holds it until it returns
     vc = _copy(ops, v, "v reshape copy") if copies[2] else v
     y = g.op("p@v", [p, vc], Poly.bs(a * d * elt), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=elt)
     return _copy(ops, y, "transpose contiguous")
@@ -55,9 +56,11 @@ def eager_scores(ops, spec, q, k, v, hf: bool, family: str):
     acts in that dtype, and autocast casts the probabilities for the second matmul."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
+    repeated = []
     if kv < a:
         k = g.op("repeat_kv k", [k], Poly.bs(a * d * k.elt), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], Poly.bs(a * d * v.elt), backward=[Grad(0)], elt=v.elt)
+        repeated = [k, v]  # key_states / value_states: locals until the function returns
     else:
         v = _copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
@@ -70,6 +73,9 @@ def eager_scores(ops, spec, q, k, v, hf: bool, family: str):
     s = ops.to(_add_mask(ops, s), 4, "softmax dtype=float32")
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
-    p, v = ops.matmul_operand(p), ops.matmul_operand(v)
-    y = g.op("p@v", [p, v], Poly.bs(a * d * p.elt), saves=[p, v], backward=[Grad(0), Grad(1)], elt=p.elt)
-    return _copy(ops, y, "transpose contiguous")
+    ops.attn_weights = p  # returned to LlamaAttention, which holds it until it returns
+    pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
+    y = g.op("p@v", [pm, vm], Poly.bs(a * d * pm.elt), saves=[pm, vm], backward=[Grad(0), Grad(1)], elt=pm.elt)
+    out = _copy(ops, y, "transpose contiguous")
+    ops.scope_end(repeated)
+    return out

@@ -51,6 +51,8 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
     attn = ops.dropout(attn, spec.resid_dropout)
+    ops.scope_end([q, k, v])  # GPT2Attention.forward's locals
+    weights = ops.pop_attn_weights()  # `attn_output, _ = self.attn(...)`: `_` lives to return
     x = ops.add(attn, x, "residual 1")
     ops.scope_end([ln1])  # the block's `hidden_states` held ln_1's output until this rebinding
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
@@ -60,7 +62,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     m = ops.dropout(m, spec.resid_dropout)
     x = ops.add(x, m, "residual 2")
     ops.scope_end([ln2])
-    ops.scope_end([attn, m, block_input])
+    ops.scope_end([attn, m, block_input, weights])
     return x
 
 

@@ -55,6 +55,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
     k = ops.linear(x, p("k_proj.weight", h * kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
     v = ops.linear(x, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
     q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
+    q_local, k_local, v_local = q, k, v
     if training.checkpointing == "selective":
         ops.g.begin_region()
     if training.attention == "sdpa":
@@ -64,8 +65,10 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
         y = eager_scores(ops, spec, q, k, v, hf=True, family="llama")
     if training.checkpointing == "selective":
         ops.g.end_region()
-    return ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None,
-                      N, h, "o_proj")
+    out = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None,
+                     N, h, "o_proj")
+    ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
+    return out
 
 
 def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
@@ -75,6 +78,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     p = lambda name, n: ops.param(f"layers.{layer}.{name}", n)
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
     attn = attention(ops, spec, training, n1, cos, sin, N, p)
+    weights = ops.pop_attn_weights()  # `hidden_states, _ = self.self_attn(...)`: `_` lives on
     x = ops.add(x, attn, "residual 1")
     ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
@@ -85,7 +89,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
     out = ops.add(x, m, "residual 2")
-    ops.scope_end([block_input, n2])
+    ops.scope_end([block_input, n2, weights])
     return out
 
 

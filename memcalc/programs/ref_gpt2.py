@@ -26,7 +26,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         ops.g.end_region()
     attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
-    ops.scope_end([ln1])  # attn.forward's argument lives until it returns
+    ops.scope_end([ln1, qkv])  # attn.forward's argument and locals live until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
     h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")

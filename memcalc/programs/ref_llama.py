@@ -36,6 +36,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     v = ops.linear(n1, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
     c, s_ = ops.to(cos, q.elt, "cos.to(q.dtype)"), ops.to(sin, q.elt, "sin.to(q.dtype)")
     q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
+    q_local, k_local = q, k
     if training.checkpointing == "selective":
         ops.g.begin_region()
     if training.attention == "sdpa":
@@ -46,7 +47,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     if training.checkpointing == "selective":
         ops.g.end_region()
     attn = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
-    ops.scope_end([n1])  # self_attn.forward's argument lives until it returns
+    ops.scope_end([n1, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
     mb = spec.mlp_bias

@@ -139,6 +139,13 @@ class Ops:
         mask = self.g.op("dropout mask", [], numel(x) * mask_elt, requires_grad=False, elt=mask_elt)
         return self.g.op("dropout", [x, mask], x.size, saves=[mask], backward=[Grad(0)], elt=x.elt)
 
+    attn_weights: Value | None = None
+
+    def pop_attn_weights(self) -> Value | None:
+        """The attention probabilities an eager attention function returned (None for SDPA)."""
+        weights, self.attn_weights = self.attn_weights, None
+        return weights
+
     def scope_end(self, values: list[Value]) -> None:
         """Python locals alive until their function returns."""
         self.g.scope_end([v for v in values if v is not None])

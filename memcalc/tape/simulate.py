@@ -264,41 +264,40 @@ class StepSimulator:
         return i == 0 or nodes[i - 1].region != nodes[i].region
 
     def _recompute(self, region: int, last: int) -> dict[int, Storage]:
-        """Re-run the region's forward up to its last saving op; return original -> recomputed."""
+        """Re-run the region's forward up to its last saving op (early stop); return
+        original -> recomputed storage. A recomputed tensor is freed after its last use in the
+        region, or, if Python still refers to it past the stopping point, when the recompute
+        stops (checkpoint.py raises _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
         first = last
         while first > 0 and nodes[first - 1].region == region:
             first -= 1
+        while last + 1 < len(nodes) and nodes[last + 1].region == region:
+            last += 1  # trailing nodes without gradients (scope ends) still hold references
         stop = max((j for j in range(first, last + 1) if nodes[j].saved), default=first - 1)
-        copies: dict[int, Storage] = {}
-        uses: dict[int, int] = {}
-        for j in range(first, stop + 1):
+        last_use: dict[int, int] = {}
+        for j in range(first, last + 1):
             for v in nodes[j].inputs:
-                uses[id(v.storage)] = j
+                last_use[id(v.storage)] = j
+        copies: dict[int, Storage] = {}
+        held: dict[int, int] = {}  # copy key -> index after which Python drops it
         for j in range(first, stop + 1):
             node = nodes[j]
-            fresh = []
             for v in node.outputs:
-                if id(v.storage) in copies:
-                    continue
-                if any(v.storage is u.storage for u in node.inputs):
-                    continue  # a view of an input: no new storage
-                copies[id(v.storage)] = Storage(v.storage.size, "activations", "recomputed")
-                fresh.append(v.storage)
-                mem.hold(copies[id(v.storage)])
+                key = id(v.storage)
+                if key in copies or any(v.storage is u.storage for u in node.inputs):
+                    continue  # already made, or a view of an input
+                copies[key] = Storage(v.storage.size, "activations", "recomputed")
+                mem.hold(copies[key])
+                held[key] = last_use.get(key, j)
             mem.mark(f"recompute {node.name}")
             for st in node.saved:
                 mem.hold(copies.get(id(st), st))
-            for st in fresh:
-                if uses.get(id(st), j) <= j:
-                    mem.release(copies[id(st)])
-            for v in node.inputs:
-                key = id(v.storage)
-                if key in copies and uses.get(key) == j and key not in {id(o.storage) for o in node.outputs}:
-                    if any(key == id(f) for f in fresh):
-                        continue
-                    mem.release(copies[key])
-                    uses[key] = -1
+            for key in [k for k, end in held.items() if end <= j]:
+                mem.release(copies[key])
+                del held[key]
+        for key in held:
+            mem.release(copies[key])
         return copies
 
     def _run_node(self, node: Node, incoming: list[Storage], grads: dict, grads_exist: bool,
