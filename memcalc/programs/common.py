@@ -63,7 +63,7 @@ def sdpa_math(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
     vc = g.op("v reshape copy", [v], full, backward=[Alias(0)], elt=elt) if kv == a else v
     y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end([mask] + ([q, k, v, y, scores] if origin != elt else []))
+    ops.scope_end([mask] + ([q, k, v, y] if origin != elt else []))
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
