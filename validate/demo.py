@@ -82,8 +82,10 @@ def depth_sweep(real: bool) -> list[dict]:
             training = DEEP_STEP.with_(checkpointing=ck)
             m = measure(spec, training, backend="cpu" if real else "fake")
             pred = _predicted(spec, training)
+            states = 16 * spec.param_count  # fp32 weights, grads, Adam exp_avg and exp_avg_sq
             rows.append(dict(layers=layers, checkpointing=ck, measured=m.peak_bytes,
-                             predicted=pred, error_pct=error_pct(pred, m.peak_bytes)))
+                             predicted=pred, error_pct=error_pct(pred, m.peak_bytes),
+                             model_states=states))
             print(f"depth {layers} {ck}: {_fmt(m.peak_bytes)} MiB", file=sys.stderr, flush=True)
     return rows
 
@@ -109,18 +111,23 @@ def plot_depth(rows: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for ck, color in (("none", "tab:red"), ("sqrt", "tab:blue")):
-        sel = [r for r in rows if r["checkpointing"] == ck]
-        ax.plot([r["layers"] for r in sel], [r["measured"] / MIB for r in sel], "o-", color=color,
-                label=f"{ck}: measured")
-        if all(r["predicted"] is not None for r in sel):
-            ax.plot([r["layers"] for r in sel], [r["predicted"] / MIB for r in sel], "x--",
-                    color=color, label=f"{ck}: predicted")
-    ax.set(xscale="log", xlabel="layers L", ylabel="steady-state peak (MiB)",
-           title="Activation checkpointing: O(L) vs O(sqrt L)")
-    ax.set_xticks(DEPTHS, [str(d) for d in DEPTHS])
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = ((axes[0], "steady-state peak (MiB)", lambda r, key: r[key]),
+              (axes[1], "peak minus 16 B/param model states (MiB)",
+               lambda r, key: r[key] - r["model_states"]))
+    for ax, ylabel, value in panels:
+        for ck, color in (("none", "tab:red"), ("sqrt", "tab:blue")):
+            sel = [r for r in rows if r["checkpointing"] == ck]
+            xs = [r["layers"] for r in sel]
+            ax.plot(xs, [value(r, "measured") / MIB for r in sel], "o-", color=color,
+                    label=f"{ck}: measured")
+            if all(r["predicted"] is not None for r in sel):
+                ax.plot(xs, [value(r, "predicted") / MIB for r in sel], "x--", color=color,
+                        label=f"{ck}: predicted")
+        ax.set(xlabel="layers L", ylabel=ylabel)
+        ax.set_xticks(DEPTHS, [str(d) for d in DEPTHS])
+        ax.legend()
+    fig.suptitle("Activation checkpointing: O(L) without, O(sqrt L) with sqrt(L) segments")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
