@@ -43,6 +43,29 @@ def sqrt_segment_size(num_layers: int) -> int:
     return max(1, round(math.sqrt(num_layers)))
 
 
+def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
+    """Layers per checkpointed segment that minimise the steady-state peak for this model and
+    step. Chen et al. 2016 (sec. 4.1): with boundary tensors of x bytes and A bytes of saved
+    activations per layer, memory ~ (L/k)x + kA is minimal at k = sqrt(L x / A); A is measured
+    on the engine (forward peak of 2 layers minus 1), x = b*s*h at the residual dtype, and the
+    neighbours of that k are compared exactly. Use it with checkpointing='every-k'.
+
+    >>> k = optimal_segment_size(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=4, seq_len=1024))
+    >>> 1 <= k <= 12
+    True
+    """
+    L = model.num_layers
+    none = training.with_(checkpointing="none", checkpoint_every=None)
+    per_layer = (estimate(model.with_(num_layers=2), none).phases["forward"]
+                 - estimate(model.with_(num_layers=1), none).phases["forward"])
+    boundary = training.micro_batch * training.seq_len * model.hidden_size * (2 if training.precision == "bf16" else 4)
+    guess = max(1, min(L, round(math.sqrt(L * boundary / max(per_layer, 1)))))
+    options = sorted({k for k in (guess - 1, guess, guess + 1) if 1 <= k <= L}, reverse=True)
+    peaks = {k: estimate(model, training.with_(checkpointing="every-k", checkpoint_every=k)).peak_bytes
+             for k in options}
+    return min(options, key=lambda k: peaks[k])
+
+
 def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]:
     """The forward program of the model's implementation."""
     from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama

@@ -25,8 +25,7 @@ RMS_EPS = 1e-6  # HF LlamaConfig / Qwen2Config / MistralConfig default rms_norm_
 def segment_size(spec, training) -> int | None:
     """Blocks per checkpointed segment for a TrainingConfig, or None (no block checkpointing).
 
-    sqrt uses the engine's rule (`memcalc.optimal_segment_size(spec, training)` or
-    `memcalc.sqrt_segment_size(L)`) when it exists, else round(sqrt(L)).
+    sqrt uses the engine's rule, `memcalc.sqrt_segment_size(L)`.
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> spec = ModelSpec.make(family="gpt2", vocab_size=10, hidden_size=8, num_layers=9, num_heads=2)
@@ -41,12 +40,9 @@ def segment_size(spec, training) -> int | None:
     if kind == "sqrt":
         import memcalc
 
-        # follow the engine's rule, whichever name it exposes, so both sides segment alike
-        if hasattr(memcalc, "optimal_segment_size"):
-            return int(memcalc.optimal_segment_size(spec, training))
-        if hasattr(memcalc, "sqrt_segment_size"):
-            return int(memcalc.sqrt_segment_size(spec.num_layers))
-        return max(1, round(math.sqrt(spec.num_layers)))
+        # the engine's rule for 'sqrt' (round(sqrt(L)) layers per segment), so both sides
+        # segment alike; memcalc.optimal_segment_size is for checkpointing='every-k'
+        return int(memcalc.sqrt_segment_size(spec.num_layers))
     return None
 
 
