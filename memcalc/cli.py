@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -271,13 +272,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         out = COMMANDS[args.command](args)
+        if args.json:
+            print(json.dumps(out, indent=2, sort_keys=True))
+        sys.stdout.flush()
     except MemcalcError as err:
         _fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
-    except NotImplementedError as err:
-        _fail("model", f"this implementation/family is not modelled yet ({err})",
-              "use --implementation hf with a gpt2 or llama preset")
-    if args.json:
-        print(json.dumps(out, indent=2, sort_keys=True))
+    except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
