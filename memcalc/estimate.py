@@ -188,6 +188,17 @@ class MemoryReport:
                 f"first step {self.first_step_peak_bytes / GIB:.3f} GiB)")
 
 
+def _check_parallelism(training: TrainingConfig) -> None:
+    """Multi-rank training is modelled separately (memcalc.distributed); refuse it here rather
+    than answer for one process."""
+    if training.world_size > 1 or training.sharding != "none" or training.tensor_parallel > 1:
+        from memcalc.errors import NotModelledError
+
+        raise NotModelledError("world_size", "multi-process (DDP/ZeRO/FSDP/tensor-parallel) "
+                               "memory is not modelled by estimate() yet",
+                               "use world_size=1, sharding='none', tensor_parallel=1")
+
+
 def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     """Predict the peak memory of one training step.
 
@@ -195,6 +206,7 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
+    _check_parallelism(training)
     cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
     steady = cands.steady_set.totals(b, s)

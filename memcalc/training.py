@@ -13,6 +13,7 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
+Sharding = Literal["none", "zero1", "zero2", "zero3"]
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}
@@ -52,6 +53,16 @@ class TrainingConfig(BaseModel):
     """eager (explicit softmax(QK^T)V) or sdpa (F.scaled_dot_product_attention)."""
     device: Device = "cuda"
     """Where the step runs: cuda (caching allocator rules apply) or cpu."""
+    world_size: int = Field(default=1, gt=0)
+    """Processes (one accelerator each) training together; the prediction is per rank."""
+    sharding: Sharding = "none"
+    """Data-parallel memory sharding: none (DDP, full replicas and gradient buckets); zero1
+    (optimizer states sharded, ZeroRedundancyOptimizer); zero2 (also gradients: FSDP2
+    fully_shard without resharding after forward); zero3 (also parameters: FSDP2 fully_shard)."""
+    tensor_parallel: int = Field(default=1, gt=0)
+    """Megatron-style tensor-parallel degree (column/row splits of attention and MLP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -59,9 +70,17 @@ class TrainingConfig(BaseModel):
             raise ValueError("checkpointing='every-k' needs checkpoint_every (layers per segment)")
         if self.checkpoint_every is not None and self.checkpointing != "every-k":
             raise ValueError("checkpoint_every is only used with checkpointing='every-k'")
-        if self.optimizer_impl == "fused" and self.optimizer.startswith("sgd") and self.device == "cpu":
-            pass  # torch supports fused SGD on CPU since 2.4
+        if self.world_size % self.tensor_parallel:
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} must divide "
+                             f"world_size={self.world_size}")
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel > 1")
         return self
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel degree: world_size / tensor_parallel."""
+        return self.world_size // self.tensor_parallel
 
     @classmethod
     def make(cls, **fields) -> "TrainingConfig":
