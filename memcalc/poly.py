@@ -66,7 +66,9 @@ class Poly:
 
     def to_sympy(self, b, s):
         """The sympy expression over symbols b and s."""
-        return sum((c * b ** i * s ** j for (i, j), c in sorted(self.terms.items())), 0)
+        import sympy
+
+        return sympy.Integer(0) + sum((c * b ** i * s ** j for (i, j), c in sorted(self.terms.items())), 0)
 
     def __repr__(self) -> str:
         parts = [f"{c}" + "".join(f"*{v}^{p}" if p > 1 else f"*{v}" for v, p in (("b", i), ("s", j)) if p)
