@@ -129,13 +129,16 @@ def test_check_recorded_flags_drift_ooms_and_skips_errors(tmp_path):
         {**d, "device": "cuda", "status": "oom", "measured_peak_bytes": None, "extra": {"total_bytes": 2**50}},
         {"key": "e", "name": "e", "device": "cuda", "status": "error", "error": "RuntimeError: boom"},
         {**a, "key": "cpu-row"},  # another device: not checked
+        {**c, "device": "cuda", "key": json.dumps({**json.loads(c["key"]), "parallel": {"world_size": 2}}),
+         "measured_peak_bytes": 1},  # a data-parallel run (validate/distributed.py): not estimate()'s
     ]
     path = _write(tmp_path / "gpu.jsonl", rows)
     proc = _py("check_recorded.py", path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert len(fails) == 2 and f":{b['name']}:" in fails[0] + fails[1] and "OOM although" in proc.stdout
-    assert "4 cuda rows re-predicted" in proc.stdout and "1 skipped" in proc.stdout
+    assert "4 cuda rows re-predicted" in proc.stdout and "2 skipped" in proc.stdout
+    assert "not a single-device configuration (has parallel)" in proc.stdout
     proc = _py("check_recorded.py", path, "--tolerance", 20)
     assert proc.returncode == 1 and proc.stdout.count("FAIL") == 1  # the OOM the engine says fits
 
