@@ -66,6 +66,20 @@ def _add_fields(parser, model, skip=()) -> list[str]:
     return names
 
 
+def _add_parallel_flags(run) -> None:
+    """--world-size/--sharding for distributed runs (validate/distributed.py), unless
+    TrainingConfig already has these fields (then they come with its generated flags)."""
+    from validate.distributed import SHARDINGS
+
+    group = run.add_argument_group("distributed (gloo ranks on CPU)")
+    if "world_size" not in TrainingConfig.model_fields:
+        group.add_argument("--world-size", dest="world_size", type=int, default=None,
+                           help="ranks (processes); runs the step data-parallel on gloo")
+    if "sharding" not in TrainingConfig.model_fields:
+        group.add_argument("--sharding", dest="sharding", choices=list(SHARDINGS), default=None,
+                           help="none (DDP), zero1 (ZeroRedundancyOptimizer), zero2/zero3 (FSDP2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (no torch needed to build or use it)."""
     parser = _Parser(prog="validate", description=__doc__.split("\n\n")[0])
@@ -86,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
                      training_fields=_add_fields(run, TrainingConfig))
+    _add_parallel_flags(run)
     demo = sub.add_parser("demo", help="the lecture's demonstrations, measured on CPU")
     demo.add_argument("--out", default="tables", help="folder for tables and the plot")
     demo.add_argument("--real", action="store_true",
@@ -209,7 +224,10 @@ def cmd_run(args) -> int:
     import tempfile
 
     from validate.compare import markdown_table, run_cases, verdict
+    from validate.dist_compare import cmd_run_distributed, wants_distributed
 
+    if wants_distributed(args):
+        return cmd_run_distributed(args)
     cases = matrix_cases(args) if args.matrix else [single_case(args)]
     for case in cases:
         check_case(case)

@@ -1,0 +1,107 @@
+"""Distributed measurement on gloo: ranks are cleaned up, failures are reported, peaks behave.
+
+Each test that launches ranks costs a few seconds (fresh interpreters importing torch); the
+model is tiny so the steps themselves are quick.
+"""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from memcalc.specs import ModelSpec  # noqa: E402
+from memcalc.training import TrainingConfig  # noqa: E402
+from validate.dist_tracker import DistTracker  # noqa: E402
+from validate.distributed import RankFailure, measure_distributed, resolve_parallelism  # noqa: E402
+from validate.measure import measure  # noqa: E402
+
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+SPEC = ModelSpec.make(family="gpt2", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+                      max_position_embeddings=64, implementation="reference")
+TRAIN = TrainingConfig(micro_batch=2, seq_len=32, device="cpu")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ---- tracker (no processes) --------------------------------------------------------------------
+def test_tracker_counts_wrapper_subclass_inner_tensors_not_the_wrapper():
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    with DistTracker() as tr:
+        a, b = torch.zeros(100), torch.zeros(100)
+        t = two_tensor.TwoTensor(a, b)
+        tr.track_tensor(t)
+        assert tr.live == 800  # a and b, once each; the wrapper has no memory of its own
+        del a, b, t
+    assert tr.live == 0
+
+
+def test_tracker_sees_storage_resize_and_restores_resize_after_exit():
+    original = torch.UntypedStorage.resize_
+    with DistTracker() as tr:
+        t = torch.empty(256)
+        t.untyped_storage().resize_(0)  # FSDP2's free_storage
+        assert tr.live == 0
+        t.untyped_storage().resize_(1024)  # FSDP2's alloc_storage
+        assert tr.live == 1024 and tr.peak == 1024
+    assert torch.UntypedStorage.resize_ == original
+
+
+def test_parallelism_from_flags_when_training_config_lacks_fields():
+    assert resolve_parallelism(TRAIN, None, None) == (1, "none")
+    assert resolve_parallelism(TRAIN, 4, "zero2") == (4, "zero2")
+
+
+# ---- launcher ----------------------------------------------------------------------------------
+def test_failing_rank_is_reported_with_its_error_and_all_ranks_end():
+    with pytest.raises(RankFailure) as info:
+        measure_distributed(SPEC, TRAIN, 2, "zero3", fail_rank=1, timeout_s=60, grace_s=5)
+    err = info.value
+    assert "ValueError: injected failure on rank 1" in err.errors[1]
+    assert "rank 1: ValueError: injected failure on rank 1" in str(err)
+    assert 0 in err.errors  # the peer either failed in its collective or was killed
+    assert "injected failure" in err.details  # the failing rank's traceback
+    assert all(_gone(pid) for pid in err.pids)
+
+
+def test_hanging_rank_is_killed_at_the_timeout_never_a_hang():
+    with pytest.raises(RankFailure) as info:
+        measure_distributed(SPEC, TRAIN, 2, "none", hang_rank=1, timeout_s=8,
+                            collective_timeout_s=120)
+    err = info.value
+    assert "timed out after 8 s" in str(err)
+    assert "killed" in err.errors[1]
+    assert all(_gone(pid) for pid in err.pids)
+
+
+# ---- peaks -------------------------------------------------------------------------------------
+def test_zero3_per_rank_peak_falls_as_world_size_grows_and_breakdown_adds_up():
+    two = measure_distributed(SPEC, TRAIN, 2, "zero3", events=True)
+    four = measure_distributed(SPEC, TRAIN, 4, "zero3")
+    assert len({r["peak_bytes"] for r in two}) == 1  # no padding: ranks are identical
+    assert max(r["peak_bytes"] for r in four) < min(r["peak_bytes"] for r in two)
+    # the per-site breakdown at the peak accounts for every byte, FSDP's buffers included
+    at = two[0]["extra"]["peak_at"]
+    assert sum(at["breakdown"].values()) == two[0]["peak_bytes"]
+    assert {"fsdp.sharded_param", "fsdp.unsharded_param", "optimizer.state"} <= set(at["breakdown"])
+    # the sharded parameters are exactly 1/W of the model (every dim-0 here divides by 2 and 4)
+    assert two[0]["extra"]["fsdp2"]["local_param_bytes"] * 2 == 4 * SPEC.param_count
+    assert four[0]["extra"]["fsdp2"]["local_param_bytes"] * 4 == 4 * SPEC.param_count
+
+
+def test_ddp_peak_is_single_process_peak_plus_one_bucket_copy_of_the_parameters():
+    single = measure(SPEC, TRAIN)
+    ranks = measure_distributed(SPEC, TRAIN, 2, "none")
+    assert all(r["peak_bytes"] >= single.peak_bytes for r in ranks)
+    # gradient_as_bucket_view=False: the reducer's flat buckets (4 bytes a parameter) are the
+    # only addition; activations and model states are those of one process
+    assert ranks[0]["peak_bytes"] - single.peak_bytes == 4 * SPEC.param_count
+    assert ranks[0]["extra"]["late_bytes"] < 1024  # nothing sizeable made outside the tracker
