@@ -156,8 +156,14 @@ def _tc(**fields) -> TrainingConfig:
 
 
 def gpu_quick_matrix(device: str = "cuda") -> list[Case]:
-    """About 5 minutes on one H200: GPT-2 small/medium whole, 7B-class layers (Llama-2, Mistral,
-    Llama-3 with its 128K vocabulary) with 2-4 layers at 2K-8K tokens, Qwen2-0.5B whole."""
+    """About 5 minutes on one H200: hand-picked cases (GPT-2 small/medium whole, 7B-class layers
+    of Llama-2, Mistral, Llama-3 with its 128K vocabulary at 2K-8K tokens, Qwen2-0.5B whole, a
+    few-hundred-MB and a tens-of-GB extreme) plus two pairwise designs over models x
+    implementation x precision x checkpointing x optimizer x kernel x attention x accumulation.
+
+    >>> len(gpu_quick_matrix()) >= 48
+    True
+    """
     full = dict(embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
     rows = [
         ("gpt2-bf16amp", _preset("gpt2"), _tc(micro_batch=8, seq_len=1024, precision="bf16-amp", optimizer_impl="fused")),
@@ -172,7 +178,41 @@ def gpu_quick_matrix(device: str = "cuda") -> list[Case]:
         ("qwen2-0.5b-perlayer", _preset("qwen2-0.5b"), _tc(micro_batch=4, seq_len=1024, precision="bf16-amp", checkpointing="per-layer")),
         ("qwen2-0.5b-ref-fp32", _preset("qwen2-0.5b", implementation="reference", num_layers=6), _tc(micro_batch=2, seq_len=1024, optimizer_impl="for-loop", checkpointing="every-k", checkpoint_every=3)),
     ]
-    return [Case(n, s, t.with_(device=device)) for n, s, t in rows]
+    rows += [  # the extremes: a few hundred MB, and tens of GB without checkpointing
+        ("gpt2-L2-few-hundred-MB", _preset("gpt2", num_layers=2, **full), _tc(micro_batch=1, seq_len=256, precision="bf16", optimizer="sgd", optimizer_impl="foreach")),
+        ("llama2-7b-L4-eager-16k-tokens", _preset("llama-2-7b", num_layers=4), _tc(micro_batch=2, seq_len=4096, precision="bf16-amp", attention="eager")),
+    ]
+    cases = [Case(n, s, t.with_(device=device)) for n, s, t in rows]
+    for i, r in enumerate(pairwise(GPU_QUICK_AXES, seed=2) + pairwise(GPU_QUICK_AXES, seed=3)):
+        spec = GPU_QUICK_MODELS[r["model"]](r["implementation"])
+        b, s_ = GPU_QUICK_SHAPES[r["shape"]]
+        t = _tc(micro_batch=b, seq_len=s_, grad_accum=r["grad_accum"], precision=r["precision"],
+                optimizer=r["optimizer"], optimizer_impl=r["impl"], checkpointing=r["checkpointing"],
+                attention=r["attention"])
+        cases.append(Case(f"q{i:02d}-{r['model']}", spec, t.with_(device=device)))
+    return cases
+
+
+# pairwise part of gpu-quick: small and 7B-class-layer models, the CUDA defaults and fused kernels
+GPU_QUICK_MODELS = {
+    "gpt2": lambda impl: _preset("gpt2", implementation=impl),
+    "gpt2-medium-L12": lambda impl: _preset("gpt2-medium", num_layers=12, implementation=impl),
+    "llama-2-7b-L2": lambda impl: _preset("llama-2-7b", num_layers=2, implementation=impl),
+    "qwen2-0.5b-L8": lambda impl: _preset("qwen2-0.5b", num_layers=8, implementation=impl,
+                                          max_position_embeddings=8192),
+}
+GPU_QUICK_SHAPES = ((1, 512), (4, 1024), (1, 4096))
+GPU_QUICK_AXES = {
+    "model": tuple(GPU_QUICK_MODELS),
+    "implementation": ("hf", "reference"),
+    "precision": PRECISIONS,
+    "checkpointing": ("none", "per-layer", "sqrt"),
+    "optimizer": ("adamw", "sgd-momentum"),
+    "impl": ("foreach", "fused"),
+    "attention": ("eager", "sdpa"),
+    "grad_accum": (1, 2),
+    "shape": tuple(range(len(GPU_QUICK_SHAPES))),
+}
 
 
 GPU_MODELS = {
