@@ -133,11 +133,17 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
 
 def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
     constants = {"cublas_workspace": CUBLAS_WORKSPACE_BYTES} if training.device == "cuda" else {}
+    distributed = training.world_size > 1
     graph, ops = build_graph(model, training)
-    steady = simulate_step(graph, training, ops.param_elt, False, constants)
+    param_bytes = [v.size.eval(1, 1) for v in graph.params]
+    if distributed:
+        constants["ddp_buckets"] = sum(param_bytes)
+    steady = simulate_step(graph, training, ops.param_elt, False, constants, not distributed)
     graph, ops = build_graph(model, training)
-    first = simulate_step(graph, training, ops.param_elt, True, constants)
-    return Candidates(steady, first)
+    first = simulate_step(graph, training, ops.param_elt, True, constants, not distributed)
+    found = Candidates(steady, first)
+    found.param_bytes, found.param_elt = param_bytes, ops.param_elt
+    return found
 
 
 def _candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
@@ -168,6 +174,8 @@ class MemoryReport:
     model: ModelSpec = field(repr=False)
     training: TrainingConfig = field(repr=False)
     _candidates: list = field(repr=False, default_factory=list)
+    rank_peak_bytes: list = field(default_factory=list)
+    """Per-rank steady-state peaks (one entry without data parallelism)."""
 
     @property
     def expr(self):
@@ -189,18 +197,20 @@ class MemoryReport:
 
 
 def _check_parallelism(training: TrainingConfig) -> None:
-    """Multi-rank training is modelled separately (memcalc.distributed); refuse it here rather
-    than answer for one process."""
-    if training.world_size > 1 or training.sharding != "none" or training.tensor_parallel > 1:
-        from memcalc.errors import NotModelledError
+    """Refuse what is not modelled yet rather than answer for one process."""
+    from memcalc.distributed import SHARDINGS_MODELLED
+    from memcalc.errors import NotModelledError
 
-        raise NotModelledError("world_size", "multi-process (DDP/ZeRO/FSDP/tensor-parallel) "
-                               "memory is not modelled by estimate() yet",
-                               "use world_size=1, sharding='none', tensor_parallel=1")
+    if training.tensor_parallel > 1:
+        raise NotModelledError("tensor_parallel", "tensor parallelism is not modelled yet",
+                               "use tensor_parallel=1")
+    if training.world_size > 1 and training.sharding not in SHARDINGS_MODELLED:
+        raise NotModelledError("sharding", f"{training.sharding!r} is not modelled yet",
+                               f"use one of {', '.join(SHARDINGS_MODELLED)}")
 
 
 def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
-    """Predict the peak memory of one training step.
+    """Predict the peak memory of one training step (per rank when world_size > 1).
 
     >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=4, seq_len=1024))
     >>> round(r.peak_gib, 1) > 5
@@ -209,10 +219,50 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     _check_parallelism(training)
     cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
+    if training.world_size > 1:
+        return _estimate_ranks(model, training, cands, b, s)
     steady = cands.steady_set.totals(b, s)
     phases = {p: max((steady[i] for i in idx), default=0) for p, idx in cands.steady_set.by_phase.items()}
     top = max(range(len(steady)), key=steady.__getitem__)
     moment = cands.steady[top]
     components = {k: v.eval(b, s) for k, v in moment.by_category.items()}
-    return MemoryReport(steady[top], max(cands.first_set.totals(b, s)), moment.phase, phases,
-                        components, moment.label, model, training, cands.steady)
+    report = MemoryReport(steady[top], max(cands.first_set.totals(b, s)), moment.phase, phases,
+                          components, moment.label, model, training, cands.steady)
+    report.rank_peak_bytes = [report.peak_bytes]
+    return report
+
+
+def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for phase, idx in moment_set.by_phase.items():
+        if idx:
+            i = max(idx, key=totals.__getitem__)
+            out[phase] = (totals[i], i)
+    return out
+
+
+def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
+    """Data-parallel ranks: one simulation without the optimizer, then each rank's own
+    optimizer states (alive throughout the steady state) and step temporaries."""
+    from memcalc.distributed import ownership, rank_optimizer_bytes
+
+    steady = _phase_max(cands.steady_set, cands.steady_set.totals(b, s))
+    first = _phase_max(cands.first_set, cands.first_set.totals(b, s))
+    reports = []
+    for owned in ownership(cands.param_bytes, cands.param_elt, training):
+        states, temps = rank_optimizer_bytes(cands.param_bytes, cands.param_elt, training, owned)
+        extra = {"forward": states, "backward": states, "optimizer": states + temps}
+        phases = {p: v + extra[p] for p, (v, _) in steady.items()}
+        first_peak = max(v + (states + temps if p == "optimizer" else 0) for p, (v, _) in first.items())
+        phase = max(phases, key=phases.get)
+        moment = cands.steady[steady[phase][1]]
+        components = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+        components["optimizer"] = components.get("optimizer", 0) + states
+        if phase == "optimizer" and temps:
+            components["temporaries"] = components.get("temporaries", 0) + temps
+        reports.append(MemoryReport(phases[phase], first_peak, phase, phases, components,
+                                    moment.label, model, training, cands.steady))
+    worst = max(reports, key=lambda r: r.peak_bytes)
+    worst.rank_peak_bytes = [r.peak_bytes for r in reports]
+    worst.first_step_peak_bytes = max(r.first_step_peak_bytes for r in reports)
+    return worst

@@ -24,8 +24,9 @@ def _optimizer_storages(graph: Graph, training, param_elt: int) -> list[Storage]
 
 
 def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
-                  constants: dict[str, int]) -> list[Moment]:
-    """The kept moments of one step (phases forward, backward, optimizer).
+                  constants: dict[str, int], with_optimizer: bool = True) -> list[Moment]:
+    """The kept moments of one step (phases forward, backward, optimizer). Without the
+    optimizer, states and temporaries are left out (memcalc.distributed adds each rank's own).
 
     >>> from memcalc.tape.graph import Graph
     """
@@ -33,7 +34,7 @@ def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
-    states = _optimizer_storages(graph, training, param_elt)
+    states = _optimizer_storages(graph, training, param_elt) if with_optimizer else []
     if not first_step:
         for st in states:
             sim.mem.hold(st)
@@ -45,7 +46,8 @@ def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
         for st in states:
             mem.hold(st)
     impl = training.resolved_optimizer_impl
-    temp = transient_bytes(training.optimizer, impl, training.resolved_weight_decay, _param_sizes(graph))
+    temp = transient_bytes(training.optimizer, impl, training.resolved_weight_decay,
+                           _param_sizes(graph)) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
         mem.hold(tmp)

@@ -1,0 +1,55 @@
+"""Per-rank memory of data-parallel training (world_size > 1).
+
+- sharding='none' is DistributedDataParallel: every rank holds the full model, and the Reducer
+  allocates gradient buckets at construction that together hold one copy of every gradient
+  (torch/csrc/distributed/c10d/reducer.cpp initialize_buckets; gradient_as_bucket_view=False),
+  alive for the whole run.
+- sharding='zero1' is ZeroRedundancyOptimizer over DDP: optimizer states and the step's
+  temporaries only for the rank's own parameters, assigned greedily, largest first, to the rank
+  with the fewest elements so far (torch/distributed/optim/zero_redundancy_optimizer.py
+  _partition_parameters); updated parameters are broadcast in place.
+Measured on gloo CPU processes by validate.distributed (validate/results/dist-ci.md).
+"""
+from __future__ import annotations
+
+from memcalc.tape.optimizer import state_bytes_per_param, step_scalar_bytes, transient_bytes
+
+SHARDINGS_MODELLED = ("none", "zero1")
+
+
+def zero1_partition(numels: list[int], world_size: int) -> list[list[int]]:
+    """Parameter indices per rank, in the order the rank's optimizer visits them.
+
+    >>> zero1_partition([10, 40, 30, 20], 2)
+    [[1, 0], [2, 3]]
+    """
+    order = sorted(range(len(numels)), key=lambda i: numels[i], reverse=True)  # stable
+    owned: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in order:
+        rank = load.index(min(load))
+        owned[rank].append(i)
+        load[rank] += numels[i]
+    return owned
+
+
+def rank_optimizer_bytes(param_bytes: list[int], param_elt: int, training, owned: list[int]) -> tuple[int, int]:
+    """(state bytes, peak step temporaries) of the optimizer on one rank's parameters.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> rank_optimizer_bytes([400, 800], 4, TrainingConfig(micro_batch=1, seq_len=1, device="cpu"), [1])
+    (1604, 1600)
+    """
+    mine = [param_bytes[i] for i in owned]
+    states = sum(b // param_elt * state_bytes_per_param(training.optimizer, param_elt) for b in mine)
+    states += step_scalar_bytes(training.optimizer, len(mine))
+    temps = transient_bytes(training.optimizer, training.resolved_optimizer_impl,
+                            training.resolved_weight_decay, mine)
+    return states, temps
+
+
+def ownership(param_bytes: list[int], param_elt: int, training) -> list[list[int]]:
+    """Which parameters each rank optimizes: all of them under DDP, its partition under zero1."""
+    if training.sharding == "zero1":
+        return zero1_partition([b // param_elt for b in param_bytes], training.data_parallel)
+    return [list(range(len(param_bytes)))] * training.data_parallel
