@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from memcalc.tape.optimizer import state_bytes_per_param, step_scalar_bytes, transient_bytes
 
-SHARDINGS_MODELLED = ("none", "zero1")
+SHARDINGS_MODELLED = ("none", "zero1", "zero2", "zero3")
 
 
 def zero1_partition(numels: list[int], world_size: int) -> list[list[int]]:
@@ -53,3 +53,27 @@ def ownership(param_bytes: list[int], param_elt: int, training) -> list[list[int
     if training.sharding == "zero1":
         return zero1_partition([b // param_elt for b in param_bytes], training.data_parallel)
     return [list(range(len(param_bytes)))] * training.data_parallel
+
+
+def rank_optimizer_bytes_all(shapes: list[tuple[int, int]], param_elt: int, training) -> list[tuple[int, int]]:
+    """(state bytes, step temporaries) per rank, from (elements, dim 0) of each parameter in
+    module order. FSDP2: Adam states are zeros_like of the local unpadded shard, so a rank
+    holding a short last chunk holds less (validate/DISTRIBUTED_MEMORY.md 5.4).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=1, device="cpu", world_size=2, sharding="zero3")
+    >>> rank_optimizer_bytes_all([(6, 3)], 4, t)
+    [(36, 32), (20, 16)]
+    """
+    world = training.data_parallel
+    if training.sharding in ("zero2", "zero3"):
+        from memcalc.tape.fsdp import rank_elements
+
+        out = []
+        for rank in range(world):
+            local = [rank_elements(n, rows, world, rank) * param_elt for n, rows in shapes]
+            out.append(rank_optimizer_bytes(local, param_elt, training, list(range(len(local)))))
+        return out
+    param_bytes = [n * param_elt for n, _ in shapes]
+    return [rank_optimizer_bytes(param_bytes, param_elt, training, owned)
+            for owned in ownership(param_bytes, param_elt, training)]

@@ -134,15 +134,30 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
 def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
     constants = {"cublas_workspace": CUBLAS_WORKSPACE_BYTES} if training.device == "cuda" else {}
     distributed = training.world_size > 1
-    graph, ops = build_graph(model, training)
-    param_bytes = [v.size.eval(1, 1) for v in graph.params]
-    if distributed:
-        constants["ddp_buckets"] = sum(param_bytes)
-    steady = simulate_step(graph, training, ops.param_elt, False, constants, not distributed)
-    graph, ops = build_graph(model, training)
-    first = simulate_step(graph, training, ops.param_elt, True, constants, not distributed)
+    sharded = distributed and training.sharding in ("zero2", "zero3")
+    if distributed and not sharded:
+        graph, _ = build_graph(model, training)
+        constants["ddp_buckets"] = sum(v.size.eval(1, 1) for v in graph.params)
+
+    def run(first_step: bool):
+        graph, ops = build_graph(model, training)
+        shapes = [(v.size.eval(1, 1) // ops.param_elt, v.rows) for v in graph.params]
+        fsdp = None
+        if sharded:
+            from memcalc.tape.fsdp import Fsdp
+
+            fsdp = Fsdp(graph, training.data_parallel, training.sharding == "zero3", training.device)
+            for v in graph.params:
+                v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
+        moments = simulate_step(graph, training, ops.param_elt, first_step, constants,
+                                not distributed, fsdp)
+        return moments, shapes, ops.param_elt
+
+    steady, shapes, elt = run(False)
+    first, _, _ = run(True)
     found = Candidates(steady, first)
-    found.param_bytes, found.param_elt = param_bytes, ops.param_elt
+    found.param_shapes, found.param_elt = shapes, elt
+    found.param_bytes = [n * elt for n, _ in shapes]
     return found
 
 
@@ -244,13 +259,12 @@ def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
 def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
     """Data-parallel ranks: one simulation without the optimizer, then each rank's own
     optimizer states (alive throughout the steady state) and step temporaries."""
-    from memcalc.distributed import ownership, rank_optimizer_bytes
+    from memcalc.distributed import rank_optimizer_bytes_all
 
     steady = _phase_max(cands.steady_set, cands.steady_set.totals(b, s))
     first = _phase_max(cands.first_set, cands.first_set.totals(b, s))
     reports = []
-    for owned in ownership(cands.param_bytes, cands.param_elt, training):
-        states, temps = rank_optimizer_bytes(cands.param_bytes, cands.param_elt, training, owned)
+    for states, temps in rank_optimizer_bytes_all(cands.param_shapes, cands.param_elt, training):
         extra = {"forward": states, "backward": states, "optimizer": states + temps}
         phases = {p: v + extra[p] for p, (v, _) in steady.items()}
         first_peak = max(v + (states + temps if p == "optimizer" else 0) for p, (v, _) in first.items())

@@ -34,10 +34,10 @@ def activation(ops: Ops, x, kind: str):
 def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     """One GPT2Block."""
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
-    p = lambda name, n: ops.param(f"h.{layer}.{name}", n)
+    p = lambda name, n, rows=None: ops.param(f"h.{layer}.{name}", n, rows)
     block_input = x  # the caller's loop variable holds it until the block returns
     ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
-    qkv = ops.linear(ln1, p("attn.c_attn.weight", h * 3 * a * d),
+    qkv = ops.linear(ln1, p("attn.c_attn.weight", h * 3 * a * d, h),
                      p("attn.c_attn.bias", 3 * a * d) if spec.qkv_bias else None, N, 3 * a * d, "c_attn")
     q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
     if training.checkpointing == "selective":
@@ -48,7 +48,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         y = eager_attention(ops, spec, training, q, k, v, hf=True)
     if training.checkpointing == "selective":
         ops.g.end_region()
-    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
+    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
     attn = ops.dropout(attn, spec.resid_dropout)
     ops.scope_end([q, k, v])  # GPT2Attention.forward's locals
@@ -56,8 +56,8 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     x = ops.add(attn, x, "residual 1")
     ops.scope_end([ln1])  # the block's `hidden_states` held ln_1's output until this rebinding
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
-    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
-    m = ops.linear(activation(ops, h1, spec.activation), p("mlp.c_proj.weight", f * h),
+    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f, h), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    m = ops.linear(activation(ops, h1, spec.activation), p("mlp.c_proj.weight", f * h, f),
                    p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     m = ops.dropout(m, spec.resid_dropout)
     x = ops.add(x, m, "residual 2")
@@ -71,7 +71,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     g, h, V, P = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings
     N = Poly.bs(1)
     ids = g.input("input_ids", Poly.bs(8))
-    wte, wpe = ops.param("wte", V * h), ops.param("wpe", P * h)
+    wte, wpe = ops.param("wte", V * h, V), ops.param("wpe", P * h, P)
     pos_ids = g.op("position_ids", [], Poly.mono(8, 0, 1), requires_grad=False, elt=8)
     tok = g.op("wte embedding", [wte, ids], N * h * wte.elt, saves=[ids], backward=[Grad(0)], elt=wte.elt)
     pos = g.op("wpe embedding", [wpe, pos_ids], Poly.mono(h * wpe.elt, 0, 1), saves=[pos_ids],
@@ -85,12 +85,14 @@ def build(ops: Ops, spec, training, segments) -> None:
     for layer in range(spec.num_layers):
         if layer in segments:
             g.begin_region()
+        g.module_boundary("begin", str(layer))
         x = block(ops, spec, training, x, N, layer)
+        g.module_boundary("end", str(layer))
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
     ops.scope_end([tok, pos, mask])
-    head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
+    head = wte if spec.tie_embeddings else ops.param("lm_head", V * h, V)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     causal_lm_loss(ops, logits, V, labels_in_forward=True)
     ops.scope_end([logits, x] + ops.weight_casts)  # outputs.last_hidden_state lives to return

@@ -51,9 +51,9 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
     """LlamaAttention with the configured attention interface."""
     a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
     bias = spec.qkv_bias
-    q = ops.linear(x, p("q_proj.weight", h * a * d), p("q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
-    k = ops.linear(x, p("k_proj.weight", h * kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
-    v = ops.linear(x, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
+    q = ops.linear(x, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
+    k = ops.linear(x, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
+    v = ops.linear(x, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
     q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
     q_local, k_local, v_local = q, k, v
     if training.checkpointing == "selective":
@@ -65,7 +65,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
         y = eager_scores(ops, spec, q, k, v, hf=True, family="llama")
     if training.checkpointing == "selective":
         ops.g.end_region()
-    out = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None,
+    out = ops.linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None,
                      N, h, "o_proj")
     ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
     return out
@@ -75,7 +75,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One LlamaDecoderLayer."""
     block_input = x  # the caller's loop variable holds it until the block returns
     h, f = spec.hidden_size, spec.ffn_size
-    p = lambda name, n: ops.param(f"layers.{layer}.{name}", n)
+    p = lambda name, n, rows=None: ops.param(f"layers.{layer}.{name}", n, rows)
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
     attn = attention(ops, spec, training, n1, cos, sin, N, p)
     weights = ops.pop_attn_weights()  # `hidden_states, _ = self.self_attn(...)`: `_` lives on
@@ -83,10 +83,10 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
     mb = spec.mlp_bias
-    gate = ops.linear(n2, p("gate_proj.weight", h * f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
+    gate = ops.linear(n2, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
     act = ops.unary_saving_input("silu", gate)
-    up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
-    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
+    up = ops.linear(n2, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
+    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input, n2, weights])
@@ -112,7 +112,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     g, h, V = ops.g, spec.hidden_size, spec.vocab_size
     N = Poly.bs(1)
     ids = g.input("input_ids", Poly.bs(8))
-    embed = ops.param("embed_tokens", V * h)
+    embed = ops.param("embed_tokens", V * h, V)
     x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
     inputs_embeds = x
     g.op("position_ids", [], Poly.mono(8, 0, 1), requires_grad=False, elt=8)
@@ -124,12 +124,14 @@ def build(ops: Ops, spec, training, segments) -> None:
     for layer in range(spec.num_layers):
         if layer in segments:
             g.begin_region()
+        g.module_boundary("begin", str(layer))
         x = block(ops, spec, training, x, cos, sin, N, layer)
+        g.module_boundary("end", str(layer))
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
     ops.scope_end([inputs_embeds, mask, cos, sin])
-    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
+    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h, V)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     causal_lm_loss(ops, logits, V, labels_in_forward=True)
     ops.scope_end([logits, x] + ops.weight_casts)  # outputs.last_hidden_state lives to return

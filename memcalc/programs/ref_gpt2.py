@@ -13,9 +13,9 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     """One reference GPT2Block."""
     block_input = x  # the caller's loop variable holds it until the block returns
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
-    p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
+    p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
-    qkv = ops.linear(ln1, p("c_attn.weight", h * 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
+    qkv = ops.linear(ln1, p("c_attn.weight", h * 3 * a * d, 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
                      N, 3 * a * d, "c_attn")
     q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
     if training.checkpointing == "selective":
@@ -24,14 +24,14 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         ref_eager(ops, spec, q, k, v, copies=(True, True, True))
     if training.checkpointing == "selective":
         ops.g.end_region()
-    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h), p("attn.c_proj.bias", h) if spec.out_bias else None,
+    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
     ops.scope_end([ln1, qkv])  # attn.forward's argument and locals live until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
-    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
-    m = ops.linear(act, p("mlp.c_proj.weight", f * h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
+    m = ops.linear(act, p("mlp.c_proj.weight", f * h, h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     ops.scope_end([ln2])
     out = ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
     ops.scope_end([block_input])
@@ -43,7 +43,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     g, h, V, P = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings
     N = Poly.bs(1)
     ids = g.input("ids", Poly.bs(8))
-    wte, wpe = ops.param("wte", V * h), ops.param("wpe", P * h)
+    wte, wpe = ops.param("wte", V * h, V), ops.param("wpe", P * h, P)
     if training.attention == "eager":
         g.buffer("causal_mask", Poly.const(spec.num_layers * P * P), elt=1)
     pos_ids = g.op("arange", [], Poly.mono(8, 0, 1), requires_grad=False, elt=8)
@@ -54,12 +54,14 @@ def build(ops: Ops, spec, training, segments) -> None:
     for layer in range(spec.num_layers):
         if layer in segments:
             g.begin_region()
+        g.module_boundary("begin", str(layer))
         x = block(ops, spec, training, x, N, layer)
+        g.module_boundary("end", str(layer))
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
-    head = wte if spec.tie_embeddings else ops.param("lm_head", V * h)
+    head = wte if spec.tie_embeddings else ops.param("lm_head", V * h, V)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     cross_entropy(ops, logits, ids)
     ops.scope_end([logits, trunk_out] + ops.weight_casts)  # head_loss's `logits` lives until it returns

@@ -28,12 +28,12 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One reference LlamaBlock."""
     block_input = x  # the caller's loop variable holds it until the block returns
     h, f, a, kv, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.kv_heads, spec.head_size
-    p = lambda name, n: ops.param(f"blocks.{layer}.{name}", n)
+    p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     qb = spec.qkv_bias
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
-    q = ops.linear(n1, p("q_proj.weight", h * a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
-    k = ops.linear(n1, p("k_proj.weight", h * kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
-    v = ops.linear(n1, p("v_proj.weight", h * kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
+    q = ops.linear(n1, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
+    k = ops.linear(n1, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
+    v = ops.linear(n1, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
     c, s_ = ops.to(cos, q.elt, "cos.to(q.dtype)"), ops.to(sin, q.elt, "sin.to(q.dtype)")
     q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
     q_local, k_local = q, k
@@ -46,15 +46,15 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
         y = ref_eager(ops, spec, q, k, v, copies=(False, False, kv == a))
     if training.checkpointing == "selective":
         ops.g.end_region()
-    attn = ops.linear(y, p("o_proj.weight", a * d * h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
+    attn = ops.linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
     ops.scope_end([n1, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
     mb = spec.mlp_bias
-    gate = ops.linear(n2, p("gate_proj.weight", h * f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
+    gate = ops.linear(n2, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
     act = ops.unary_saving_input("silu", gate)
-    up = ops.linear(n2, p("up_proj.weight", h * f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
-    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h),
+    up = ops.linear(n2, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
+    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
                    p("down_proj.bias", h) if mb else None, N, h, "down_proj")
     ops.scope_end([n2])
     out = ops.add(x, m, "residual 2")
@@ -67,7 +67,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     g, h, V, P, d = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings, spec.head_size
     N = Poly.bs(1)
     ids = g.input("ids", Poly.bs(8))
-    embed = ops.param("embed", V * h)
+    embed = ops.param("embed", V * h, V)
     be = ops.param_elt  # model.to(torch.bfloat16) casts float buffers too
     cos = g.buffer("rotary.cos", Poly.const(P * d * be), elt=be)
     sin = g.buffer("rotary.sin", Poly.const(P * d * be), elt=be)
@@ -79,12 +79,14 @@ def build(ops: Ops, spec, training, segments) -> None:
     for layer in range(spec.num_layers):
         if layer in segments:
             g.begin_region()
+        g.module_boundary("begin", str(layer))
         x = block(ops, spec, training, x, cos, sin, N, layer)
+        g.module_boundary("end", str(layer))
         if layer + 1 in segments or layer == spec.num_layers - 1:
             g.end_region()
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
-    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h)
+    head = embed if spec.tie_embeddings else ops.param("lm_head", V * h, V)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     cross_entropy(ops, logits, ids)
     ops.scope_end([logits, trunk_out] + ops.weight_casts)  # head_loss's `logits` lives until it returns

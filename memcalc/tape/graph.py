@@ -32,6 +32,7 @@ class Value:
     label: str = ""
     grad_size: Poly | None = None  # bytes of its gradient when it differs (params under autocast)
     elt: int = 4  # bytes per element (dtype size)
+    rows: int = 0  # dim 0 of a parameter (FSDP shards along it)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Node:
     backward: list
     region: int | None = None  # checkpoint region id; saved tensors of a region are recomputed
     extra_forward: list[Poly] = field(default_factory=list)  # forward-only temporaries
+    hook: tuple[str, str] | None = None  # FSDP module boundary: ("begin" | "end", group)
 
 
 class Graph:
@@ -151,6 +153,10 @@ class Graph:
         """Put parameters in nn.Module registration order (model.parameters(), the order the
         optimizer's for-loop visits them): a stable sort by `rank(label)`."""
         self.params.sort(key=lambda v: rank(v.label))
+
+    def module_boundary(self, kind: str, group: str) -> None:
+        """Where a wrapped module's forward begins or ends (FSDP's hooks run there)."""
+        self.nodes.append(Node(f"module {kind} {group}", [], [], [], [], self.region, hook=(kind, group)))
 
     def scope_end(self, values: list[Value]) -> None:
         """Python locals stay alive until their function returns: keep `values` alive to here."""

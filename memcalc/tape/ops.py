@@ -64,9 +64,12 @@ class Ops:
         return self.fp32_op_input(x) if self.device == "cuda" else x
 
     # ---- parameters -------------------------------------------------------------------------
-    def param(self, label: str, count: int) -> Value:
-        """A parameter of `count` elements in the regime's parameter dtype."""
-        return self.g.param(label, Poly.const(count * self.param_elt), self.param_elt)
+    def param(self, label: str, count: int, rows: int | None = None) -> Value:
+        """A parameter of `count` elements in the regime's parameter dtype; `rows` is its dim 0
+        (FSDP shards along it), `count` for 1-D parameters."""
+        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt)
+        v.rows = rows or count
+        return v
 
     # ---- ops --------------------------------------------------------------------------------
     def linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,

@@ -143,8 +143,9 @@ class StepSimulator:
     136
     """
 
-    def __init__(self, graph: Graph, param_grad_category: str = "gradients"):
+    def __init__(self, graph: Graph, fsdp=None):
         self.g = graph
+        self.fsdp = fsdp
         self.mem = Memory()
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
@@ -157,6 +158,8 @@ class StepSimulator:
         """Parameters and buffers are allocated before the step."""
         for v in self.g.params + self.g.buffers:
             self.mem.hold(v.storage)
+        if self.fsdp is not None:
+            self.fsdp.setup(self.mem)
 
     def _param_consumers(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -186,7 +189,17 @@ class StepSimulator:
         persistent = {id(v.storage) for v in self.g.params + self.g.buffers + self.g.inputs}
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
+        fsdp, previous = self.fsdp, "root"
+        if fsdp is not None:
+            fsdp.pre_forward(mem, "root", None)
         for i, node in enumerate(nodes):
+            if node.hook is not None and fsdp is not None:
+                kind, group = node.hook
+                if kind == "begin":
+                    fsdp.pre_forward(mem, group, previous)
+                    previous = group
+                else:
+                    fsdp.post_forward(mem, group)
             new = [v.storage for v in node.outputs if not mem.alive(v.storage)]
             for st in new:
                 mem.hold(st)
@@ -209,6 +222,8 @@ class StepSimulator:
                 expiring.setdefault(max(end, i), []).append(st)
             for st in expiring.pop(i, []):
                 mem.release(st)
+        if fsdp is not None:
+            fsdp.root_post_forward(mem)
         mem.mark("end of forward")
 
     def _hold_region_inputs(self, node: Node, produced_in: dict) -> None:
@@ -234,10 +249,22 @@ class StepSimulator:
         mem.hold(seed)
         grads[id(loss)] = seed
         mem.mark("loss grad")
+        if self.fsdp is not None:
+            self.fsdp.pre_backward(mem, "root")
         recomputed: dict[int, Storage] = {}
         started_regions: set[int] = set()
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
+            if node.hook is not None:
+                kind, group = node.hook
+                if self.fsdp is not None and kind == "end":
+                    self.fsdp.pre_backward(mem, group)
+                elif self.fsdp is not None:
+                    self.fsdp.post_backward(mem, group, self.param_grads)
+                if node.region is not None and self._first_of_region(i):
+                    for st in self._region_inputs.get(node.region, []):
+                        mem.release(st)
+                continue
             incoming = [grads.pop(id(v), None) for v in node.outputs]
             if all(g is None for g in incoming):
                 continue
@@ -257,6 +284,8 @@ class StepSimulator:
             mem.release(v.storage)
         for st in grads.values():
             mem.release(st)
+        if self.fsdp is not None:
+            self.fsdp.end_of_backward(mem, self.param_grads)
         mem.mark("end of backward")
 
     def _first_of_region(self, i: int) -> bool:

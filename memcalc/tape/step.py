@@ -24,13 +24,13 @@ def _optimizer_storages(graph: Graph, training, param_elt: int) -> list[Storage]
 
 
 def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
-                  constants: dict[str, int], with_optimizer: bool = True) -> list[Moment]:
+                  constants: dict[str, int], with_optimizer: bool = True, fsdp=None) -> list[Moment]:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.distributed adds each rank's own).
 
     >>> from memcalc.tape.graph import Graph
     """
-    sim = StepSimulator(graph)
+    sim = StepSimulator(graph, fsdp)
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
