@@ -216,6 +216,36 @@ def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: 
     return min(max(guess, lo + 1), top)
 
 
+def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
+    """The fewest data-parallel ranks (GPUs) whose per-rank peak fits `budget` under
+    training.sharding: doubling to bracket, then bisection (per-rank memory falls with the world
+    size under zero1..3; under DDP it does not). `value` is 0 when `cap` ranks do not fit.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=1024, precision="bf16-amp", sharding="zero3")
+    >>> min_world_size(ModelSpec.preset("gpt2-xl"), t, "16GiB").value
+    3
+    """
+    nbytes = parse_budget(budget)
+    seen: dict[int, int] = {}
+
+    def peak_at(w: int) -> int:
+        if w not in seen:
+            seen[w] = _peak(model, training.with_(world_size=w * training.tensor_parallel))
+        return seen[w]
+
+    hi = 1
+    while peak_at(hi) > nbytes:
+        if hi >= cap:
+            return Capacity("world_size", nbytes, 0, None, peak_at(hi))
+        hi = min(2 * hi, cap)
+    lo = hi // 2  # does not fit (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if peak_at(mid) <= nbytes else (mid, hi)
+    return Capacity("world_size", nbytes, hi, peak_at(hi), peak_at(lo) if lo else None)
+
+
 def fits(model, training, budget) -> bool:
     """Whether the step's steady-state peak fits `budget` (bytes, '80GB', a GPU name or 'local').
 

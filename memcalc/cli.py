@@ -57,6 +57,8 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
     g.add_argument("--checkpoint-every", type=int, help="layers per segment for every-k")
     g.add_argument("--attention", default="sdpa", help="eager or sdpa")
     g.add_argument("--device", default="cuda", help="cuda or cpu")
+    g.add_argument("--world-size", type=int, help="ranks training together (default 1)")
+    g.add_argument("--sharding", help="none (DDP), zero1, zero2 or zero3 (FSDP2)")
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -74,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p), _training_args(p), _json_arg(p)
     p.add_argument("--budget", default=None, help="GPU name, 'local', bytes or '80GB'")
     p.add_argument("--gpu", default=None, help="catalogue GPU (same as --budget NAME)")
-    p.add_argument("--solve", default="micro_batch",
-                   choices=["micro_batch", "seq_len", "num_layers"], help="the unknown")
+    p.add_argument("--solve", default=None,
+                   choices=["micro_batch", "seq_len", "num_layers", "world_size"],
+                   help="the unknown (default: world_size with --sharding zero*, else micro_batch)")
     p = sub.add_parser("plan", help="ranked training plans for one GPU")
     _model_args(p), _training_args(p, shapes=False), _json_arg(p)
     p.add_argument("--gpu", required=True, help="catalogue GPU, e.g. H100-80GB")
@@ -125,7 +128,8 @@ def training_from_args(args, **fixed):
     from memcalc.training import TrainingConfig
 
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
-             "weight_decay", "checkpointing", "checkpoint_every", "attention", "device")
+             "weight_decay", "checkpointing", "checkpoint_every", "attention", "device",
+             "world_size", "sharding")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})
 
@@ -140,7 +144,7 @@ def cmd_estimate(args) -> dict:
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
            "peak_gib": r.peak_gib, "peak_phase": r.peak_phase, "moment": r.moment,
            "first_step_peak_bytes": r.first_step_peak_bytes, "phases": r.phases,
-           "components": r.components}
+           "components": r.components, "rank_peak_bytes": r.rank_peak_bytes}
     if args.formula:
         out["formula"] = str(r.expr)
     if not args.json:
@@ -170,13 +174,20 @@ def cmd_capacity(args) -> dict:
     if (args.budget is None) == (args.gpu is None):
         _fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
     model, training = model_from_args(args), training_from_args(args)
+    solve = args.solve or ("world_size" if training.sharding != "none" else "micro_batch")
     solver = {"micro_batch": capacity.max_micro_batch, "seq_len": capacity.max_seq_len,
-              "num_layers": capacity.max_layers}[args.solve]
+              "num_layers": capacity.max_layers, "world_size": capacity.min_world_size}[solve]
     r = solver(model, training, args.budget or args.gpu)
     out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes,
            "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
     if not args.json:
-        if not r.fits:
+        if r.field == "world_size" and r.fits:
+            print(f"fewest ranks: {r.value} x {args.gpu or args.budget} under {training.sharding} "
+                  f"(peak per rank {r.peak_bytes / GIB:.3f} GiB of {r.budget_bytes / GIB:.3f} GiB)")
+        elif r.field == "world_size":
+            print(f"does not fit on any number of ranks: the per-rank peak stays at "
+                  f"{r.next_peak_bytes / GIB:.3f} GiB > budget {r.budget_bytes / GIB:.3f} GiB")
+        elif not r.fits:
             print(f"does not fit: {r.field}=1 needs {r.next_peak_bytes / GIB:.3f} GiB "
                   f"> budget {r.budget_bytes / GIB:.3f} GiB")
         else:
