@@ -58,3 +58,23 @@ def zero_paper_mixed_precision_bytes(params: int) -> int:
     120000000000
     """
     return _check_params(params) * ZERO_PAPER_BYTES_PER_PARAM
+
+
+ZERO_STAGES = ("none", "zero1", "zero2", "zero3")
+
+
+def zero_model_state_bytes(params: int, stage: str, world_size: int, k: int = 12) -> float:
+    """Per-device model states as the ZeRO paper divides 16 bytes/param (Rajbhandari et al. 2020,
+    sec. 5.1, Figure 1): 2 bytes of fp16 weights, 2 of fp16 gradients and K=12 of fp32 master
+    weights, momentum and variance; stage 1 shards the K bytes, stage 2 also the gradients,
+    stage 3 also the weights.
+
+    >>> round(zero_model_state_bytes(7_500_000_000, "zero1", 64) / 1e9, 1)  # Figure 1: 31.4 GB
+    31.4
+    """
+    _check_params(params)
+    if world_size < 1:
+        raise MemcalcError("world_size", f"must be >= 1, got {world_size}", "pass a positive rank count")
+    sharded = {"none": 0, "zero1": k, "zero2": k + 2, "zero3": k + 4}[
+        stage if stage in ZERO_STAGES else _lookup({s: 0 for s in ZERO_STAGES}, stage, "sharding")]
+    return params * ((2 + 2 + k - sharded) + sharded / world_size)

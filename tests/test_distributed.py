@@ -1,0 +1,101 @@
+"""Data-parallel memory: the ZeRO paper's figures (golden), the engine's per-rank model states and
+peaks (properties), and the measured gloo runs (validate/results/dist-ci.jsonl, second method)."""
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+import strategies  # noqa: F401  (registers the hypothesis profiles)
+from memcalc import ModelSpec, TrainingConfig, estimate
+from memcalc.distributed import rank_optimizer_bytes_all, zero1_partition
+from memcalc.formulas.model_states import zero_model_state_bytes
+from memcalc.tape.fsdp import rank_elements, shard_rows
+
+RESULTS = Path(__file__).resolve().parent.parent / "validate" / "results" / "dist-ci.jsonl"
+
+
+@pytest.mark.parametrize("stage,gb", [("none", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+def test_zero_paper_figure_1(stage, gb):
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, 64 devices, K = 12
+    assert round(zero_model_state_bytes(7_500_000_000, stage, 64) / 1e9, 1) == gb
+
+
+def test_zero_paper_16_bytes_per_parameter_on_one_device():
+    assert all(zero_model_state_bytes(10**9, s, 1) == 16 * 10**9 for s in ("none", "zero1", "zero2", "zero3"))
+
+
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=40), st.integers(1, 16))
+def test_zero1_partition_covers_every_parameter_once(numels, world):
+    owned = zero1_partition(numels, world)
+    assert sorted(i for rank in owned for i in rank) == list(range(len(numels)))
+
+
+@given(st.integers(1, 5000), st.integers(1, 64), st.integers(1, 64))
+def test_fsdp_shards_cover_the_parameter(rows, cols, world):
+    parts = [rank_elements(rows * cols, rows, world, r) for r in range(world)]
+    assert sum(parts) == rows * cols
+    assert all(p <= shard_rows(rows, world) * cols for p in parts)
+
+
+def _small(impl, family):
+    if family == "gpt2":
+        return ModelSpec.make(family="gpt2", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
+                              max_position_embeddings=64, embd_dropout=0, attn_dropout=0,
+                              resid_dropout=0, implementation=impl)
+    return ModelSpec.make(family="llama", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
+                          num_kv_heads=2, intermediate_size=160, max_position_embeddings=64,
+                          qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu",
+                          tie_embeddings=False, implementation=impl)
+
+
+def _states_per_rank(model, t):
+    from memcalc.estimate import candidates
+
+    c = candidates(model, t)
+    return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, t))
+
+
+@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]),
+       st.sampled_from(["zero1", "zero2", "zero3"]), st.sampled_from([2, 3, 4]))
+def test_per_rank_memory_falls_as_world_size_grows(impl, family, sharding, world):
+    model = _small(impl, family)
+    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", sharding=sharding, world_size=world)
+    assert _states_per_rank(model, t.with_(world_size=2 * world)) <= _states_per_rank(model, t)
+    assert estimate(model, t.with_(world_size=2 * world)).peak_bytes <= estimate(model, t).peak_bytes
+
+
+@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]), st.sampled_from([2, 4]))
+def test_sharding_orders_the_per_rank_peak(impl, family, world):
+    model = _small(impl, family)
+    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", world_size=world)
+    peak = {s: estimate(model, t.with_(sharding=s)).peak_bytes for s in ("none", "zero1", "zero2", "zero3")}
+    assert peak["zero3"] <= peak["zero2"] <= peak["zero1"] <= peak["none"]
+    largest_layer = max(v for k, v in _unsharded_groups(model, t.with_(sharding="zero3")).items())
+    assert peak["zero3"] >= largest_layer  # a whole layer is unsharded while it runs
+
+
+def _unsharded_groups(model, t):
+    from memcalc.estimate import build_graph
+    from memcalc.tape.fsdp import Fsdp
+
+    graph, _ = build_graph(model, t)
+    f = Fsdp(graph, t.world_size, True, t.device)
+    return {g: t.world_size * s for g, s in f.shard.items()}
+
+
+def _recorded():
+    if not RESULTS.exists():
+        return []
+    return [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("row", _recorded(), ids=lambda r: r["name"])
+def test_recorded_gloo_runs_match_rank_by_rank(row):
+    model = ModelSpec(**row["model"])
+    t = TrainingConfig(**{**row["training"], "world_size": row["world_size"], "sharding": row["sharding"]})
+    predicted = estimate(model, t).rank_peak_bytes
+    measured = row["measured_rank_peak_bytes"]
+    assert len(predicted) == len(measured)
+    for p, m in zip(predicted, measured):
+        assert abs(p - m) <= 0.03 * m
