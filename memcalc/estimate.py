@@ -219,6 +219,10 @@ def _check_parallelism(training: TrainingConfig) -> None:
     if training.tensor_parallel > 1:
         raise NotModelledError("tensor_parallel", "tensor parallelism is not modelled yet",
                                "use tensor_parallel=1")
+    if training.world_size > 1 and training.sharding in ("zero2", "zero3") and training.grad_accum > 1:
+        raise NotModelledError("grad_accum", "gradient accumulation under FSDP (sharded gradients "
+                               "summed per micro-step) is not modelled yet",
+                               "use grad_accum=1 with zero2/zero3")
     if training.world_size > 1 and training.sharding not in SHARDINGS_MODELLED:
         raise NotModelledError("sharding", f"{training.sharding!r} is not modelled yet",
                                f"use one of {', '.join(SHARDINGS_MODELLED)}")
