@@ -67,6 +67,21 @@ def sdpa_math(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
+def run_layers(ops: Ops, num_layers: int, segments: set[int], block, x: Value) -> Value:
+    """The decoder stack: `block(x, layer)` for each layer, each a wrapped module (FSDP hooks at
+    its boundaries), grouped into checkpoint regions starting at the layers in `segments`."""
+    g = ops.g
+    for layer in range(num_layers):
+        if layer in segments:
+            g.begin_region()
+        g.module_boundary("begin", str(layer))
+        x = block(x, layer)
+        g.module_boundary("end", str(layer))
+        if layer + 1 in segments or layer == num_layers - 1:
+            g.end_region()
+    return x
+
+
 def causal_lm_loss(ops: Ops, logits: Value, vocab: int, labels_in_forward: bool) -> Value:
     """transformers ForCausalLMLoss (loss/loss_utils.py): logits.float(); labels padded by one
     and shifted (a contiguous copy); cross_entropy = log_softmax (saves its fp32 result) +
@@ -78,6 +93,13 @@ def causal_lm_loss(ops: Ops, logits: Value, vocab: int, labels_in_forward: bool)
         target = g.op("shift labels", [padded], Poly.bs(8), requires_grad=False, elt=8)
     else:
         target = g.inputs[-1]
+    return cross_entropy_fp32(ops, logits32, target)
+
+
+def cross_entropy_fp32(ops: Ops, logits32: Value, target: Value) -> Value:
+    """F.cross_entropy on fp32 logits = log_softmax (saves its result) + nll_loss (saves the
+    log-probs, the target and total_weight); the loss is kept for backward. Returns it."""
+    g = ops.g
     logp = g.op("log_softmax", [logits32], logits32.size, backward=[Grad(0)], elt=4)
     g.nodes[-1].saved = [logp.storage]
     loss, total_weight = g.op_multi("nll_loss", [logp, target], [Poly.const(4), Poly.const(4)],

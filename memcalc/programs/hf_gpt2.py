@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from memcalc.poly import Poly
-from memcalc.programs.common import causal_lm_loss, sdpa
+from memcalc.programs.common import causal_lm_loss, run_layers, sdpa
 from memcalc.programs.eager import eager_attention
 from memcalc.tape.graph import Grad
 from memcalc.tape.ops import Ops
@@ -82,14 +82,8 @@ def build(ops: Ops, spec, training, segments) -> None:
         mask = g.op("causal mask", [], Poly.mono(tok.elt, 1, 2), requires_grad=False, elt=tok.elt)
         ops.mask = mask
     x = ops.dropout(x, spec.embd_dropout)
-    for layer in range(spec.num_layers):
-        if layer in segments:
-            g.begin_region()
-        g.module_boundary("begin", str(layer))
-        x = block(ops, spec, training, x, N, layer)
-        g.module_boundary("end", str(layer))
-        if layer + 1 in segments or layer == spec.num_layers - 1:
-            g.end_region()
+    x = run_layers(ops, spec.num_layers, segments,
+                   lambda x, layer: block(ops, spec, training, x, N, layer), x)
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
     ops.scope_end([tok, pos, mask])
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h, V)

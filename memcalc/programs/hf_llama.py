@@ -10,7 +10,7 @@ materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is n
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.programs.common import causal_lm_loss, sdpa
+from memcalc.programs.common import causal_lm_loss, run_layers, sdpa
 from memcalc.programs.eager import eager_scores
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp
 from memcalc.tape.ops import Ops, numel
@@ -121,14 +121,8 @@ def build(ops: Ops, spec, training, segments) -> None:
         mask = g.op("causal mask", [], Poly.mono(x.elt, 1, 2), requires_grad=False, elt=x.elt)
         ops.mask = mask
     cos, sin = rotary_tables(ops, spec.head_size, x.elt)
-    for layer in range(spec.num_layers):
-        if layer in segments:
-            g.begin_region()
-        g.module_boundary("begin", str(layer))
-        x = block(ops, spec, training, x, cos, sin, N, layer)
-        g.module_boundary("end", str(layer))
-        if layer + 1 in segments or layer == spec.num_layers - 1:
-            g.end_region()
+    x = run_layers(ops, spec.num_layers, segments,
+                   lambda x, layer: block(ops, spec, training, x, cos, sin, N, layer), x)
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
     ops.scope_end([inputs_embeds, mask, cos, sin])
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h, V)

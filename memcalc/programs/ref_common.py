@@ -2,21 +2,15 @@
 from __future__ import annotations
 
 from memcalc.poly import Poly
+from memcalc.programs.common import cross_entropy_fp32
 from memcalc.programs.eager import _copy
 from memcalc.tape.graph import Grad
 
 
 def cross_entropy(ops, logits, target) -> None:
     """F.cross_entropy(logits.view(-1, V), targets.view(-1)): autocast's fp32 list casts the
-    logits up (CPU and CUDA); log_softmax saves its result, nll_loss the log-probs and target."""
-    g = ops.g
-    logits = ops.fp32_op_input(logits)
-    logp = g.op("log_softmax", [logits], logits.size, backward=[Grad(0)], elt=4)
-    g.nodes[-1].saved = [logp.storage]
-    loss, total_weight = g.op_multi("nll_loss", [logp, target], [Poly.const(4), Poly.const(4)],
-                                    backward=[Grad(0)], elts=[4, 4])
-    g.nodes[-1].saved = [logp.storage, target.storage, total_weight.storage]
-    g.keep.append(loss)
+    logits up (CPU and CUDA), then log_softmax + nll_loss."""
+    cross_entropy_fp32(ops, ops.fp32_op_input(logits), target)
 
 
 def ref_eager(ops, spec, q, k, v, copies):

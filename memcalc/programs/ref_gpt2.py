@@ -3,7 +3,7 @@ lingering locals, F.cross_entropy on the logits directly (autocast runs it in fp
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.programs.common import sdpa
+from memcalc.programs.common import run_layers, sdpa
 from memcalc.programs.ref_common import cross_entropy, ref_eager
 from memcalc.tape.graph import Grad
 from memcalc.tape.ops import Ops
@@ -51,14 +51,8 @@ def build(ops: Ops, spec, training, segments) -> None:
     pos = g.op("wpe embedding", [wpe, pos_ids], Poly.mono(h * wpe.elt, 0, 1), saves=[pos_ids],
                backward=[Grad(0)], elt=wpe.elt)
     x = ops.dropout(ops.add_broadcast(tok, pos, Poly.mono(h * wpe.elt, 0, 1)), spec.embd_dropout)
-    for layer in range(spec.num_layers):
-        if layer in segments:
-            g.begin_region()
-        g.module_boundary("begin", str(layer))
-        x = block(ops, spec, training, x, N, layer)
-        g.module_boundary("end", str(layer))
-        if layer + 1 in segments or layer == spec.num_layers - 1:
-            g.end_region()
+    x = run_layers(ops, spec.num_layers, segments,
+                   lambda x, layer: block(ops, spec, training, x, N, layer), x)
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h, V)

@@ -4,7 +4,7 @@ every attention call, SDPA with enable_gqa, eager with repeat_interleave."""
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.programs.common import sdpa
+from memcalc.programs.common import run_layers, sdpa
 from memcalc.programs.hf_llama import rotary
 from memcalc.programs.ref_common import cross_entropy, ref_eager
 from memcalc.tape.graph import FreeTemps, Grad, Temp
@@ -76,14 +76,8 @@ def build(ops: Ops, spec, training, segments) -> None:
     cos = g.view("cos[:s]", cos, Poly.mono(d * be, 0, 1))
     sin = g.view("sin[:s]", sin, Poly.mono(d * be, 0, 1))
     x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
-    for layer in range(spec.num_layers):
-        if layer in segments:
-            g.begin_region()
-        g.module_boundary("begin", str(layer))
-        x = block(ops, spec, training, x, cos, sin, N, layer)
-        g.module_boundary("end", str(layer))
-        if layer + 1 in segments or layer == spec.num_layers - 1:
-            g.end_region()
+    x = run_layers(ops, spec.num_layers, segments,
+                   lambda x, layer: block(ops, spec, training, x, cos, sin, N, layer), x)
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h, V)
