@@ -12,6 +12,8 @@ pytest.importorskip("torch.distributed")
 
 from memcalc.specs import ModelSpec  # noqa: E402
 from memcalc.training import TrainingConfig  # noqa: E402
+from validate.dist_compare import dist_model  # noqa: E402
+from validate.dist_formulas import Layout, component_misses, phase_peaks  # noqa: E402
 from validate.dist_tracker import DistTracker  # noqa: E402
 from validate.distributed import RankFailure, measure_distributed, resolve_parallelism  # noqa: E402
 from validate.measure import measure  # noqa: E402
@@ -55,9 +57,14 @@ def test_tracker_sees_storage_resize_and_restores_resize_after_exit():
     assert torch.UntypedStorage.resize_ == original
 
 
-def test_parallelism_from_flags_when_training_config_lacks_fields():
+def test_parallelism_from_arguments_or_training_config():
     assert resolve_parallelism(TRAIN, None, None) == (1, "none")
     assert resolve_parallelism(TRAIN, 4, "zero2") == (4, "zero2")
+    if "world_size" in TrainingConfig.model_fields:  # memcalc's own fields, when it has them
+        own = TRAIN.with_(world_size=2, sharding="zero3")
+        assert resolve_parallelism(own, None, None) == (2, "zero3")
+        with pytest.raises(Exception, match="conflicts with TrainingConfig.world_size"):
+            resolve_parallelism(own, 4, None)
 
 
 # ---- launcher ----------------------------------------------------------------------------------
@@ -84,8 +91,11 @@ def test_hanging_rank_is_killed_at_the_timeout_never_a_hang():
 
 # ---- peaks -------------------------------------------------------------------------------------
 def test_zero3_per_rank_peak_falls_as_world_size_grows_and_breakdown_adds_up():
-    two = measure_distributed(SPEC, TRAIN, 2, "zero3", events=True)
-    four = measure_distributed(SPEC, TRAIN, 4, "zero3")
+    # the dist-ci GPT-2 (h=128, L=3, V=1000, s=64): its forward peak is at the loss, where the
+    # forward formula of DISTRIBUTED_MEMORY.md 6.3 applies
+    spec, train = dist_model("gpt2-ref"), TrainingConfig(micro_batch=2, seq_len=64, device="cpu")
+    two = measure_distributed(spec, train, 2, "zero3", events=True)
+    four = measure_distributed(spec, train, 4, "zero3")
     assert len({r["peak_bytes"] for r in two}) == 1  # no padding: ranks are identical
     assert max(r["peak_bytes"] for r in four) < min(r["peak_bytes"] for r in two)
     # the per-site breakdown at the peak accounts for every byte, FSDP's buffers included
@@ -93,8 +103,18 @@ def test_zero3_per_rank_peak_falls_as_world_size_grows_and_breakdown_adds_up():
     assert sum(at["breakdown"].values()) == two[0]["peak_bytes"]
     assert {"fsdp.sharded_param", "fsdp.unsharded_param", "optimizer.state"} <= set(at["breakdown"])
     # the sharded parameters are exactly 1/W of the model (every dim-0 here divides by 2 and 4)
-    assert two[0]["extra"]["fsdp2"]["local_param_bytes"] * 2 == 4 * SPEC.param_count
-    assert four[0]["extra"]["fsdp2"]["local_param_bytes"] * 4 == 4 * SPEC.param_count
+    assert two[0]["extra"]["fsdp2"]["local_param_bytes"] * 2 == 4 * spec.param_count
+    assert four[0]["extra"]["fsdp2"]["local_param_bytes"] * 4 == 4 * spec.param_count
+    # second method: every buffer's size from the parameter shapes alone, and the forward and
+    # optimizer peaks as shifts of the single-process peaks (DISTRIBUTED_MEMORY.md 5 and 6.3)
+    layout = Layout(spec, train)
+    assert component_misses(layout, two[0]) == {}
+    single = measure(spec, train).phases
+    for ranks in (two, four):
+        want = phase_peaks(single, layout, len(ranks), "zero3", 0)
+        assert ranks[0]["phases"]["forward"] == want["forward"]
+        assert ranks[0]["phases"]["optimizer"] == want["optimizer"]
+        assert ranks[0]["phases"]["backward"] >= want["backward_floor"]
 
 
 def test_ddp_peak_is_single_process_peak_plus_one_bucket_copy_of_the_parameters():

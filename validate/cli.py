@@ -71,6 +71,9 @@ def _add_parallel_flags(run) -> None:
     TrainingConfig already has these fields (then they come with its generated flags)."""
     from validate.distributed import SHARDINGS
 
+    missing = {"world_size", "sharding"} - set(TrainingConfig.model_fields)
+    if not missing:
+        return
     group = run.add_argument_group("distributed (gloo ranks on CPU)")
     if "world_size" not in TrainingConfig.model_fields:
         group.add_argument("--world-size", dest="world_size", type=int, default=None,

@@ -89,13 +89,18 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
-    cases = [DistCase(f"{kind}-W{ws}-{sharding}", dist_model(kind), training, ws, sharding)
+    cases = [_case(f"{kind}-W{ws}-{sharding}", dist_model(kind), training, ws, sharding)
              for kind in ("gpt2-ref", "llama-ref", "llama-hf") for ws in (2, 4)
              for sharding in SHARDINGS]
     padded = dist_model("llama-ref", V=1001, f=346)
-    cases += [DistCase(f"llama-ref-pad-W4-{sh}", padded, training, 4, sh)
-              for sh in ("zero2", "zero3")]
+    cases += [_case(f"llama-ref-pad-W4-{sh}", padded, training, 4, sh) for sh in ("zero2", "zero3")]
     return cases
+
+
+def _case(name, spec, training, world_size: int, sharding: str) -> DistCase:
+    if engine_supports_parallelism():  # the config then says it all (and keys carry it twice)
+        training = training.with_(world_size=world_size, sharding=sharding)
+    return DistCase(name, spec, training, world_size, sharding)
 
 
 DIST_MATRICES = {"dist-ci": dist_ci_matrix}

@@ -100,7 +100,8 @@ class DistTracker(LiveTensorTracker):
         self.settle_s = 0.05
         self.unsettled = 0  # collectives whose tensors stayed referenced past settle_s
         self.record_events = events
-        self.events: list[tuple] = []  # (label, op, +bytes allocated, -bytes freed, live, shapes)
+        # (label, op, +bytes allocated, -bytes freed, live, ((shape, dtype, site), ...))
+        self.events: list[tuple] = []
         # events: `live` only (scratch is reported through scratch_ops and full_peak)
         self._op = ""
         self._alloc = 0
@@ -125,14 +126,14 @@ class DistTracker(LiveTensorTracker):
         before = len(self._refs)
         super().track_tensor(t)
         if len(self._refs) > before:
-            key = t.untyped_storage()._cdata
+            key, site = t.untyped_storage()._cdata, ""
             if self.site_fn is not None:
                 site = self.site_fn()
                 self.site_of[key] = site
                 self.site_live[site] = self.site_live.get(site, 0) + self._refs[key][1]
             if self.record_events:
                 self._alloc += self._refs[key][1]
-                self._shapes.append((tuple(t.shape), str(t.dtype).replace("torch.", "")))
+                self._shapes.append((tuple(t.shape), str(t.dtype).replace("torch.", ""), site))
 
     def _on_free(self, key: int) -> None:
         entry = self._refs.get(key)

@@ -86,6 +86,7 @@ class DistJob:
     fail_rank: int | None = None  # tests: this rank raises after init (checks error reporting)
     hang_rank: int | None = None  # tests: this rank sleeps forever (checks the timeout)
     threads: int = 1
+    fsdp_root_reshard: str = "same"  # 'same' as the layers, or 'torch-default' (None: False)
     extra: dict = field(default_factory=dict)
 
 
@@ -121,6 +122,9 @@ def resolve_parallelism(training, world_size: int | None, sharding: str | None) 
 
 def check_distributed(spec, training, world_size: int, sharding: str) -> None:
     """Refuse, as bad input, what this runner cannot run (before any process starts)."""
+    if getattr(training, "tensor_parallel", 1) != 1 or getattr(training, "sequence_parallel", False):
+        raise MemcalcError("tensor_parallel", "tensor/sequence parallelism is not run by the gloo "
+                           "data-parallel runner", "use tensor_parallel=1")
     if training.device != "cpu":
         raise MemcalcError("device", f"distributed runs use gloo on CPU, got {training.device!r}",
                            "pass --device cpu")
@@ -143,8 +147,9 @@ def measure_distributed(spec, training, world_size: int | None = None, sharding:
     """Run one configuration on `world_size` gloo ranks; one result dict per rank, rank order.
 
     Each dict is a validate.measure.Measurement as a dict (peak_bytes: steady-state peak of live
-    tensor bytes on that rank) plus 'rank', 'world_size', 'sharding' and, with events=True,
-    'events': the rank's allocation timeline (label, op, +bytes, -bytes, live bytes, shapes).
+    tensor bytes on that rank) plus 'rank', 'world_size', 'sharding', 'pid' and, with events=True,
+    'events': the rank's allocation timeline [phase, op, +bytes, -bytes, live bytes,
+    [[shape, dtype, allocation site], ...]], and per-site breakdowns in extra['peak_at'].
     Raises RankFailure when any rank fails or the configuration runs past `timeout_s`.
     """
     from validate.step import check_runnable
@@ -461,11 +466,12 @@ def wrap(trainee, job: DistJob) -> dict:
 
     mesh = init_device_mesh("cpu", (job.world_size,))
     reshard = job.sharding == "zero3"
+    root = reshard if job.fsdp_root_reshard == "same" else None  # None: torch picks False
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=root)
     trainee.optimizer = make_optimizer(model.parameters(), job.training)
-    return {"fsdp2": {"reshard_after_forward": reshard, "root_reshard_after_forward": reshard,
+    return {"fsdp2": {"reshard_after_forward": reshard, "root_reshard_after_forward": root,
                       "groups": len(decoder_layers(model)) + 1,
                       "local_param_bytes": _local_param_bytes(model)}}
 
