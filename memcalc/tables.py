@@ -125,13 +125,45 @@ CAPACITY_TITLE = ("Largest micro-batch per GPU (usable memory = total - 500 MiB 
                   "0 = does not fit)")
 
 
+MULTI_GPU_PRESETS = ("llama-2-13b", "mistral-7b", "llama-2-70b", "llama-3-70b")
+MULTI_GPU = ("H100-80GB", "H200-141GB")
+MULTI_GPU_SHARDINGS = ("zero1", "zero2", "zero3")
+MULTI_GPU_HEADER = ["model", "gpu"] + [f"{s} ranks" for s in MULTI_GPU_SHARDINGS]
+MULTI_GPU_TITLE = ("Fewest data-parallel ranks that train the model (pure bf16 AdamW, per-layer "
+                   "checkpointing, micro_batch 1, seq_len 4096; 0 = not within 512 ranks)")
+
+
+def multi_gpu_rows(presets=None) -> list[list[str]]:
+    """One row per (preset, GPU): the fewest ranks under each sharding."""
+    from memcalc.capacity import min_world_size
+    from memcalc.gpus import GPUS
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
+
+    rows = []
+    for name in MULTI_GPU_PRESETS:
+        if presets and name not in presets:
+            continue
+        model = ModelSpec.preset(name)
+        for gpu in MULTI_GPU:
+            cells = []
+            for sharding in MULTI_GPU_SHARDINGS:
+                t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16",
+                                   checkpointing="per-layer", sharding=sharding)
+                cells.append(str(min_world_size(model, t, GPUS[gpu].usable_bytes, cap=512).value))
+            rows.append([name, gpu] + cells)
+    return rows
+
+
 def render(presets=None) -> dict[str, str]:
     """File name -> text of every checked table."""
-    b_rows, c_rows = breakdown_rows(presets), capacity_rows(presets)
+    b_rows, c_rows, m_rows = breakdown_rows(presets), capacity_rows(presets), multi_gpu_rows(presets)
     return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
             "breakdown.csv": to_csv(BREAKDOWN_HEADER, b_rows),
             "max_micro_batch.md": to_markdown(capacity_header(), c_rows, CAPACITY_TITLE),
-            "max_micro_batch.csv": to_csv(capacity_header(), c_rows)}
+            "max_micro_batch.csv": to_csv(capacity_header(), c_rows),
+            "multi_gpu.md": to_markdown(MULTI_GPU_HEADER, m_rows, MULTI_GPU_TITLE),
+            "multi_gpu.csv": to_csv(MULTI_GPU_HEADER, m_rows)}
 
 
 def write(out: Path, presets=None, plots: bool = True) -> list[str]:
