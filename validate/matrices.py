@@ -186,7 +186,8 @@ def gpu_quick_matrix(device: str = "cuda") -> list[Case]:
     for i, r in enumerate(pairwise(GPU_QUICK_AXES, seed=2) + pairwise(GPU_QUICK_AXES, seed=3)):
         spec = GPU_QUICK_MODELS[r["model"]](r["implementation"])
         b, s_ = GPU_QUICK_SHAPES[r["shape"]]
-        t = _tc(micro_batch=b, seq_len=s_, grad_accum=r["grad_accum"], precision=r["precision"],
+        t = _tc(micro_batch=b, seq_len=min(s_, spec.max_position_embeddings),
+                grad_accum=r["grad_accum"], precision=r["precision"],
                 optimizer=r["optimizer"], optimizer_impl=r["impl"], checkpointing=r["checkpointing"],
                 attention=r["attention"])
         cases.append(Case(f"q{i:02d}-{r['model']}", spec, t.with_(device=device)))
