@@ -138,9 +138,9 @@ class StepSimulator:
     >>> from memcalc.tape.graph import Graph, Grad
     >>> g = Graph(); w = g.param("w", Poly.const(64)); x = g.input("x", Poly.bs(4))
     >>> y = g.op("mul", [x, w], Poly.bs(4), saves=[x, w], backward=[Grad(1)])
-    >>> g.keep.append(y); sim = StepSimulator(g); sim.setup(); sim.micro_step(False)
+    >>> g.keep.append(y); sim = StepSimulator(g); sim.setup(); sim.hold_inputs(); sim.micro_step(False)
     >>> max(m.total.eval(1, 1) for m in sim.mem.moments)
-    136
+    140
     """
 
     def __init__(self, graph: Graph, fsdp=None):
@@ -410,10 +410,11 @@ class StepSimulator:
 
     # ---- a micro-step ---------------------------------------------------------------------
     def micro_step(self, grads_exist: bool) -> None:
-        """Inputs, forward, backward; parameter grads survive (gradient accumulation)."""
-        for v in self.g.inputs:
-            self.mem.hold(v.storage)
+        """Forward, backward; parameter grads survive (gradient accumulation)."""
         self.forward()
         self.backward(grads_exist)
+
+    def hold_inputs(self) -> None:
+        """The batch is made before the first micro-step and dropped after optimizer.step()."""
         for v in self.g.inputs:
-            self.mem.release(v.storage)
+            self.mem.hold(v.storage)

@@ -38,6 +38,7 @@ def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
     if not first_step:
         for st in states:
             sim.mem.hold(st)
+    sim.hold_inputs()
     for micro in range(min(training.grad_accum, 2)):
         sim.micro_step(grads_exist=micro > 0)
     mem = sim.mem
