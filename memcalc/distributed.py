@@ -40,9 +40,15 @@ def rank_optimizer_bytes(param_bytes: list[int], param_elt: int, training, owned
     >>> rank_optimizer_bytes([400, 800], 4, TrainingConfig(micro_batch=1, seq_len=1, device="cpu"), [1])
     (1604, 1600)
     """
+    from memcalc.estimate import allocator_granularity
+    from memcalc.tape.step import step_on_device
+
+    g = allocator_granularity(training)
+    tensors = state_bytes_per_param(training.optimizer, param_elt) // param_elt
     mine = [param_bytes[i] for i in owned]
-    states = sum(b // param_elt * state_bytes_per_param(training.optimizer, param_elt) for b in mine)
-    states += step_scalar_bytes(training.optimizer, len(mine))
+    states = sum(tensors * (-(-b // g) * g) for b in mine)  # each state tensor its own block
+    if step_on_device(training):
+        states += len(mine) * (-(-step_scalar_bytes(training.optimizer, 1) // g) * g)
     temps = transient_bytes(training.optimizer, training.resolved_optimizer_impl,
                             training.resolved_weight_decay, mine)
     return states, temps

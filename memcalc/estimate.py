@@ -87,6 +87,27 @@ class MomentSet:
         self.monomials = sorted({mono for m in moments for mono in m.total.terms})
         self.rows = [tuple(m.total.terms.get(mono, 0) for mono in self.monomials) for m in moments]
         self.by_phase = {p: [i for i, m in enumerate(moments) if m.phase == p] for p in PHASES}
+        self._rounded: dict = {}
+
+    def rounded_totals(self, b: int, s: int, granularity: int) -> list[int]:
+        """Totals with every live storage rounded up to `granularity` bytes (the CUDA caching
+        allocator hands out multiples of 512 B, c10/cuda/CUDACachingAllocator.cpp round_size).
+        Cached per shape: a warm call is a dict lookup.
+
+        >>> MomentSet([Moment("forward", "x", Poly.bs(2), {}, ((Poly.bs(2), 1),))]).rounded_totals(3, 4, 512)
+        [512]
+        """
+        if granularity <= 1:
+            return self.totals(b, s)
+        key = (b, s, granularity)
+        found = self._rounded.get(key)
+        if found is None:
+            if len(self._rounded) > 4096:
+                self._rounded.clear()
+            found = self._rounded[key] = [
+                t + sum(n * (-p.eval(b, s) % granularity) for p, n in m.sizes)
+                for t, m in zip(self.totals(b, s), self.moments)]
+        return found
 
     def totals(self, b: int, s: int) -> list[int]:
         """Every moment's bytes at micro_batch b, seq_len s.
@@ -194,7 +215,8 @@ class MemoryReport:
 
     @property
     def expr(self):
-        """The steady-state peak as a sympy Max over the candidate moments, in b and s."""
+        """The steady-state peak as a sympy Max over the candidate moments, in b and s (before
+        the CUDA allocator's 512-byte rounding, which `peak_bytes` includes on device cuda)."""
         from memcalc.symbols import b, s
         import sympy
 
@@ -240,15 +262,31 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     b, s = training.micro_batch, training.seq_len
     if training.world_size > 1:
         return _estimate_ranks(model, training, cands, b, s)
-    steady = cands.steady_set.totals(b, s)
+    g = allocator_granularity(training)
+    steady = cands.steady_set.rounded_totals(b, s, g)
     phases = {p: max((steady[i] for i in idx), default=0) for p, idx in cands.steady_set.by_phase.items()}
     top = max(range(len(steady)), key=steady.__getitem__)
     moment = cands.steady[top]
-    components = {k: v.eval(b, s) for k, v in moment.by_category.items()}
-    report = MemoryReport(steady[top], max(cands.first_set.totals(b, s)), moment.phase, phases,
+    components = _components(moment, b, s, steady[top])
+    report = MemoryReport(steady[top], max(cands.first_set.rounded_totals(b, s, g)), moment.phase, phases,
                           components, moment.label, model, training, cands.steady)
     report.rank_peak_bytes = [report.peak_bytes]
     return report
+
+
+def allocator_granularity(training: TrainingConfig) -> int:
+    """Bytes every allocation is rounded up to: 512 for the CUDA caching allocator (kMinBlockSize),
+    1 on CPU (validate.tracker counts exact storage bytes)."""
+    return 512 if training.device == "cuda" else 1
+
+
+def _components(moment, b: int, s: int, total: int) -> dict[str, int]:
+    """Bytes per category at a moment, with the allocator's rounding as its own component."""
+    parts = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+    rounding = total - sum(parts.values())
+    if rounding:
+        parts["allocator_rounding"] = rounding
+    return parts
 
 
 def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
@@ -265,8 +303,9 @@ def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
     optimizer states (alive throughout the steady state) and step temporaries."""
     from memcalc.distributed import rank_optimizer_bytes_all
 
-    steady = _phase_max(cands.steady_set, cands.steady_set.totals(b, s))
-    first = _phase_max(cands.first_set, cands.first_set.totals(b, s))
+    g = allocator_granularity(training)
+    steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s, g))
+    first = _phase_max(cands.first_set, cands.first_set.rounded_totals(b, s, g))
     reports = []
     for states, temps in rank_optimizer_bytes_all(cands.param_shapes, cands.param_elt, training):
         extra = {"forward": states, "backward": states, "optimizer": states + temps}
@@ -274,7 +313,7 @@ def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
         first_peak = max(v + (states + temps if p == "optimizer" else 0) for p, (v, _) in first.items())
         phase = max(phases, key=phases.get)
         moment = cands.steady[steady[phase][1]]
-        components = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+        components = _components(moment, b, s, steady[phase][0])
         components["optimizer"] = components.get("optimizer", 0) + states
         if phase == "optimizer" and temps:
             components["temporaries"] = components.get("temporaries", 0) + temps

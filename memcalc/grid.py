@@ -33,10 +33,70 @@ def steady_polys(model, training) -> list[Poly]:
     return [m.total for m in engine._candidates(model, engine._key(training)).steady]
 
 
+def _candidates(model, training):
+    import importlib
+
+    engine = importlib.import_module("memcalc.estimate")
+    if training.world_size > 1:
+        from memcalc.errors import NotModelledError
+
+        raise NotModelledError("world_size", "estimate_grid evaluates single-process steps",
+                               "call estimate() per point for data-parallel ranks")
+    return engine.candidates(model, training), engine.allocator_granularity(training)
+
+
+def rounding_tables(np, moments, g: int):
+    """Per moment, the allocator's rounding as a (g x g) table over (b mod g, s mod g): every
+    size is an integer polynomial in b and s, so its residue mod g depends only on b, s mod g.
+    Cached on the moments' owner by the caller."""
+    grid_b, grid_s = np.meshgrid(np.arange(g, dtype=np.int64), np.arange(g, dtype=np.int64), indexing="ij")
+    tables = []
+    for m in moments:
+        table = np.zeros((g, g), dtype=np.int64)
+        for poly, n in m.sizes:
+            value = np.zeros((g, g), dtype=np.int64)
+            for (i, j), c in poly.terms.items():
+                value = (value + (c % g) * (grid_b ** i % g) * (grid_s ** j % g)) % g
+            table += n * ((-value) % g)
+        tables.append(table)
+    return np.stack(tables)
+
+
+def _eval_rounded(np, cands, b, s, g: int):
+    """Exact rounded peaks: every moment's total (float64-exact below 2**53) plus its table."""
+    moments = cands.steady
+    tables = getattr(cands, "_rounding_tables", None)
+    if tables is None:
+        tables = cands._rounding_tables = rounding_tables(np, moments, g)
+    monos = sorted({m for mo in moments for m in mo.total.terms})
+    coeffs = np.array([[mo.total.terms.get(m, 0) for mo in moments] for m in monos], dtype=np.float64)
+    out = np.empty(b.shape, dtype=np.int64)
+    for start in range(0, b.size, _CHUNK):
+        bb, ss = b[start:start + _CHUNK], s[start:start + _CHUNK]
+        mat = np.stack([bb.astype(np.float64) ** i * ss.astype(np.float64) ** j for i, j in monos], 1)
+        totals = (mat @ coeffs).astype(np.int64) + tables[:, bb % g, ss % g].T
+        out[start:start + _CHUNK] = totals.max(axis=1)
+    return out
+
+
+def eval_candidates(model, training, b, s):
+    """Peaks at every (b, s): the polynomial envelope on CPU, with the allocator's rounding
+    (exact, via rounding_tables) on CUDA."""
+    np = _numpy()
+    cands, g = _candidates(model, training)
+    if g <= 1 or not b.size:
+        return eval_polys([m.total for m in cands.steady], b, s)
+    bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)
+    if bound + 512 * 10**6 >= _EXACT_FLOAT:
+        flat = [max(cands.steady_set.rounded_totals(int(x), int(y), g)) for x, y in zip(b.ravel(), s.ravel())]
+        return np.array(flat, dtype=np.int64).reshape(b.shape)
+    return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
+
+
 def estimate_peak(model, training) -> int:
-    """estimate(model, training).peak_bytes, from the cached polynomials (no report built)."""
-    b, s = training.micro_batch, training.seq_len
-    return max(p.eval(b, s) for p in steady_polys(model, training))
+    """estimate(model, training).peak_bytes, from the cached candidates (no report built)."""
+    cands, g = _candidates(model, training)
+    return max(cands.steady_set.rounded_totals(training.micro_batch, training.seq_len, g))
 
 
 def _numpy():
@@ -210,7 +270,7 @@ def estimate_grid(model, training, **arrays):
     b = _positive_ints(np, "micro_batch", fields.pop("micro_batch", np.full(shape, training.micro_batch)))
     s = _positive_ints(np, "seq_len", fields.pop("seq_len", np.full(shape, training.seq_len)))
     if not fields:
-        return eval_polys(steady_polys(model, training), b, s)
+        return eval_candidates(model, training, b, s)
     return _grid_over_fields(np, model, training, fields, b, s)
 
 
@@ -231,5 +291,5 @@ def _grid_over_fields(np, model, training, fields: dict, b, s):
         changes = {n: (v.item() if hasattr(v, "item") else v) for n, v in zip(names, combo)}
         m = model.with_(**{k: v for k, v in changes.items() if k in model_fields})
         t = training.with_(**{k: v for k, v in changes.items() if k in train_fields and k not in model_fields})
-        out[mask] = eval_polys(steady_polys(m, t), b.ravel()[mask], s.ravel()[mask])
+        out[mask] = eval_candidates(m, t, b.ravel()[mask], s.ravel()[mask])
     return out.reshape(b.shape)

@@ -120,17 +120,16 @@ def _states_alone_exceed(model, training, precision: str, card: GPU) -> bool:
 def _peaks(model, training, global_batch: int, card: GPU) -> dict[int, int]:
     """Steady-state peak per micro-batch dividing global_batch, from two cached simulations:
     grad_accum 1 (micro = global_batch) and ACCUM_EQUIVALENT (all others)."""
-    from memcalc.grid import steady_polys
+    from memcalc.grid import estimate_peak, steady_polys
 
     s = training.seq_len
-    accum = steady_polys(model, training.with_(grad_accum=ACCUM_EQUIVALENT))
-    peaks = {m: max(p.eval(m, s) for p in accum)
+    accum_t = training.with_(grad_accum=ACCUM_EQUIVALENT)
+    peaks = {m: estimate_peak(model, accum_t.with_(micro_batch=m, seq_len=s))
              for m in range(1, global_batch) if global_batch % m == 0}
     # without accumulation, the forward lacks at most the fp32 .grad tensors (4 bytes/param):
-    lower = max(p.eval(global_batch, s) for p in accum) - 4 * model.param_count
+    lower = max(p.eval(global_batch, s) for p in steady_polys(model, accum_t)) - 4 * model.param_count
     if lower <= card.usable_bytes:
-        single = steady_polys(model, training.with_(grad_accum=1))
-        peaks[global_batch] = max(p.eval(global_batch, s) for p in single)
+        peaks[global_batch] = estimate_peak(model, training.with_(grad_accum=1, micro_batch=global_batch, seq_len=s))
     return peaks
 
 

@@ -52,9 +52,5 @@ def trainings(draw, checkpointing=CHECKPOINTING) -> TrainingConfig:
 
 @st.composite
 def cases(draw, max_layers: int = 4, checkpointing=CHECKPOINTING) -> tuple[ModelSpec, TrainingConfig]:
-    """A (model, training) pair the engine models: CPU SDPA with attention dropout is refused by
-    estimate() (NotModelledError), so such pairs get eager attention."""
-    model, training = draw(small_models(max_layers)), draw(trainings(checkpointing))
-    if training.device == "cpu" and training.attention == "sdpa" and model.attn_dropout > 0:
-        training = training.with_(attention="eager")
-    return model, training
+    """A (model, training) pair."""
+    return draw(small_models(max_layers)), draw(trainings(checkpointing))

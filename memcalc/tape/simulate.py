@@ -30,6 +30,7 @@ class Moment:
     label: str
     total: Poly
     by_category: dict[str, Poly]
+    sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
 
 
 class Memory:
@@ -48,6 +49,7 @@ class Memory:
         self.by_category: dict[str, Poly] = {}
         self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
+        self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
 
     @property
     def moments(self) -> list[Moment]:
@@ -63,6 +65,8 @@ class Memory:
         cat = category or st.category
         self.holds[key] = 1
         self.sizes[key] = (st, st.size, cat)
+        entry = self.size_counts.setdefault(tuple(sorted(st.size.terms.items())), [st.size, 0])
+        entry[1] += 1
         self.total = self.total + st.size
         self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
 
@@ -73,6 +77,7 @@ class Memory:
         if self.holds[key] == 0:
             del self.holds[key]
             _, size, cat = self.sizes.pop(key)
+            self.size_counts[tuple(sorted(size.terms.items()))][1] -= 1
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
 
@@ -89,7 +94,8 @@ class Memory:
             if m.total.dominates(total):
                 return
         frontier[:] = [m for m in frontier if not total.dominates(m.total)]
-        frontier.append(Moment(self.phase, label, total, dict(self.by_category)))
+        sizes = tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
+        frontier.append(Moment(self.phase, label, total, dict(self.by_category), sizes))
         if len(frontier) >= self.PRUNE_AT:
             frontier[:] = prune_convex(frontier)
 

@@ -16,11 +16,24 @@ def _param_sizes(graph: Graph) -> list[int]:
     return [v.size.eval(1, 1) for v in graph.params]
 
 
+def step_on_device(training) -> bool:
+    """Adam's `step` counters are device tensors when fused (or on the CPU device), else CPU
+    scalars that device memory does not see (torch/optim/adam.py _init_group)."""
+    return training.device == "cpu" or training.resolved_optimizer_impl == "fused"
+
+
 def _optimizer_storages(graph: Graph, training, param_elt: int) -> list[Storage]:
+    """One storage per state tensor (each is its own allocation): exp_avg and exp_avg_sq, or
+    momentum_buffer, per parameter, plus Adam's 4-byte `step` scalars, which live on the CPU
+    unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
     per_elt = state_bytes_per_param(training.optimizer, param_elt)
-    total = sum(s // param_elt * per_elt for s in _param_sizes(graph))
-    total += step_scalar_bytes(training.optimizer, len(graph.params))
-    return [Storage(Poly.const(total), "optimizer", "optimizer states")] if total else []
+    tensors = per_elt // param_elt
+    out = [Storage(Poly.const(size), "optimizer", "optimizer state")
+           for size in _param_sizes(graph) for _ in range(tensors)]
+    if step_on_device(training):
+        out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
+            step_scalar_bytes(training.optimizer, len(graph.params)) // 4)]
+    return out
 
 
 def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
