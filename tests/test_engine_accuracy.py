@@ -80,3 +80,18 @@ def test_optimal_segment_size_beats_its_neighbours():
     peak = lambda n: estimate(model, step.with_(checkpointing="every-k", checkpoint_every=n)).peak_bytes
     assert all(peak(k) <= peak(n) for n in (k - 1, k + 1) if 1 <= n <= 16)
     assert peak(k) < estimate(model, step).peak_bytes  # any checkpointing beats none here
+
+
+def test_allocator_rounding_matches_a_512_byte_tracker():
+    """The CUDA caching allocator's 512-byte rounding, checked on CPU: the live-tensor tracker
+    rounding every storage up to 512 B against the engine's rounded candidates."""
+    pytest.importorskip("torch")
+    from memcalc.estimate import candidates
+    from validate.measure import LiveTensorTracker, TrackerMeter, _run_under
+
+    spec = _gpt2("hf", vocab_size=1001, hidden_size=96, num_heads=4)
+    training = TrainingConfig.make(micro_batch=3, seq_len=37, device="cpu")
+    with LiveTensorTracker(granularity=512) as tracker:
+        _, run = _run_under(TrackerMeter(tracker), spec, training, None, 3, 0)
+    predicted = max(candidates(spec, training).steady_set.rounded_totals(3, 37, 512))
+    assert abs(predicted - run.steady.peak) <= 0.001 * run.steady.peak
