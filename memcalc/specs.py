@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from memcalc.errors import SpecError, UnknownNameError, closest_names, from_pydantic
+from memcalc.errors import UnknownNameError, closest_names, from_pydantic
 
 Family = Literal["gpt2", "llama"]
 Implementation = Literal["hf", "reference"]

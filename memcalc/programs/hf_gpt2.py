@@ -6,7 +6,6 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
-import math
 
 from memcalc.poly import Poly
 from memcalc.programs.common import causal_lm_loss, run_layers, sdpa

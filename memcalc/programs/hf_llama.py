@@ -10,9 +10,9 @@ materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is n
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.programs.common import causal_lm_loss, run_layers, sdpa
+from memcalc.programs.common import causal_lm_loss, run_layers, sdpa, swiglu_mlp
 from memcalc.programs.eager import eager_scores
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp
+from memcalc.tape.graph import FreeTemps, Grad, Temp
 from memcalc.tape.ops import Ops, numel
 
 
@@ -74,7 +74,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
 def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One LlamaDecoderLayer."""
     block_input = x  # the caller's loop variable holds it until the block returns
-    h, f = spec.hidden_size, spec.ffn_size
+    h = spec.hidden_size
     p = lambda name, n, rows=None: ops.param(f"layers.{layer}.{name}", n, rows)
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
     attn = attention(ops, spec, training, n1, cos, sin, N, p)
@@ -82,12 +82,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     x = ops.add(x, attn, "residual 1")
     ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
-    mb = spec.mlp_bias
-    gate = ops.linear(n2, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
-    act = ops.unary_saving_input("silu", gate)
-    up = ops.linear(n2, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
-    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
-                   p("down_proj.bias", h) if mb else None, N, h, "down_proj")
+    m = swiglu_mlp(ops, spec, n2, N, p)
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input, n2, weights])
     return out

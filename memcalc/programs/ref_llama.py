@@ -4,11 +4,11 @@ every attention call, SDPA with enable_gqa, eager with repeat_interleave."""
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.programs.common import run_layers, sdpa
+from memcalc.programs.common import run_layers, sdpa, swiglu_mlp
 from memcalc.programs.hf_llama import rotary
 from memcalc.programs.ref_common import cross_entropy, ref_eager
 from memcalc.tape.graph import FreeTemps, Grad, Temp
-from memcalc.tape.ops import Ops, numel
+from memcalc.tape.ops import Ops
 
 
 def rms_norm(ops: Ops, x, w, N: Poly):
@@ -27,7 +27,7 @@ def rms_norm(ops: Ops, x, w, N: Poly):
 def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     """One reference LlamaBlock."""
     block_input = x  # the caller's loop variable holds it until the block returns
-    h, f, a, kv, d = spec.hidden_size, spec.ffn_size, spec.num_heads, spec.kv_heads, spec.head_size
+    h, a, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
     p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     qb = spec.qkv_bias
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
@@ -50,12 +50,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     ops.scope_end([n1, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
-    mb = spec.mlp_bias
-    gate = ops.linear(n2, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if mb else None, N, f, "gate_proj")
-    act = ops.unary_saving_input("silu", gate)
-    up = ops.linear(n2, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if mb else None, N, f, "up_proj")
-    m = ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
-                   p("down_proj.bias", h) if mb else None, N, h, "down_proj")
+    m = swiglu_mlp(ops, spec, n2, N, p)
     ops.scope_end([n2])
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input])

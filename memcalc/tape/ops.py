@@ -9,7 +9,7 @@ on CPU only cross_entropy does (checked with torch 2.13).
 from __future__ import annotations
 
 from memcalc.poly import Poly
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Temp, Value
+from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
 
 
 def numel(v: Value) -> Poly:

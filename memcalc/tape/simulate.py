@@ -192,7 +192,6 @@ class StepSimulator:
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
         kept = {id(v.storage) for v in self.g.keep}
-        persistent = {id(v.storage) for v in self.g.params + self.g.buffers + self.g.inputs}
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
