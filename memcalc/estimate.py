@@ -182,16 +182,6 @@ def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
     return found
 
 
-def _candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
-    """Former private name of `candidates` (kept for callers)."""
-    return candidates(model, training)
-
-
-def _key(training: TrainingConfig) -> TrainingConfig:
-    """Former cache key helper: the config itself now serves."""
-    return training
-
-
 @dataclass
 class MemoryReport:
     """Predicted memory of one training step.

@@ -60,11 +60,11 @@ def _breakdown_plot(plt, path: Path) -> None:
 
 def activation_peak_bytes(model, training) -> int:
     """The most activation memory alive at any candidate moment of the steady-state step."""
-    from memcalc.estimate import _candidates, _key
+    from memcalc.estimate import candidates
 
     b, s = training.micro_batch, training.seq_len
     return max(m.by_category.get("activations", _ZERO).eval(b, s)
-               for m in _candidates(model, _key(training)).steady)
+               for m in candidates(model, training).steady)
 
 
 def activation_bytes_at_depth(layers: int, mode: str) -> int:

@@ -144,7 +144,7 @@ class StepSimulator:
     >>> from memcalc.tape.graph import Graph, Grad
     >>> g = Graph(); w = g.param("w", Poly.const(64)); x = g.input("x", Poly.bs(4))
     >>> y = g.op("mul", [x, w], Poly.bs(4), saves=[x, w], backward=[Grad(1)])
-    >>> g.keep.append(y); sim = StepSimulator(g); sim.setup(); sim.hold_inputs(); sim.micro_step(False)
+    >>> g.keep.append(y); sim = StepSimulator(g); sim.setup(); sim.hold_inputs(); sim.micro_step()
     >>> max(m.total.eval(1, 1) for m in sim.mem.moments)
     140
     """
@@ -243,7 +243,7 @@ class StepSimulator:
             self.mem.hold(st)
 
     # ---- backward -------------------------------------------------------------------------
-    def backward(self, grads_exist: bool) -> None:
+    def backward(self) -> None:
         """Run backward from the kept loss; parameter grads accumulate into .grad."""
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "backward"
@@ -280,7 +280,7 @@ class StepSimulator:
                 for st in node.saved:
                     mem.release(st if node.region is None else recomputed.get(id(st), st))
 
-            self._run_node(node, [g for g in incoming if g is not None], grads, grads_exist,
+            self._run_node(node, [g for g in incoming if g is not None], grads,
                            release_saved)
             if node.region is not None and self._first_of_region(i):
                 for st in self._region_inputs.get(node.region, []):
@@ -334,13 +334,13 @@ class StepSimulator:
             mem.release(copies[key])
         return copies
 
-    def _run_node(self, node: Node, incoming: list[Storage], grads: dict, grads_exist: bool,
+    def _run_node(self, node: Node, incoming: list[Storage], grads: dict,
                   release_saved) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
         node's saved tensors, then deliver the grads (where sums happen)."""
         mem = self.mem
         temps: list[Storage] = []
-        deliveries: list[tuple[Value, Storage, bool]] = []
+        deliveries: list[tuple[Value, Storage]] = []
         for step in node.backward:
             if isinstance(step, Temp):
                 st = Storage(step.size, "activation_grads", f"{node.name} temp")
@@ -360,21 +360,21 @@ class StepSimulator:
                              f"grad {target.label}")
                 mem.hold(st)
                 mem.mark(f"{node.name} backward")
-                deliveries.append((target, st, True))
+                deliveries.append((target, st))
             elif isinstance(step, Alias):
                 target = node.inputs[step.index]
                 if target.requires_grad and incoming:
                     mem.hold(incoming[0])
-                    deliveries.append((target, incoming[0], False))
+                    deliveries.append((target, incoming[0]))
         for st in temps:
             mem.release(st)
         for st in incoming:
             mem.release(st)
         release_saved()
-        for target, st, fresh in deliveries:
-            self._deliver(target, st, grads, grads_exist, fresh)
+        for target, st in deliveries:
+            self._deliver(target, st, grads)
 
-    def _deliver(self, target: Value, st: Storage, grads: dict, grads_exist: bool, fresh: bool) -> None:
+    def _deliver(self, target: Value, st: Storage, grads: dict) -> None:
         """Hand a gradient to its input: an activation's input buffer, or a parameter's
         AccumulateGrad node, which runs once every consumer of the parameter has delivered
         (a tied weight's two gradients are first summed in its input buffer)."""
@@ -385,7 +385,7 @@ class StepSimulator:
         self._buffer(self._param_buffers, key, st, target.grad_size or target.size)
         self._pending[key] -= 1
         if self._pending[key] == 0:
-            self._accumulate(key, self._param_buffers.pop(key), fresh)
+            self._accumulate(key, self._param_buffers.pop(key))
 
     def _buffer(self, buffers: dict, key: int, st: Storage, size) -> None:
         """input_buffer.cpp: the first gradient is stored, a later one summed out of place."""
@@ -400,7 +400,7 @@ class StepSimulator:
         self.mem.release(old)
         buffers[key] = total
 
-    def _accumulate(self, key: int, st: Storage, fresh: bool) -> None:
+    def _accumulate(self, key: int, st: Storage) -> None:
         """accumulate_grad.h: steal the gradient into an empty .grad (copy an aliased one);
         add in place into an existing .grad (gradient accumulation)."""
         mem = self.mem
@@ -414,10 +414,10 @@ class StepSimulator:
         self.param_grads[key] = own
 
     # ---- a micro-step ---------------------------------------------------------------------
-    def micro_step(self, grads_exist: bool) -> None:
+    def micro_step(self) -> None:
         """Forward, backward; parameter grads survive (gradient accumulation)."""
         self.forward()
-        self.backward(grads_exist)
+        self.backward()
 
     def hold_inputs(self) -> None:
         """The batch is made before the first micro-step and dropped after optimizer.step()."""

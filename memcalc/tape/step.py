@@ -52,8 +52,8 @@ def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
         for st in states:
             sim.mem.hold(st)
     sim.hold_inputs()
-    for micro in range(min(training.grad_accum, 2)):
-        sim.micro_step(grads_exist=micro > 0)
+    for _ in range(min(training.grad_accum, 2)):  # micro-steps >= 2 are alike
+        sim.micro_step()
     mem = sim.mem
     mem.phase = "optimizer"
     if first_step:
