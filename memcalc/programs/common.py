@@ -22,11 +22,9 @@ def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int
     q, k, v, output, logsumexp; backward allocates grad q, k, v. No s^2 term. The output is laid
     out (b, s, heads, d), so transpose(1, 2).contiguous() copies nothing."""
     elt = q.elt
-    out, lse = ops.g.op_multi("sdpa", [q, k, v], [Poly.bs(heads * head_dim * elt),
-                                                   Poly.bs(heads * 4)],
-                              backward=[Grad(0), Grad(1), Grad(2)], elts=[elt, 4])
-    node = ops.g.nodes[-1]
-    node.saved = [q.storage, k.storage, v.storage, out.storage, lse.storage]
+    out, _ = ops.g.op_multi("sdpa", [q, k, v], [Poly.bs(heads * head_dim * elt), Poly.bs(heads * 4)],
+                            saves=[q, k, v], backward=[Grad(0), Grad(1), Grad(2)], elts=[elt, 4],
+                            save_outputs=(0, 1))
     return out
 
 
@@ -110,10 +108,8 @@ def cross_entropy_fp32(ops: Ops, logits32: Value, target: Value) -> Value:
     """F.cross_entropy on fp32 logits = log_softmax (saves its result) + nll_loss (saves the
     log-probs, the target and total_weight); the loss is kept for backward. Returns it."""
     g = ops.g
-    logp = g.op("log_softmax", [logits32], logits32.size, backward=[Grad(0)], elt=4)
-    g.nodes[-1].saved = [logp.storage]
-    loss, total_weight = g.op_multi("nll_loss", [logp, target], [Poly.const(4), Poly.const(4)],
-                                    backward=[Grad(0)], elts=[4, 4])
-    g.nodes[-1].saved = [logp.storage, target.storage, total_weight.storage]
+    logp = g.op("log_softmax", [logits32], logits32.size, backward=[Grad(0)], elt=4, save_output=True)
+    loss, _ = g.op_multi("nll_loss", [logp, target], [Poly.const(4), Poly.const(4)],
+                         saves=[logp, target], backward=[Grad(0)], elts=[4, 4], save_outputs=(1,))
     g.keep.append(loss)
     return loss

@@ -73,7 +73,6 @@ class Node:
     saved: list[Storage]
     backward: list
     region: int | None = None  # checkpoint region id; saved tensors of a region are recomputed
-    extra_forward: list[Poly] = field(default_factory=list)  # forward-only temporaries
     hook: tuple[str, str] | None = None  # FSDP module boundary: ("begin" | "end", group)
 
 
@@ -116,22 +115,24 @@ class Graph:
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, name: str, inputs: list[Value], size: Poly, saves=(), backward=(),
-           requires_grad: bool | None = None, category: str = "activations",
-           extra_forward=(), elt: int = 4) -> Value:
-        """An op producing one new tensor of `size` bytes (`elt` bytes per element)."""
+           requires_grad: bool | None = None, category: str = "activations", elt: int = 4,
+           save_output: bool = False) -> Value:
+        """An op producing one new tensor of `size` bytes (`elt` bytes per element); with
+        `save_output` autograd also saves the result (softmax, tanh, log_softmax)."""
         return self.op_multi(name, inputs, [size], saves, backward, requires_grad, category,
-                             extra_forward, [elt])[0]
+                             [elt], (0,) if save_output else ())[0]
 
     def op_multi(self, name, inputs, sizes, saves=(), backward=(), requires_grad=None,
-                 category="activations", extra_forward=(), elts=None) -> list[Value]:
-        """An op producing several new tensors."""
+                 category="activations", elts=None, save_outputs=()) -> list[Value]:
+        """An op producing several new tensors; autograd saves `saves` and the outputs at the
+        indices `save_outputs`, when any input requires grad."""
         rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
         elts = elts or [4] * len(sizes)
         outs = [Value(Storage(sz, category, f"{name}.out{i}"), sz, rg, label=name, elt=e)
                 for i, (sz, e) in enumerate(zip(sizes, elts))]
-        saved = [v.storage if isinstance(v, Value) else v for v in saves] if rg else []
+        saved = [v.storage for v in saves] + [outs[i].storage for i in save_outputs] if rg else []
         self.nodes.append(Node(name, list(inputs), outs, saved, list(backward) if rg else [],
-                               self.region, list(extra_forward)))
+                               self.region))
         return outs
 
     def view(self, name: str, x: Value, size: Poly | None = None, backward=None) -> Value:

@@ -89,12 +89,9 @@ class Ops:
         # mean/rstd: fp32 on CUDA (acc type); the input's dtype on CPU (measured, torch 2.13)
         stat_elt = xin.elt if self.device == "cpu" else 4
         stats = tokens * stat_elt
-        y, mean, rstd = self.g.op_multi("layer_norm", [xin, w, b], [xin.size, stats, stats],
-                                        backward=[Grad(0), Grad(1), Grad(2)],
-                                        elts=[xin.elt, stat_elt, stat_elt])
-        node = self.g.nodes[-1]
-        node.saved = [xin.storage, mean.storage, rstd.storage] if xin.requires_grad or w.requires_grad else []
-        node.outputs = [y, mean, rstd]
+        y, _, _ = self.g.op_multi("layer_norm", [xin, w, b], [xin.size, stats, stats], saves=[xin],
+                                  backward=[Grad(0), Grad(1), Grad(2)],
+                                  elts=[xin.elt, stat_elt, stat_elt], save_outputs=(1, 2))
         return y
 
     def add(self, x: Value, y: Value, name: str = "add") -> Value:
@@ -115,9 +112,7 @@ class Ops:
 
     def unary_saving_output(self, name: str, x: Value) -> Value:
         """tanh/sigmoid-like: saves its result; backward allocates the grad."""
-        out = self.g.op(name, [x], x.size, backward=[Grad(0)], elt=x.elt)
-        self.g.nodes[-1].saved = [out.storage] if x.requires_grad else []
-        return out
+        return self.g.op(name, [x], x.size, backward=[Grad(0)], elt=x.elt, save_output=True)
 
     def scale(self, x: Value, name: str = "mul scalar") -> Value:
         """x * python scalar (or + scalar): saves nothing; backward allocates grad (mul) ."""

@@ -209,11 +209,7 @@ class StepSimulator:
             for st in new:
                 mem.hold(st)
                 produced_in[id(st)] = node.region
-            for extra in node.extra_forward:
-                mem.total = mem.total + extra
             mem.mark(node.name)
-            for extra in node.extra_forward:
-                mem.total = mem.total - extra
             if node.region is None:
                 for st in node.saved:
                     mem.hold(st)
