@@ -69,8 +69,10 @@ def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
 def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]:
     """The forward program of the model's implementation."""
     from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+    from memcalc.tensor_parallel import local_spec
 
-    ops = Ops(Graph(), training.precision, training.device)
+    ops = Ops(Graph(), training.precision, training.device, training.tensor_parallel)
+    model = local_spec(model, training.tensor_parallel)
     module = {("hf", "gpt2"): hf_gpt2, ("hf", "llama"): hf_llama,
               ("reference", "gpt2"): ref_gpt2, ("reference", "llama"): ref_llama}[
         (model.implementation, model.family)]
@@ -154,7 +156,7 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
 
 def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
     constants = {"cublas_workspace": CUBLAS_WORKSPACE_BYTES} if training.device == "cuda" else {}
-    distributed = training.world_size > 1
+    distributed = training.data_parallel > 1
     sharded = distributed and training.sharding in ("zero2", "zero3")
     if distributed and not sharded:
         graph, _ = build_graph(model, training)
@@ -223,14 +225,18 @@ class MemoryReport:
                 f"first step {self.first_step_peak_bytes / GIB:.3f} GiB)")
 
 
-def _check_parallelism(training: TrainingConfig) -> None:
+def _check_parallelism(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse what is not modelled yet rather than answer for one process."""
     from memcalc.distributed import SHARDINGS_MODELLED
     from memcalc.errors import NotModelledError
 
-    if training.tensor_parallel > 1:
-        raise NotModelledError("tensor_parallel", "tensor parallelism is not modelled yet",
-                               "use tensor_parallel=1")
+    from memcalc.tensor_parallel import check_tensor_parallel
+
+    check_tensor_parallel(model, training)
+    if training.tensor_parallel > 1 and training.data_parallel > 1:
+        raise NotModelledError("world_size", "tensor parallelism combined with data parallelism "
+                               "(world_size > tensor_parallel) is not modelled yet",
+                               "set world_size equal to tensor_parallel")
     if training.world_size > 1 and training.sharding in ("zero2", "zero3") and training.grad_accum > 1:
         raise NotModelledError("grad_accum", "gradient accumulation under FSDP (sharded gradients "
                                "summed per micro-step) is not modelled yet",
@@ -247,10 +253,10 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
-    _check_parallelism(training)
+    _check_parallelism(model, training)
     cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
-    if training.world_size > 1:
+    if training.data_parallel > 1:
         return _estimate_ranks(model, training, cands, b, s)
     g = allocator_granularity(training)
     steady = cands.steady_set.rounded_totals(b, s, g)

@@ -31,7 +31,7 @@ def _candidates(model, training):
     import importlib
 
     engine = importlib.import_module("memcalc.estimate")
-    if training.world_size > 1:
+    if training.data_parallel > 1:
         from memcalc.errors import NotModelledError
 
         raise NotModelledError("world_size", "estimate_grid evaluates single-process steps",

@@ -217,6 +217,9 @@ class DistTracker(LiveTensorTracker):
         flat_args = tree_flatten((args, kwargs))[0]
         if op.startswith("c10d."):
             before = self._use_counts(flat_args)  # read before the backend takes its references
+        elif op.startswith("_c10d_functional."):
+            before = [(t, t._use_count()) for t in flat_args
+                      if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t)]
         for t in flat_args:
             if isinstance(t, torch.Tensor):
                 self._late(t, op)
@@ -229,6 +232,8 @@ class DistTracker(LiveTensorTracker):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track_tensor(t)
+        if op.startswith("_c10d_functional."):
+            self._settle_functional(op, before, out)
         if op.startswith("c10d."):
             self._collective = op
             works = [w for w in map(_as_work, tree_flatten(out)[0]) if w is not None]
@@ -281,6 +286,31 @@ class DistTracker(LiveTensorTracker):
                 time.sleep(0.0002)
         self._pending = waiting
         self._flush_event("<collective released>")
+
+    def _settle_functional(self, op: str, before, out) -> None:
+        """Functional collectives (torch.distributed._functional_collectives, what DTensor
+        runs) hand their tensors to the gloo work: the work registry holds the work until
+        `wait_tensor`, and gloo's worker thread drops its own reference a moment after the
+        collective completes, so the last reference to an input or output could go at a
+        random later op. Right after the collective returns nothing else holds its tensors:
+        wait for it here (a second wait_tensor later finds no work and returns), then wait
+        (up to settle_s) until each input is back to its use count before the op and each
+        output is held by its Python object only."""
+        import time
+
+        if "wait_tensor" in op:
+            return
+        outs = [t for t in tree_flatten(out)[0]
+                if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t)]
+        for t in outs:
+            torch.ops._c10d_functional.wait_tensor.default(t)
+        targets = list(before) + [(t, 1) for t in outs]
+        deadline = time.monotonic() + self.settle_s
+        while any(t._use_count() > n for t, n in targets):
+            if time.monotonic() > deadline:
+                self.unsettled += 1
+                return
+            time.sleep(0.0002)
 
     @staticmethod
     def _released(targets) -> bool:

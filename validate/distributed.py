@@ -122,9 +122,14 @@ def resolve_parallelism(training, world_size: int | None, sharding: str | None) 
 
 def check_distributed(spec, training, world_size: int, sharding: str) -> None:
     """Refuse, as bad input, what this runner cannot run (before any process starts)."""
-    if getattr(training, "tensor_parallel", 1) != 1 or getattr(training, "sequence_parallel", False):
-        raise MemcalcError("tensor_parallel", "tensor/sequence parallelism is not run by the gloo "
-                           "data-parallel runner", "use tensor_parallel=1")
+    tp = getattr(training, "tensor_parallel", 1)
+    if tp > 1 and (tp != world_size or sharding != "none"):
+        raise MemcalcError("tensor_parallel", f"the gloo runner runs tensor_parallel={tp} on its "
+                           f"own (world_size == tensor_parallel, sharding none)",
+                           f"pass --world-size {tp} --sharding none")
+    if tp > 1 and spec.implementation != "reference":
+        raise MemcalcError("implementation", "tensor parallelism runs the reference models only",
+                           "use implementation='reference'")
     if training.device != "cpu":
         raise MemcalcError("device", f"distributed runs use gloo on CPU, got {training.device!r}",
                            "pass --device cpu")
@@ -443,6 +448,13 @@ def wrap(trainee, job: DistJob) -> dict:
     # build_trainee's optimizer holds the unsharded parameters: drop it before sharding
     trainee.optimizer = None
     model = trainee.model
+    tp = getattr(job.training, "tensor_parallel", 1)
+    if tp > 1:
+        from validate.tensor_parallel import apply_tensor_parallel
+
+        info = apply_tensor_parallel(model, job.spec, tp, job.training.sequence_parallel)
+        trainee.optimizer = make_optimizer(model.parameters(), job.training)
+        return info
     if job.sharding in ("none", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 

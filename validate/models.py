@@ -123,10 +123,12 @@ class GPT2Attention(nn.Module):
     def forward(self, x):
         b, s, _ = x.shape
         qkv = self.c_attn(x)
-        q, k, v = qkv.split(self.a * self.d, dim=2)
-        q = q.view(b, s, self.a, self.d).transpose(1, 2)
-        k = k.view(b, s, self.a, self.d).transpose(1, 2)
-        v = v.view(b, s, self.a, self.d).transpose(1, 2)
+        # -1 heads: under tensor parallelism c_attn is column-sharded and each rank holds
+        # its own heads' q, k, v (validate.tensor_parallel orders the fused rows so)
+        q, k, v = qkv.split(qkv.size(-1) // 3, dim=2)
+        q = q.view(b, s, -1, self.d).transpose(1, 2)
+        k = k.view(b, s, -1, self.d).transpose(1, 2)
+        v = v.view(b, s, -1, self.d).transpose(1, 2)
         return self.c_proj(self.core(q, k, v))
 
 
@@ -204,9 +206,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.a, self.d).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.kv, self.d).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.kv, self.d).transpose(1, 2)
+        # -1 heads: a tensor-parallel rank holds a/t query and kv/t key/value heads
+        q = self.q_proj(x).view(b, s, -1, self.d).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.d).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin

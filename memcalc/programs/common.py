@@ -83,10 +83,10 @@ def run_layers(ops: Ops, num_layers: int, segments: set[int], block, x: Value) -
 def swiglu_mlp(ops: Ops, spec, x: Value, N: Poly, p) -> Value:
     """down_proj(F.silu(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP)."""
     h, f, bias = spec.hidden_size, spec.ffn_size, spec.mlp_bias
-    gate = ops.linear(x, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if bias else None, N, f, "gate_proj")
+    gate = ops.col_linear(x, p("gate_proj.weight", h * f, f), p("gate_proj.bias", f) if bias else None, N, f, "gate_proj")
     act = ops.unary_saving_input("silu", gate)
-    up = ops.linear(x, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if bias else None, N, f, "up_proj")
-    return ops.linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
+    up = ops.col_linear(x, p("up_proj.weight", h * f, f), p("up_proj.bias", f) if bias else None, N, f, "up_proj")
+    return ops.row_linear(ops.mul(act, up, "silu*up"), p("down_proj.weight", f * h, h),
                       p("down_proj.bias", h) if bias else None, N, h, "down_proj")
 
 

@@ -51,9 +51,9 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
     """LlamaAttention with the configured attention interface."""
     a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
     bias = spec.qkv_bias
-    q = ops.linear(x, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
-    k = ops.linear(x, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
-    v = ops.linear(x, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
+    q = ops.col_linear(x, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
+    k = ops.col_linear(x, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
+    v = ops.col_linear(x, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
     q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
     q_local, k_local, v_local = q, k, v
     if training.checkpointing == "selective":
@@ -65,7 +65,7 @@ def attention(ops: Ops, spec, training, x, cos, sin, N: Poly, p):
         y = eager_scores(ops, spec, q, k, v, hf=True, family="llama")
     if training.checkpointing == "selective":
         ops.g.end_region()
-    out = ops.linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None,
+    out = ops.row_linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None,
                      N, h, "o_proj")
     ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
     return out

@@ -15,7 +15,7 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
     p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
-    qkv = ops.linear(ln1, p("c_attn.weight", h * 3 * a * d, 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
+    qkv = ops.col_linear(ln1, p("c_attn.weight", h * 3 * a * d, 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
                      N, 3 * a * d, "c_attn")
     q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
     if training.checkpointing == "selective":
@@ -24,14 +24,14 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         ref_eager(ops, spec, q, k, v, copies=(True, True, True))
     if training.checkpointing == "selective":
         ops.g.end_region()
-    attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, h), p("attn.c_proj.bias", h) if spec.out_bias else None,
+    attn = ops.row_linear(y, p("attn.c_proj.weight", a * d * h, h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
     ops.scope_end([ln1, qkv])  # attn.forward's argument and locals live until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
     ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
-    h1 = ops.linear(ln2, p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    h1 = ops.col_linear(ln2, p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
-    m = ops.linear(act, p("mlp.c_proj.weight", f * h, h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
+    m = ops.row_linear(act, p("mlp.c_proj.weight", f * h, h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     ops.scope_end([ln2])
     out = ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
     ops.scope_end([block_input])

@@ -31,9 +31,9 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     qb = spec.qkv_bias
     n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
-    q = ops.linear(n1, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
-    k = ops.linear(n1, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
-    v = ops.linear(n1, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
+    q = ops.col_linear(n1, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
+    k = ops.col_linear(n1, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
+    v = ops.col_linear(n1, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
     c, s_ = ops.to(cos, q.elt, "cos.to(q.dtype)"), ops.to(sin, q.elt, "sin.to(q.dtype)")
     q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
     q_local, k_local = q, k
@@ -46,7 +46,7 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
         y = ref_eager(ops, spec, q, k, v, copies=(False, False, kv == a))
     if training.checkpointing == "selective":
         ops.g.end_region()
-    attn = ops.linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
+    attn = ops.row_linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
     ops.scope_end([n1, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)

@@ -25,8 +25,9 @@ class Ops:
     4
     """
 
-    def __init__(self, graph: Graph, precision: str, device: str):
+    def __init__(self, graph: Graph, precision: str, device: str, tensor_parallel: int = 1):
         self.g = graph
+        self.tp = tensor_parallel
         self.precision = precision
         self.device = device
         self.autocast = precision in ("fp16-amp", "bf16-amp")
@@ -82,6 +83,27 @@ class Ops:
         backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
         return self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
                          elt=elt)
+
+    # ---- tensor parallelism (torch/distributed/tensor/parallel/style.py) ---------------------
+    def col_linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
+                   name: str = "linear") -> Value:
+        """ColwiseParallel linear (weight rows sharded; `w`, `bias`, `n_out` are the rank's).
+        Forward: DTensor.from_local(x, Replicate) wraps the input, no copy. Backward: the
+        input's gradient is Partial and is all-reduced into a new tensor (functional
+        all_reduce: `clone` + in-place all-reduce), the partial sum freed."""
+        if self.tp > 1:
+            x = self.g.view(f"{name} from_local", x, backward=[Grad(0)])
+        return self.linear(x, w, bias, tokens, n_out, name)
+
+    def row_linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
+                   name: str = "linear") -> Value:
+        """RowwiseParallel linear (weight columns sharded, bias replicated): the local matmul
+        makes a full-size partial sum, all-reduced into a new tensor (Partial -> Replicate),
+        the partial freed; the gradient passes back unchanged (Replicate -> Partial is free)."""
+        out = self.linear(x, w, bias, tokens, n_out, name)
+        if self.tp > 1:
+            out = self.g.op(f"{name} all_reduce", [out], out.size, backward=[Alias(0)], elt=out.elt)
+        return out
 
     def layer_norm(self, x: Value, w: Value, b: Value, tokens: Poly) -> Value:
         """native_layer_norm: outputs y, mean, rstd (fp32 stats); saves x, mean, rstd, w, b."""
