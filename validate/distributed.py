@@ -127,9 +127,9 @@ def check_distributed(spec, training, world_size: int, sharding: str) -> None:
         raise MemcalcError("tensor_parallel", f"the gloo runner runs tensor_parallel={tp} on its "
                            f"own (world_size == tensor_parallel, sharding none)",
                            f"pass --world-size {tp} --sharding none")
-    if tp > 1 and spec.implementation != "reference":
-        raise MemcalcError("implementation", "tensor parallelism runs the reference models only",
-                           "use implementation='reference'")
+    if tp > 1 and spec.implementation == "hf" and spec.family == "gpt2":
+        raise MemcalcError("implementation", "HF GPT-2's Conv1D layers are not split by torch's "
+                           "ColwiseParallel/RowwiseParallel", "use implementation='reference'")
     if training.device != "cpu":
         raise MemcalcError("device", f"distributed runs use gloo on CPU, got {training.device!r}",
                            "pass --device cpu")

@@ -88,12 +88,11 @@ def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool) -> dict
 
     from memcalc.errors import MemcalcError
 
-    if not hasattr(model, "blocks"):
-        raise MemcalcError("implementation", "tensor parallelism runs the reference models only",
-                           "use implementation='reference'")
+    from validate.distributed import decoder_layers
+
     mesh = init_device_mesh("cpu", (tp,))
     plan = (gpt2_plan if spec.family == "gpt2" else llama_plan)(sequence_parallel)
-    for block in model.blocks:
+    for block in decoder_layers(model):
         if spec.family == "gpt2":
             attn = block.attn.c_attn
             with torch.no_grad():

@@ -19,6 +19,7 @@ from memcalc.tape.ops import Ops, numel
 def rms_norm(ops: Ops, x, w, N: Poly):
     """LlamaRMSNorm.forward op by op."""
     g = ops.g
+    x = ops.replicated_input(x, "rmsnorm")
     x32 = ops.to(x, 4, "rmsnorm .float()")
     sq = ops.unary_saving_input("pow 2", x32, temps=2)
     var = g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4)

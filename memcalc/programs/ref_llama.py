@@ -14,6 +14,7 @@ from memcalc.tape.ops import Ops
 def rms_norm(ops: Ops, x, w, N: Poly):
     """F.rms_norm op by op (aten/src/ATen/native/layer_norm.cpp rms_norm_symint)."""
     g = ops.g
+    x = ops.replicated_input(x, "rms_norm")
     x32 = ops.to(x, 4, "rms_norm upcast")
     sq = ops.unary_saving_input("pow 2", x32, temps=2)
     var = ops.shift(g.op("mean", [sq], N * 4, backward=[Grad(0)], elt=4), "+ eps")

@@ -105,6 +105,13 @@ class Ops:
             out = self.g.op(f"{name} all_reduce", [out], out.size, backward=[Alias(0)], elt=out.elt)
         return out
 
+    def replicated_input(self, x: Value, name: str) -> Value:
+        """Input of a module whose parameters are replicated DTensors (norms, embeddings, LM
+        head under tensor parallelism: validate.tensor_parallel.replicate_rest): wrapped by
+        DTensor.from_local, a view. Its gradients from several uses inside the module are
+        summed before they leave it (one more autograd node), which moves where sums happen."""
+        return self.g.view(f"{name} from_local", x) if self.tp > 1 else x
+
     def layer_norm(self, x: Value, w: Value, b: Value, tokens: Poly) -> Value:
         """native_layer_norm: outputs y, mean, rstd (fp32 stats); saves x, mean, rstd, w, b."""
         xin = self.norm_input(x)
