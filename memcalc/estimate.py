@@ -266,7 +266,7 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     components = _components(moment, b, s, steady[top])
     report = MemoryReport(steady[top], max(cands.first_set.rounded_totals(b, s, g)), moment.phase, phases,
                           components, moment.label, model, training, cands.steady)
-    report.rank_peak_bytes = [report.peak_bytes]
+    report.rank_peak_bytes = [report.peak_bytes] * training.world_size  # TP ranks are alike
     return report
 
 

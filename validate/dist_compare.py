@@ -52,7 +52,8 @@ class DistCase:
         s, t = self.spec, self.training
         return (f"{self.name}: {s.implementation} {s.family} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} {t.optimizer} "
-                f"| W{self.world_size} {self.sharding}")
+                f"| W{self.world_size} {self.sharding}"
+                + (f" TP{t.tensor_parallel}" if getattr(t, "tensor_parallel", 1) > 1 else ""))
 
 
 # ---- the dist-ci matrix ------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (26, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (38, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -94,6 +95,56 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
              for sharding in SHARDINGS]
     padded = dist_model("llama-ref", V=1001, f=346)
     cases += [_case(f"llama-ref-pad-W4-{sh}", padded, training, 4, sh) for sh in ("zero2", "zero3")]
+    return cases + tensor_parallel_cases(training)
+
+
+# Tensor-parallel rows: (model, degree, TrainingConfig changes). Llama gets 8 query and 4 kv heads
+# so that 2 and 4 both divide them; every precision, checkpointing mode, attention kind and
+# optimizer implementation appears at least once.
+TP_ROWS = (
+    ("gpt2-ref", 2, {}),
+    ("gpt2-ref", 4, dict(precision="bf16-amp", checkpointing="per-layer", optimizer_impl="foreach")),
+    ("gpt2-ref-drop", 2, dict(precision="fp16-amp", attention="eager", optimizer="sgd-momentum")),
+    ("gpt2-ref-untied", 4, dict(precision="bf16", checkpointing="selective", optimizer="adam",
+                                optimizer_impl="fused")),
+    ("llama-ref", 2, {}),
+    ("llama-ref", 4, dict(precision="bf16-amp", checkpointing="per-layer")),
+    ("llama-ref", 2, dict(precision="fp16-amp", grad_accum=2, optimizer_impl="foreach")),
+    ("llama-ref", 4, dict(checkpointing="sqrt", attention="eager")),
+    ("llama-hf", 2, {}),
+    ("llama-hf", 4, dict(precision="bf16-amp", checkpointing="selective", optimizer_impl="foreach")),
+    ("llama-hf", 2, dict(precision="bf16", checkpointing="per-layer", optimizer="sgd-momentum",
+                         optimizer_impl="foreach")),
+    ("llama-hf", 4, dict(precision="fp16-amp", attention="eager", grad_accum=2)),
+)
+
+
+def tp_model(kind: str) -> ModelSpec:
+    """The dist-ci shape for tensor parallelism (llama: 8 heads, 4 kv heads; gpt2 variants with
+    dropout or untied embeddings).
+
+    >>> tp_model("llama-ref").num_kv_heads, tp_model("gpt2-ref-drop").attn_dropout
+    (4, 0.1)
+    """
+    base = kind.split("-drop")[0].split("-untied")[0]
+    spec = dist_model(base)
+    if spec.family == "llama":
+        spec = spec.with_(num_heads=8, num_kv_heads=4)
+    if kind.endswith("-drop"):
+        spec = spec.with_(attn_dropout=0.1, resid_dropout=0.1, embd_dropout=0.1)
+    if kind.endswith("-untied"):
+        spec = spec.with_(tie_embeddings=False)
+    return spec
+
+
+def tensor_parallel_cases(training) -> list[DistCase]:
+    """TP_ROWS as cases: world_size == tensor_parallel, sharding none."""
+    cases = []
+    for kind, tp, changes in TP_ROWS:
+        t = training.with_(world_size=tp, tensor_parallel=tp, **changes)
+        suffix = "-".join(str(v) for v in changes.values())
+        cases.append(DistCase(f"{kind}-TP{tp}" + (f"-{suffix}" if suffix else ""), tp_model(kind),
+                              t, tp, "none"))
     return cases
 
 

@@ -127,6 +127,10 @@ def check_distributed(spec, training, world_size: int, sharding: str) -> None:
         raise MemcalcError("tensor_parallel", f"the gloo runner runs tensor_parallel={tp} on its "
                            f"own (world_size == tensor_parallel, sharding none)",
                            f"pass --world-size {tp} --sharding none")
+    if tp > 1 and training.optimizer.startswith("sgd") and training.optimizer_impl == "fused":
+        raise MemcalcError("optimizer_impl", "torch has no DTensor rule for the fused SGD kernel "
+                           "(aten._fused_sgd_), so tensor-parallel SGD cannot run fused",
+                           "use --optimizer-impl foreach or for-loop")
     if tp > 1 and spec.implementation == "hf" and spec.family == "gpt2":
         raise MemcalcError("implementation", "HF GPT-2's Conv1D layers are not split by torch's "
                            "ColwiseParallel/RowwiseParallel", "use implementation='reference'")

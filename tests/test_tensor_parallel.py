@@ -1,0 +1,112 @@
+"""Tensor parallelism: each rank's parameters against a closed-form count (second method), the
+per-rank peak against the degree (property), and the refusals (one-line errors). The measured
+gloo runs are checked rank by rank in test_distributed.test_recorded_gloo_runs_match_rank_by_rank
+(validate/results/dist-ci.jsonl, rows named *-TP*)."""
+import pytest
+from hypothesis import given, strategies as st
+
+import strategies  # noqa: F401  (registers the hypothesis profiles)
+from memcalc import ModelSpec, TrainingConfig, estimate
+from memcalc.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.estimate import candidates
+from memcalc.tensor_parallel import local_spec
+
+
+def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
+    """Parameters one rank holds: embeddings, norms and LM head whole; attention and MLP
+    weights (and column biases) divided by t; row-parallel biases whole (Shoeybi et al. 2019,
+    section 3)."""
+    h, L, V, a, kv, d, f = (spec.hidden_size, spec.num_layers, spec.vocab_size, spec.num_heads,
+                            spec.kv_heads, spec.head_size, spec.ffn_size)
+    embed = V * h * (1 if spec.tie_embeddings else 2)
+    if spec.family == "gpt2":
+        embed += spec.max_position_embeddings * h
+        norms = (2 * L + 1) * 2 * h
+        attn = h * 3 * a * d // t + (3 * a * d // t if spec.qkv_bias else 0) + a * d * h // t \
+            + (h if spec.out_bias else 0)
+        mlp = 2 * h * f // t + ((f // t + h) if spec.mlp_bias else 0)
+    else:
+        norms = (2 * L + 1) * h
+        attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
+            + a * d * h // t + (h if spec.out_bias else 0)
+        mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)
+    return embed + norms + L * (attn + mlp)
+
+
+@st.composite
+def tp_cases(draw):
+    family = draw(st.sampled_from(["gpt2", "llama"]))
+    t = draw(st.sampled_from([1, 2, 4]))
+    kv = draw(st.sampled_from([4, 8]))
+    heads = 8
+    spec = ModelSpec.make(
+        family=family, implementation="reference", vocab_size=draw(st.integers(16, 300)),
+        hidden_size=heads * 8, num_heads=heads, num_layers=draw(st.integers(1, 3)),
+        max_position_embeddings=128,
+        **({"num_kv_heads": kv, "intermediate_size": 4 * draw(st.integers(4, 32)),
+            "tie_embeddings": draw(st.booleans()), "qkv_bias": draw(st.booleans()),
+            "mlp_bias": draw(st.booleans())} if family == "llama" else
+           {"tie_embeddings": draw(st.booleans())}))
+    training = TrainingConfig(
+        micro_batch=draw(st.integers(1, 4)), seq_len=draw(st.integers(1, 64)),
+        precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
+        checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
+        device=draw(st.sampled_from(["cpu", "cuda"])), world_size=t, tensor_parallel=t)
+    return spec, training
+
+
+@given(tp_cases())
+def test_rank_parameters_match_the_closed_form(case):
+    spec, training = case
+    c = candidates(spec, training)
+    assert sum(n for n, _ in c.param_shapes) == closed_form_rank_params(spec, training.tensor_parallel)
+
+
+@given(tp_cases())
+def test_splitting_costs_at_most_one_residual_sized_buffer(case):
+    # a rank runs a narrower model plus all-reduce outputs that live beside the partial sums
+    # they replace: never more than one (b, s, h) buffer above the single-device peak
+    spec, training = case
+    one = estimate(spec, training.with_(world_size=1, tensor_parallel=1)).peak_bytes
+    rank = estimate(spec, training).peak_bytes
+    elt = 2 if training.precision == "bf16" else 4
+    residual = training.micro_batch * training.seq_len * spec.hidden_size * elt
+    assert rank <= one + residual + 512 * 4  # 512: CUDA rounding of the extra blocks
+
+
+@pytest.mark.parametrize("preset", ["llama-2-7b", "llama-2-13b"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-amp"])
+def test_per_rank_peak_falls_as_the_degree_grows(preset, precision):
+    spec = ModelSpec.preset(preset)
+    peaks = [estimate(spec, TrainingConfig(micro_batch=1, seq_len=2048, precision=precision,
+                                           checkpointing="per-layer", world_size=t,
+                                           tensor_parallel=t)).peak_bytes for t in (1, 2, 4, 8)]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+
+
+def test_replicated_parts_bound_the_saving():
+    # the embedding and LM head are not split, so t ranks hold more than 1/t of the model
+    spec = ModelSpec.preset("llama-2-7b")
+    full = closed_form_rank_params(spec, 1)
+    assert full == spec.param_count
+    assert closed_form_rank_params(spec, 8) > full // 8
+
+
+@pytest.mark.parametrize("changes,error,field", [
+    (dict(world_size=3, tensor_parallel=3), SpecError, "tensor_parallel"),
+    (dict(world_size=4, tensor_parallel=2), NotModelledError, "world_size"),
+    (dict(world_size=2, tensor_parallel=2, sequence_parallel=True), NotModelledError,
+     "sequence_parallel"),
+])
+def test_refusals_name_the_field(changes, error, field):
+    t = TrainingConfig(micro_batch=1, seq_len=8, **changes)
+    with pytest.raises(error) as info:
+        estimate(ModelSpec.preset("llama-2-7b"), t)
+    assert str(info.value).startswith(f"{field}:")
+
+
+def test_hf_gpt2_is_refused_with_the_reference_as_the_fix():
+    t = TrainingConfig(micro_batch=1, seq_len=8, world_size=2, tensor_parallel=2)
+    with pytest.raises(MemcalcError, match="implementation='reference'"):
+        estimate(ModelSpec.preset("gpt2"), t)
+    assert estimate(ModelSpec.preset("gpt2").with_(implementation="reference"), t).peak_bytes > 0
