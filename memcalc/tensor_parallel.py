@@ -39,9 +39,6 @@ def check_tensor_parallel(model: ModelSpec, training) -> None:
         raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
                                "torch's ColwiseParallel/RowwiseParallel",
                                "use implementation='reference' for GPT-2 with tensor_parallel > 1")
-    if training.sequence_parallel:
-        raise NotModelledError("sequence_parallel", "sequence parallelism is not modelled yet",
-                               "use sequence_parallel=False")
 
 
 def local_spec(model: ModelSpec, tensor_parallel: int) -> ModelSpec:

@@ -243,6 +243,16 @@ class LlamaBlock(nn.Module):
 
 
 # ---- whole models ----------------------------------------------------------------------------
+def _redistribute(x, mesh, from_shard: bool):
+    """Sequence parallelism's trunk boundaries: the replicated embedding output -> this rank's
+    chunk of the sequence (a slice; backward all-gathers), and the sharded trunk output -> the
+    whole sequence (all-gather; backward keeps this rank's chunk)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    src, dst = ([Shard(1)], [Replicate()]) if from_shard else ([Replicate()], [Shard(1)])
+    return DTensor.from_local(x, mesh, src, run_check=False).redistribute(mesh, dst).to_local()
+
+
 def _run_group(blocks, x, *extra):
     for block in blocks:
         x = block(x, *extra)
@@ -259,13 +269,17 @@ class ReferenceLM(nn.Module):
         self.segment = segment_size(spec, training)
 
     def run_blocks(self, x, *extra):
+        mesh = getattr(self, "sequence_parallel_mesh", None)  # validate.tensor_parallel
+        if mesh is not None:
+            x = _redistribute(x, mesh, from_shard=False)  # this rank's s/t tokens
         if self.segment is None or not torch.is_grad_enabled():
-            return _run_group(self.blocks, x, *extra)
-        blocks = list(self.blocks)
-        for i in range(0, len(blocks), self.segment):
-            group = blocks[i:i + self.segment]
-            x = checkpoint(partial(_run_group, group), x, *extra, use_reentrant=False)
-        return x
+            x = _run_group(self.blocks, x, *extra)
+        else:
+            blocks = list(self.blocks)
+            for i in range(0, len(blocks), self.segment):
+                group = blocks[i:i + self.segment]
+                x = checkpoint(partial(_run_group, group), x, *extra, use_reentrant=False)
+        return _redistribute(x, mesh, from_shard=True) if mesh is not None else x
 
     def head_loss(self, x, final_norm, targets):
         logits = self.lm_head(final_norm(x))
