@@ -71,7 +71,8 @@ def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]
     from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
     from memcalc.tensor_parallel import local_spec
 
-    ops = Ops(Graph(), training.precision, training.device, training.tensor_parallel)
+    ops = Ops(Graph(), training.precision, training.device, training.tensor_parallel,
+              training.sequence_parallel)
     model = local_spec(model, training.tensor_parallel)
     module = {("hf", "gpt2"): hf_gpt2, ("hf", "llama"): hf_llama,
               ("reference", "gpt2"): ref_gpt2, ("reference", "llama"): ref_llama}[
@@ -89,6 +90,7 @@ class MomentSet:
         self.monomials = sorted({mono for m in moments for mono in m.total.terms})
         self.rows = [tuple(m.total.terms.get(mono, 0) for mono in self.monomials) for m in moments]
         self.by_phase = {p: [i for i, m in enumerate(moments) if m.phase == p] for p in PHASES}
+        self.fractional = any(not isinstance(c, int) for row in self.rows for c in row)
         self._rounded: dict = {}
 
     def rounded_totals(self, b: int, s: int, granularity: int) -> list[int]:
@@ -107,7 +109,7 @@ class MomentSet:
             if len(self._rounded) > 4096:
                 self._rounded.clear()
             found = self._rounded[key] = [
-                t + sum(n * (-p.eval(b, s) % granularity) for p, n in m.sizes)
+                t + sum(n * int(-p.eval(b, s) % granularity) for p, n in m.sizes)
                 for t, m in zip(self.totals(b, s), self.moments)]
         return found
 
@@ -118,7 +120,10 @@ class MomentSet:
         [24]
         """
         values = [b ** i * s ** j for i, j in self.monomials]
-        return [sum(c * v for c, v in zip(row, values)) for row in self.rows]
+        totals = [sum(c * v for c, v in zip(row, values)) for row in self.rows]
+        if self.fractional:  # sequence parallelism: b*s/t tokens, whole when t divides s
+            totals = [-(-x // 1) for x in totals]
+        return totals
 
 
 @dataclass
@@ -278,7 +283,7 @@ def allocator_granularity(training: TrainingConfig) -> int:
 
 def _components(moment, b: int, s: int, total: int) -> dict[str, int]:
     """Bytes per category at a moment, with the allocator's rounding as its own component."""
-    parts = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+    parts = {k: int(-(-v.eval(b, s) // 1)) for k, v in moment.by_category.items()}
     rounding = total - sum(parts.values())
     if rounding:
         parts["allocator_rounding"] = rounding

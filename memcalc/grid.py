@@ -31,6 +31,11 @@ def _candidates(model, training):
     import importlib
 
     engine = importlib.import_module("memcalc.estimate")
+    if training.sequence_parallel:
+        from memcalc.errors import NotModelledError
+
+        raise NotModelledError("sequence_parallel", "estimate_grid works on whole-token sizes; "
+                               "sequence-parallel sizes are b*s/t", "call estimate() per point")
     if training.data_parallel > 1:
         from memcalc.errors import NotModelledError
 

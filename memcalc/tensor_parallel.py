@@ -35,6 +35,13 @@ def check_tensor_parallel(model: ModelSpec, training) -> None:
             some = next(d for d in range(2, n + 1) if n % d == 0) if n > 1 else 1
             raise SpecError("tensor_parallel", f"{t} does not divide {field}={n}",
                             f"use a divisor of {n} (e.g. {some})")
+    if training.sequence_parallel and model.implementation != "reference":
+        raise NotModelledError("sequence_parallel", "sequence parallelism is modelled (and "
+                               "measured) for the reference models only",
+                               "use implementation='reference' or sequence_parallel=False")
+    if training.sequence_parallel and training.seq_len % t:
+        raise SpecError("seq_len", f"{training.seq_len} tokens do not split evenly over "
+                        f"tensor_parallel={t}", f"use a multiple of {t}")
     if model.implementation == "hf" and model.family == "gpt2":
         raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
                                "torch's ColwiseParallel/RowwiseParallel",

@@ -110,3 +110,26 @@ def test_hf_gpt2_is_refused_with_the_reference_as_the_fix():
     with pytest.raises(MemcalcError, match="implementation='reference'"):
         estimate(ModelSpec.preset("gpt2"), t)
     assert estimate(ModelSpec.preset("gpt2").with_(implementation="reference"), t).peak_bytes > 0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_sequence_parallelism_divides_the_norm_and_residual_activations(family):
+    # Korthikanti et al. 2022, Table 2: with SP the per-layer activations outside attention and
+    # the MLP fall from 10sbh (fp16 bytes) to 10sbh/t; here the forward-phase peak must fall by
+    # at least the residual stream of every layer but one (b*s*h*4*(t-1)/t each)
+    spec = ModelSpec.make(family=family, implementation="reference", vocab_size=64, hidden_size=256,
+                          num_heads=8, num_layers=6, max_position_embeddings=2048,
+                          **({"intermediate_size": 512} if family == "llama" else {}))
+    base = TrainingConfig(micro_batch=2, seq_len=1024, device="cpu", world_size=4, tensor_parallel=4)
+    off = estimate(spec, base).phases["forward"]
+    on = estimate(spec, base.with_(sequence_parallel=True)).phases["forward"]
+    residual = 2 * 1024 * 256 * 4
+    assert off - on >= (spec.num_layers - 1) * residual * 3 // 4
+
+
+def test_sequence_parallel_needs_whole_token_chunks():
+    spec = ModelSpec.preset("gpt2").with_(implementation="reference")
+    t = TrainingConfig(micro_batch=1, seq_len=30, world_size=4, tensor_parallel=4,
+                       sequence_parallel=True)
+    with pytest.raises(SpecError, match="^seq_len:"):
+        estimate(spec, t)

@@ -53,7 +53,8 @@ class DistCase:
         return (f"{self.name}: {s.implementation} {s.family} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} {t.optimizer} "
                 f"| W{self.world_size} {self.sharding}"
-                + (f" TP{t.tensor_parallel}" if getattr(t, "tensor_parallel", 1) > 1 else ""))
+                + (f" TP{t.tensor_parallel}" if getattr(t, "tensor_parallel", 1) > 1 else "")
+                + ("+SP" if getattr(t, "sequence_parallel", False) else ""))
 
 
 # ---- the dist-ci matrix ------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (38, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (42, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -116,6 +117,13 @@ TP_ROWS = (
     ("llama-hf", 2, dict(precision="bf16", checkpointing="per-layer", optimizer="sgd-momentum",
                          optimizer_impl="foreach")),
     ("llama-hf", 4, dict(precision="fp16-amp", attention="eager", grad_accum=2)),
+    # sequence parallelism (reference models)
+    ("gpt2-ref", 2, dict(sequence_parallel=True)),
+    ("gpt2-ref-drop", 4, dict(sequence_parallel=True, precision="bf16-amp", attention="eager",
+                              checkpointing="per-layer")),
+    ("llama-ref", 2, dict(sequence_parallel=True, precision="bf16", checkpointing="selective",
+                          optimizer_impl="foreach")),
+    ("llama-ref", 4, dict(sequence_parallel=True, precision="fp16-amp", grad_accum=2)),
 )
 
 
@@ -142,7 +150,7 @@ def tensor_parallel_cases(training) -> list[DistCase]:
     cases = []
     for kind, tp, changes in TP_ROWS:
         t = training.with_(world_size=tp, tensor_parallel=tp, **changes)
-        suffix = "-".join(str(v) for v in changes.values())
+        suffix = "-".join("SP" if v is True else str(v) for v in changes.values())
         cases.append(DistCase(f"{kind}-TP{tp}" + (f"-{suffix}" if suffix else ""), tp_model(kind),
                               t, tp, "none"))
     return cases

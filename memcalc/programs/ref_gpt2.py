@@ -14,8 +14,10 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     block_input = x  # the caller's loop variable holds it until the block returns
     h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
     p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
-    ln1 = ops.layer_norm(x, p("ln_1.weight", h), p("ln_1.bias", h), N)
-    qkv = ops.col_linear(ln1, p("c_attn.weight", h * 3 * a * d, 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
+    Ns = ops.seq_tokens(N)  # the norms' and residuals' tokens (b*s/t under SP)
+    ln1 = ops.layer_norm(ops.replicated_input(x, "ln_1"), p("ln_1.weight", h), p("ln_1.bias", h), Ns)
+    xin = ops.sp_gather(ln1)
+    qkv = ops.col_linear(xin, p("c_attn.weight", h * 3 * a * d, 3 * a * d), p("c_attn.bias", 3 * a * d) if spec.qkv_bias else None,
                      N, 3 * a * d, "c_attn")
     q, k, v = ops.g.views("split qkv", qkv, [Poly.bs(a * d * qkv.elt)] * 3, backward=[Grad(0)])
     if training.checkpointing == "selective":
@@ -26,10 +28,10 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
         ops.g.end_region()
     attn = ops.row_linear(y, p("attn.c_proj.weight", a * d * h, h), p("attn.c_proj.bias", h) if spec.out_bias else None,
                       N, h, "attn c_proj")
-    ops.scope_end([ln1, qkv])  # attn.forward's argument and locals live until it returns
+    ops.scope_end([ln1, xin, qkv])  # attn.forward's argument and locals live until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
-    ln2 = ops.layer_norm(x, p("ln_2.weight", h), p("ln_2.bias", h), N)
-    h1 = ops.col_linear(ln2, p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    ln2 = ops.layer_norm(ops.replicated_input(x, "ln_2"), p("ln_2.weight", h), p("ln_2.bias", h), Ns)
+    h1 = ops.col_linear(ops.sp_gather(ln2), p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
     m = ops.row_linear(act, p("mlp.c_proj.weight", f * h, h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
     ops.scope_end([ln2])
@@ -51,12 +53,15 @@ def build(ops: Ops, spec, training, segments) -> None:
     pos = g.op("wpe embedding", [wpe, pos_ids], Poly.mono(h * wpe.elt, 0, 1), saves=[pos_ids],
                backward=[Grad(0)], elt=wpe.elt)
     x = ops.dropout(ops.add_broadcast(tok, pos, Poly.mono(h * wpe.elt, 0, 1)), spec.embd_dropout)
-    x = run_layers(ops, spec.num_layers, segments,
-                   lambda x, layer: block(ops, spec, training, x, N, layer), x)
+    embedded = x  # forward's local `x` holds the embeddings until forward returns; under SP
+    # nothing else does (the blocks save only this rank's chunk)
+    x = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
+                               lambda x, layer: block(ops, spec, training, x, N, layer),
+                               ops.sp_enter(x)))
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), N)
     head = wte if spec.tie_embeddings else ops.param("lm_head", V * h, V)
     logits = ops.linear(x, head, None, N, V, "lm_head")
     cross_entropy(ops, logits, ids)
-    ops.scope_end([logits, trunk_out] + ops.weight_casts)  # head_loss's `logits` lives until it returns
+    ops.scope_end([logits, trunk_out] + ops.weight_casts + ([embedded] if ops.sp else []))  # head_loss's `logits` lives until it returns
     g.order_params(lambda label: 2 if label.startswith("ln_f") else 1 if label == "lm_head" else 0)

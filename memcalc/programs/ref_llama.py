@@ -31,10 +31,12 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     h, a, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
     p = lambda name, n, rows=None: ops.param(f"blocks.{layer}.{name}", n, rows)
     qb = spec.qkv_bias
-    n1 = rms_norm(ops, x, p("input_layernorm.weight", h), N)
-    q = ops.col_linear(n1, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
-    k = ops.col_linear(n1, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
-    v = ops.col_linear(n1, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
+    Ns = ops.seq_tokens(N)  # the norms' and residuals' tokens (b*s/t under SP)
+    n1 = rms_norm(ops, x, p("input_layernorm.weight", h), Ns)
+    xin = ops.sp_gather(n1)
+    q = ops.col_linear(xin, p("q_proj.weight", h * a * d, a * d), p("q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
+    k = ops.col_linear(xin, p("k_proj.weight", h * kv * d, kv * d), p("k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
+    v = ops.col_linear(xin, p("v_proj.weight", h * kv * d, kv * d), p("v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
     c, s_ = ops.to(cos, q.elt, "cos.to(q.dtype)"), ops.to(sin, q.elt, "sin.to(q.dtype)")
     q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
     q_local, k_local = q, k
@@ -48,10 +50,10 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     if training.checkpointing == "selective":
         ops.g.end_region()
     attn = ops.row_linear(y, p("o_proj.weight", a * d * h, h), p("o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
-    ops.scope_end([n1, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
+    ops.scope_end([n1, xin, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
-    n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), N)
-    m = swiglu_mlp(ops, spec, n2, N, p)
+    n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), Ns)
+    m = swiglu_mlp(ops, spec, ops.sp_gather(n2), N, p)
     ops.scope_end([n2])
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input])
@@ -72,8 +74,9 @@ def build(ops: Ops, spec, training, segments) -> None:
     cos = g.view("cos[:s]", cos, Poly.mono(d * be, 0, 1))
     sin = g.view("sin[:s]", sin, Poly.mono(d * be, 0, 1))
     x = g.op("embedding", [embed, ids], N * h * embed.elt, saves=[ids], backward=[Grad(0)], elt=embed.elt)
-    x = run_layers(ops, spec.num_layers, segments,
-                   lambda x, layer: block(ops, spec, training, x, cos, sin, N, layer), x)
+    x = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
+                               lambda x, layer: block(ops, spec, training, x, cos, sin, N, layer),
+                               ops.sp_enter(x)))
     trunk_out = x  # head_loss(x, ...) holds its argument until it returns
     x = rms_norm(ops, x, ops.param("norm.weight", h), N)
     head = embed if spec.tie_embeddings else ops.param("lm_head", V * h, V)

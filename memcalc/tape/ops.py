@@ -8,13 +8,16 @@ on CPU only cross_entropy does (checked with torch 2.13).
 """
 from __future__ import annotations
 
+from fractions import Fraction
+
 from memcalc.poly import Poly
 from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
 
 
 def numel(v: Value) -> Poly:
-    """Elements of a tensor (its bytes over its element size)."""
-    return Poly({m: c // v.elt for m, c in v.size.terms.items()})
+    """Elements of a tensor (its bytes over its element size); exact for the fractional
+    coefficients of sequence-parallel sizes (b*s/t tokens)."""
+    return Poly({m: c // v.elt if c % v.elt == 0 else Fraction(c, v.elt) for m, c in v.size.terms.items()})
 
 
 class Ops:
@@ -25,9 +28,11 @@ class Ops:
     4
     """
 
-    def __init__(self, graph: Graph, precision: str, device: str, tensor_parallel: int = 1):
+    def __init__(self, graph: Graph, precision: str, device: str, tensor_parallel: int = 1,
+                 sequence_parallel: bool = False):
         self.g = graph
         self.tp = tensor_parallel
+        self.sp = sequence_parallel and tensor_parallel > 1
         self.precision = precision
         self.device = device
         self.autocast = precision in ("fp16-amp", "bf16-amp")
@@ -91,7 +96,7 @@ class Ops:
         Forward: DTensor.from_local(x, Replicate) wraps the input, no copy. Backward: the
         input's gradient is Partial and is all-reduced into a new tensor (functional
         all_reduce: `clone` + in-place all-reduce), the partial sum freed."""
-        if self.tp > 1:
+        if self.tp > 1 and not self.sp:  # under SP the input is already a Replicate DTensor
             x = self.g.view(f"{name} from_local", x, backward=[Grad(0)])
         return self.linear(x, w, bias, tokens, n_out, name)
 
@@ -101,9 +106,56 @@ class Ops:
         makes a full-size partial sum, all-reduced into a new tensor (Partial -> Replicate),
         the partial freed; the gradient passes back unchanged (Replicate -> Partial is free)."""
         out = self.linear(x, w, bias, tokens, n_out, name)
+        if self.sp:
+            return self.sp_reduce_scatter(out, name)
         if self.tp > 1:
             out = self.g.op(f"{name} all_reduce", [out], out.size, backward=[Alias(0)], elt=out.elt)
         return out
+
+    # ---- sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2; DTensor redistribute) ----
+    def seq_tokens(self, tokens: Poly) -> Poly:
+        """Tokens a rank holds in the sequence-parallel regions: b*s/t under SP."""
+        return Poly({m: Fraction(c, self.tp) for m, c in tokens.terms.items()}) if self.sp else tokens
+
+    def _local(self, x: Value) -> Poly:
+        return Poly({m: Fraction(c, self.tp) for m, c in x.size.terms.items()})
+
+    def sp_gather(self, x: Value, name: str = "all_gather") -> Value:
+        """Shard(1) -> Replicate along the sequence (PrepareModuleInput, the trunk's end):
+        all_gather_into_tensor gathers along dim 0 into a (t*b, s/t, h) buffer, `cat` lays it
+        out as (b, s, h) and the buffer is freed. Backward: `cat` makes the gradient
+        contiguous along dim 0 for reduce_scatter (a full-size temporary), which returns this
+        rank's (b, s/t, h) share (funcol.reduce_scatter_tensor)."""
+        if not self.sp:
+            return x
+        full = x.size * self.tp
+        gathered = self.g.op(name, [x], full, backward=[Temp(full), Grad(0)], elt=x.elt)
+        return self.g.op(f"{name} cat", [gathered], full, backward=[Alias(0)], elt=x.elt)
+
+    def sp_reduce_scatter(self, x: Value, name: str) -> Value:
+        """Partial -> Shard(1) (RowwiseParallel(output_layouts=Shard(1))): a `cat` copy makes
+        the full-size partial sum contiguous along dim 0, reduce_scatter returns (b, s/t, h).
+        Backward all-gathers the gradient: a (t*b, s/t, h) buffer and its (b, s, h) `cat`."""
+        copy = self.g.op(f"{name} cat", [x], x.size, backward=[Alias(0)], elt=x.elt)
+        return self.g.op(f"{name} reduce_scatter", [copy], self._local(x),
+                         backward=[Temp(x.size), Grad(0)], elt=x.elt)
+
+    def sp_enter(self, x: Value) -> Value:
+        """The trunk's input: this rank's chunk of the sequence (Replicate -> Shard(1): a slice
+        made contiguous by `clone`). Backward all-gathers the gradient (buffer + cat)."""
+        if not self.sp:
+            return x
+        return self.g.op("sequence chunk", [x], self._local(x), backward=[Temp(x.size), Grad(0)],
+                         elt=x.elt)
+
+    def sp_exit(self, x: Value) -> Value:
+        """The trunk's output gathered to the whole sequence; backward keeps this rank's chunk
+        of the gradient (a `clone`)."""
+        if not self.sp:
+            return x
+        full = x.size * self.tp
+        gathered = self.g.op("trunk all_gather", [x], full, backward=[Grad(0)], elt=x.elt)
+        return self.g.op("trunk all_gather cat", [gathered], full, backward=[Alias(0)], elt=x.elt)
 
     def replicated_input(self, x: Value, name: str) -> Value:
         """Input of a module whose parameters are replicated DTensors (norms, embeddings, LM
