@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
+from memcalc.errors import MemcalcError  # noqa: E402
 from memcalc.specs import ModelSpec  # noqa: E402
 from memcalc.training import TrainingConfig  # noqa: E402
 from validate.dist_compare import dist_model  # noqa: E402
@@ -125,3 +126,18 @@ def test_ddp_peak_is_single_process_peak_plus_one_bucket_copy_of_the_parameters(
     # only addition; activations and model states are those of one process
     assert ranks[0]["peak_bytes"] - single.peak_bytes == 4 * SPEC.param_count
     assert ranks[0]["extra"]["late_bytes"] < 1024  # nothing sizeable made outside the tracker
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(optimizer="sgd-momentum", optimizer_impl="fused"), "optimizer_impl"),
+    (dict(sequence_parallel=True, seq_len=30), "seq_len"),
+])
+def test_tensor_parallel_runs_refuse_what_torch_or_the_split_cannot_do(changes, field):
+    from validate.distributed import check_distributed
+
+    spec = ModelSpec.make(family="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+                          intermediate_size=64, implementation="reference")
+    t = TrainingConfig(micro_batch=1, seq_len=8, device="cpu", world_size=4, tensor_parallel=4)
+    with pytest.raises(MemcalcError) as info:
+        check_distributed(spec, t.with_(**changes), 4, "none")
+    assert str(info.value).startswith(f"{field}:")

@@ -131,15 +131,10 @@ def check_distributed(spec, training, world_size: int, sharding: str) -> None:
         raise MemcalcError("optimizer_impl", "torch has no DTensor rule for the fused SGD kernel "
                            "(aten._fused_sgd_), so tensor-parallel SGD cannot run fused",
                            "use --optimizer-impl foreach or for-loop")
-    if getattr(training, "sequence_parallel", False) and spec.implementation != "reference":
-        raise MemcalcError("sequence_parallel", "sequence parallelism runs the reference models "
-                           "only", "use implementation='reference'")
-    if getattr(training, "sequence_parallel", False) and training.seq_len % tp:
-        raise MemcalcError("seq_len", f"{training.seq_len} tokens do not split evenly over "
-                           f"tensor_parallel={tp}", f"use a multiple of {tp}")
-    if tp > 1 and spec.implementation == "hf" and spec.family == "gpt2":
-        raise MemcalcError("implementation", "HF GPT-2's Conv1D layers are not split by torch's "
-                           "ColwiseParallel/RowwiseParallel", "use implementation='reference'")
+    if tp > 1:  # what the engine refuses (uneven splits, SP on HF models, HF GPT-2's Conv1D)
+        from memcalc.tensor_parallel import check_tensor_parallel
+
+        check_tensor_parallel(spec, training)
     if training.device != "cpu":
         raise MemcalcError("device", f"distributed runs use gloo on CPU, got {training.device!r}",
                            "pass --device cpu")

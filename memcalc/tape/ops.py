@@ -115,21 +115,24 @@ class Ops:
     # ---- sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2; DTensor redistribute) ----
     def seq_tokens(self, tokens: Poly) -> Poly:
         """Tokens a rank holds in the sequence-parallel regions: b*s/t under SP."""
-        return Poly({m: Fraction(c, self.tp) for m, c in tokens.terms.items()}) if self.sp else tokens
+        return self._chunk(tokens) if self.sp else tokens
 
-    def _local(self, x: Value) -> Poly:
-        return Poly({m: Fraction(c, self.tp) for m, c in x.size.terms.items()})
+    def _chunk(self, size: Poly) -> Poly:
+        """One rank's 1/t share of a size along the sequence."""
+        return Poly({m: Fraction(c, self.tp) for m, c in size.terms.items()})
 
-    def sp_gather(self, x: Value, name: str = "all_gather") -> Value:
+    def sp_gather(self, x: Value, name: str = "all_gather", reduce_grad: bool = True) -> Value:
         """Shard(1) -> Replicate along the sequence (PrepareModuleInput, the trunk's end):
         all_gather_into_tensor gathers along dim 0 into a (t*b, s/t, h) buffer, `cat` lays it
-        out as (b, s, h) and the buffer is freed. Backward: `cat` makes the gradient
-        contiguous along dim 0 for reduce_scatter (a full-size temporary), which returns this
-        rank's (b, s/t, h) share (funcol.reduce_scatter_tensor)."""
+        out as (b, s, h) and the buffer is freed. Backward with `reduce_grad` (the gradient is
+        a Partial sum): a `cat` copy makes it contiguous along dim 0 (a full-size temporary) and
+        reduce_scatter_tensor returns this rank's (b, s/t, h) share; without (the trunk's end,
+        whose gradient is whole on every rank): this rank's chunk, a `clone`."""
         if not self.sp:
             return x
         full = x.size * self.tp
-        gathered = self.g.op(name, [x], full, backward=[Temp(full), Grad(0)], elt=x.elt)
+        back = [Temp(full), Grad(0)] if reduce_grad else [Grad(0)]
+        gathered = self.g.op(name, [x], full, backward=back, elt=x.elt)
         return self.g.op(f"{name} cat", [gathered], full, backward=[Alias(0)], elt=x.elt)
 
     def sp_reduce_scatter(self, x: Value, name: str) -> Value:
@@ -137,7 +140,7 @@ class Ops:
         the full-size partial sum contiguous along dim 0, reduce_scatter returns (b, s/t, h).
         Backward all-gathers the gradient: a (t*b, s/t, h) buffer and its (b, s, h) `cat`."""
         copy = self.g.op(f"{name} cat", [x], x.size, backward=[Alias(0)], elt=x.elt)
-        return self.g.op(f"{name} reduce_scatter", [copy], self._local(x),
+        return self.g.op(f"{name} reduce_scatter", [copy], self._chunk(x.size),
                          backward=[Temp(x.size), Grad(0)], elt=x.elt)
 
     def sp_enter(self, x: Value) -> Value:
@@ -145,17 +148,12 @@ class Ops:
         made contiguous by `clone`). Backward all-gathers the gradient (buffer + cat)."""
         if not self.sp:
             return x
-        return self.g.op("sequence chunk", [x], self._local(x), backward=[Temp(x.size), Grad(0)],
+        return self.g.op("sequence chunk", [x], self._chunk(x.size), backward=[Temp(x.size), Grad(0)],
                          elt=x.elt)
 
     def sp_exit(self, x: Value) -> Value:
-        """The trunk's output gathered to the whole sequence; backward keeps this rank's chunk
-        of the gradient (a `clone`)."""
-        if not self.sp:
-            return x
-        full = x.size * self.tp
-        gathered = self.g.op("trunk all_gather", [x], full, backward=[Grad(0)], elt=x.elt)
-        return self.g.op("trunk all_gather cat", [gathered], full, backward=[Alias(0)], elt=x.elt)
+        """The trunk's output gathered to the whole sequence (see sp_gather)."""
+        return self.sp_gather(x, "trunk all_gather", reduce_grad=False)
 
     def replicated_input(self, x: Value, name: str) -> Value:
         """Input of a module whose parameters are replicated DTensors (norms, embeddings, LM
