@@ -31,10 +31,11 @@ def block(ops: Ops, spec, training, x, N: Poly, layer: int):
     ops.scope_end([ln1, xin, qkv])  # attn.forward's argument and locals live until it returns
     x = ops.add(x, ops.dropout(attn, spec.resid_dropout), "residual 1")
     ln2 = ops.layer_norm(ops.replicated_input(x, "ln_2"), p("ln_2.weight", h), p("ln_2.bias", h), Ns)
-    h1 = ops.col_linear(ops.sp_gather(ln2), p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
+    mlp_in = ops.sp_gather(ln2)  # mlp.forward's argument (the all-gathered norm under SP)
+    h1 = ops.col_linear(mlp_in, p("mlp.c_fc.weight", h * f, f), p("mlp.c_fc.bias", f) if spec.mlp_bias else None, N, f, "c_fc")
     act = ops.unary_saving_input("gelu", h1)
     m = ops.row_linear(act, p("mlp.c_proj.weight", f * h, h), p("mlp.c_proj.bias", h) if spec.mlp_bias else None, N, h, "mlp c_proj")
-    ops.scope_end([ln2])
+    ops.scope_end([ln2, mlp_in])
     out = ops.add(x, ops.dropout(m, spec.resid_dropout), "residual 2")
     ops.scope_end([block_input])
     return out

@@ -53,8 +53,9 @@ def block(ops: Ops, spec, training, x, cos, sin, N: Poly, layer: int):
     ops.scope_end([n1, xin, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
     x = ops.add(x, attn, "residual 1")
     n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), Ns)
-    m = swiglu_mlp(ops, spec, ops.sp_gather(n2), N, p)
-    ops.scope_end([n2])
+    mlp_in = ops.sp_gather(n2)  # mlp.forward's argument (the all-gathered norm under SP)
+    m = swiglu_mlp(ops, spec, mlp_in, N, p)
+    ops.scope_end([n2, mlp_in])
     out = ops.add(x, m, "residual 2")
     ops.scope_end([block_input])
     return out

@@ -80,14 +80,19 @@ class Ops:
     # ---- ops --------------------------------------------------------------------------------
     def linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
                name: str = "linear") -> Value:
-        """x @ w.T + bias (addmm/mm): saves x and w; backward makes grad x, grad w, grad bias."""
-        xin, win = self.matmul_operand(x), self.matmul_operand(w)
+        """x @ w.T + bias (addmm/mm): saves x and w; backward makes grad x, grad w, grad bias.
+        Autocast casts the bias, the weight, then the input (the order aten's linear passes them
+        to addmm, measured), and the caller holds the uncast input until the module returns."""
         bin_ = self.matmul_operand(bias) if bias is not None else None
+        win, xin = self.matmul_operand(w), self.matmul_operand(x)
         elt = self.low if self.autocast else x.elt
         inputs = [xin, win] + ([bin_] if bin_ is not None else [])
         backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
-        return self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
-                         elt=elt)
+        out = self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
+                        elt=elt)
+        if xin is not x:
+            self.g.scope_end([x])
+        return out
 
     # ---- tensor parallelism (torch/distributed/tensor/parallel/style.py) ---------------------
     def col_linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
@@ -107,9 +112,11 @@ class Ops:
         the partial freed; the gradient passes back unchanged (Replicate -> Partial is free)."""
         out = self.linear(x, w, bias, tokens, n_out, name)
         if self.sp:
-            return self.sp_reduce_scatter(out, name)
-        if self.tp > 1:
+            out = self.sp_reduce_scatter(out, name)
+        elif self.tp > 1:
             out = self.g.op(f"{name} all_reduce", [out], out.size, backward=[Alias(0)], elt=out.elt)
+        if self.tp > 1:  # the collective runs in the module's forward hook: the caller still
+            self.g.scope_end([x])  # holds the module's argument until it returns
         return out
 
     # ---- sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2; DTensor redistribute) ----
@@ -140,8 +147,10 @@ class Ops:
         the full-size partial sum contiguous along dim 0, reduce_scatter returns (b, s/t, h).
         Backward all-gathers the gradient: a (t*b, s/t, h) buffer and its (b, s, h) `cat`."""
         copy = self.g.op(f"{name} cat", [x], x.size, backward=[Alias(0)], elt=x.elt)
-        return self.g.op(f"{name} reduce_scatter", [copy], self._chunk(x.size),
-                         backward=[Temp(x.size), Grad(0)], elt=x.elt)
+        out = self.g.op(f"{name} reduce_scatter", [copy], self._chunk(x.size),
+                        backward=[Temp(x.size), Grad(0)], elt=x.elt)
+        self.g.scope_end([x])  # the output hook's frame holds the partial sum until it returns
+        return out
 
     def sp_enter(self, x: Value) -> Value:
         """The trunk's input: this rank's chunk of the sequence (Replicate -> Shard(1): a slice
