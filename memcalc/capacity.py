@@ -217,9 +217,10 @@ def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: 
 
 
 def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
-    """The fewest data-parallel ranks (GPUs) whose per-rank peak fits `budget` under
-    training.sharding: doubling to bracket, then bisection (per-rank memory falls with the world
-    size under zero1..3; under DDP it does not). `value` is 0 when `cap` ranks do not fit.
+    """The fewest ranks (GPUs) whose per-rank peak fits `budget` under training.sharding:
+    doubling to bracket, then bisection over the data-parallel degree (per-rank memory falls
+    with it under zero1..3; under DDP it does not). With tensor_parallel t, `value` counts every
+    GPU (data-parallel groups x t). `value` is 0 when `cap` groups do not fit.
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=1024, precision="bf16-amp", sharding="zero3")
@@ -243,7 +244,8 @@ def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if peak_at(mid) <= nbytes else (mid, hi)
-    return Capacity("world_size", nbytes, hi, peak_at(hi), peak_at(lo) if lo else None)
+    return Capacity("world_size", nbytes, hi * training.tensor_parallel, peak_at(hi),
+                    peak_at(lo) if lo else None)
 
 
 def fits(model, training, budget) -> bool:

@@ -187,8 +187,11 @@ def cmd_capacity(args) -> dict:
            "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
     if not args.json:
         if r.field == "world_size" and r.fits:
-            print(f"fewest ranks: {r.value} x {args.gpu or args.budget} under {training.sharding} "
-                  f"(peak per rank {r.peak_bytes / GIB:.3f} GiB of {r.budget_bytes / GIB:.3f} GiB)")
+            t = training.tensor_parallel
+            split = f" = {r.value // t} data-parallel x {t} tensor-parallel" if t > 1 else ""
+            print(f"fewest ranks: {r.value} x {args.gpu or args.budget}{split} under "
+                  f"{training.sharding} (peak per rank {r.peak_bytes / GIB:.3f} GiB of "
+                  f"{r.budget_bytes / GIB:.3f} GiB)")
         elif r.field == "world_size":
             print(f"does not fit on any number of ranks: the per-rank peak stays at "
                   f"{r.next_peak_bytes / GIB:.3f} GiB > budget {r.budget_bytes / GIB:.3f} GiB")

@@ -238,10 +238,10 @@ def _check_parallelism(model: ModelSpec, training: TrainingConfig) -> None:
     from memcalc.tensor_parallel import check_tensor_parallel
 
     check_tensor_parallel(model, training)
-    if training.tensor_parallel > 1 and training.data_parallel > 1:
-        raise NotModelledError("world_size", "tensor parallelism combined with data parallelism "
-                               "(world_size > tensor_parallel) is not modelled yet",
-                               "set world_size equal to tensor_parallel")
+    if training.tensor_parallel > 1 and training.data_parallel > 1 and training.sharding in ("none", "zero1"):
+        raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
+                               "modelled with FSDP2 (zero2/zero3) only",
+                               "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
     if training.world_size > 1 and training.sharding in ("zero2", "zero3") and training.grad_accum > 1:
         raise NotModelledError("grad_accum", "gradient accumulation under FSDP (sharded gradients "
                                "summed per micro-step) is not modelled yet",
@@ -321,6 +321,8 @@ def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
         reports.append(MemoryReport(phases[phase], first_peak, phase, phases, components,
                                     moment.label, model, training, cands.steady))
     worst = max(reports, key=lambda r: r.peak_bytes)
-    worst.rank_peak_bytes = [r.peak_bytes for r in reports]
+    # global rank = dp index * tensor_parallel + tp index (a (dp, tp) mesh, row-major); the
+    # ranks of one tensor-parallel group hold the same bytes
+    worst.rank_peak_bytes = [r.peak_bytes for r in reports for _ in range(training.tensor_parallel)]
     worst.first_step_peak_bytes = max(r.first_step_peak_bytes for r in reports)
     return worst

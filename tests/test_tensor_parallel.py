@@ -94,7 +94,8 @@ def test_replicated_parts_bound_the_saving():
 
 @pytest.mark.parametrize("changes,error,field", [
     (dict(world_size=3, tensor_parallel=3), SpecError, "tensor_parallel"),
-    (dict(world_size=4, tensor_parallel=2), NotModelledError, "world_size"),
+    (dict(world_size=4, tensor_parallel=2), NotModelledError, "sharding"),
+    (dict(world_size=4, tensor_parallel=2, sharding="zero1"), NotModelledError, "sharding"),
     (dict(world_size=2, tensor_parallel=2, sequence_parallel=True), NotModelledError,
      "sequence_parallel"),
 ])
@@ -133,3 +134,32 @@ def test_sequence_parallel_needs_whole_token_chunks():
                        sequence_parallel=True)
     with pytest.raises(SpecError, match="^seq_len:"):
         estimate(spec, t)
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+def test_fsdp_across_tensor_parallel_groups_shards_the_rank_states(sharding):
+    # a (dp, tp) mesh: FSDP2 shards each TP rank's parameters over dp; per-rank memory falls as
+    # dp grows, and each TP group's ranks hold the same bytes
+    spec = ModelSpec.preset("llama-2-7b").with_(implementation="reference")
+    base = TrainingConfig(micro_batch=1, seq_len=1024, precision="bf16", checkpointing="per-layer",
+                          world_size=2, tensor_parallel=2, sharding=sharding)
+    peaks = []
+    for dp in (1, 2, 4):
+        r = estimate(spec, base.with_(world_size=2 * dp))
+        assert len(r.rank_peak_bytes) == 2 * dp
+        assert all(r.rank_peak_bytes[i] == r.rank_peak_bytes[i + 1] for i in range(0, 2 * dp, 2))
+        peaks.append(r.peak_bytes)
+    assert peaks[0] > peaks[1] > peaks[2]
+
+
+def test_fewest_gpus_counts_every_tensor_parallel_rank():
+    from memcalc.capacity import min_world_size
+
+    spec = ModelSpec.preset("llama-2-13b")
+    t = TrainingConfig(micro_batch=1, seq_len=2048, precision="bf16", checkpointing="per-layer",
+                       sharding="zero3", tensor_parallel=4, world_size=4)
+    r = min_world_size(spec, t, "40GB")
+    assert r.fits and r.value % 4 == 0
+    assert estimate(spec, t.with_(world_size=r.value)).peak_bytes <= r.budget_bytes
+    if r.value > 4:
+        assert estimate(spec, t.with_(world_size=r.value - 4)).peak_bytes > r.budget_bytes

@@ -87,7 +87,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (42, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (46, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -134,8 +134,8 @@ def tp_model(kind: str) -> ModelSpec:
     >>> tp_model("llama-ref").num_kv_heads, tp_model("gpt2-ref-drop").attn_dropout
     (4, 0.1)
     """
-    base = kind.split("-drop")[0].split("-untied")[0]
-    spec = dist_model(base)
+    base = kind.split("-drop")[0].split("-untied")[0].split("-pad")[0]
+    spec = dist_model(base, f=346) if kind.endswith("-pad") else dist_model(base)
     if spec.family == "llama":
         spec = spec.with_(num_heads=8, num_kv_heads=4)
     if kind.endswith("-drop"):
@@ -145,14 +145,28 @@ def tp_model(kind: str) -> ModelSpec:
     return spec
 
 
+# 2-D rows: (model, tensor_parallel, world_size, sharding, changes): a (dp, tp) mesh, tensor
+# parallelism inside each row, FSDP2 across them. The padded Llama (f=346: 173 rows per TP rank,
+# odd) makes FSDP pad, so DP ranks differ.
+TP2D_ROWS = (
+    ("llama-ref-pad", 2, 4, "zero3", {}),
+    ("gpt2-ref", 2, 4, "zero2", dict(precision="bf16-amp", checkpointing="per-layer")),
+    ("llama-ref", 2, 4, "zero3", dict(sequence_parallel=True, precision="bf16",
+                                      optimizer_impl="foreach")),
+    ("llama-hf", 2, 4, "zero3", dict(precision="bf16-amp", checkpointing="selective")),
+)
+
+
 def tensor_parallel_cases(training) -> list[DistCase]:
-    """TP_ROWS as cases: world_size == tensor_parallel, sharding none."""
+    """TP_ROWS as cases (world_size == tensor_parallel, sharding none), then TP2D_ROWS."""
+    rows = [(kind, tp, tp, "none", changes) for kind, tp, changes in TP_ROWS] + list(TP2D_ROWS)
     cases = []
-    for kind, tp, changes in TP_ROWS:
-        t = training.with_(world_size=tp, tensor_parallel=tp, **changes)
+    for kind, tp, world, sharding, changes in rows:
+        t = training.with_(world_size=world, tensor_parallel=tp, sharding=sharding, **changes)
         suffix = "-".join("SP" if v is True else str(v) for v in changes.values())
-        cases.append(DistCase(f"{kind}-TP{tp}" + (f"-{suffix}" if suffix else ""), tp_model(kind),
-                              t, tp, "none"))
+        name = f"{kind}-TP{tp}" + (f"-W{world}-{sharding}" if world > tp else "")
+        cases.append(DistCase(name + (f"-{suffix}" if suffix else ""), tp_model(kind), t, world,
+                              sharding))
     return cases
 
 

@@ -123,10 +123,12 @@ def resolve_parallelism(training, world_size: int | None, sharding: str | None) 
 def check_distributed(spec, training, world_size: int, sharding: str) -> None:
     """Refuse, as bad input, what this runner cannot run (before any process starts)."""
     tp = getattr(training, "tensor_parallel", 1)
-    if tp > 1 and (tp != world_size or sharding != "none"):
-        raise MemcalcError("tensor_parallel", f"the gloo runner runs tensor_parallel={tp} on its "
-                           f"own (world_size == tensor_parallel, sharding none)",
-                           f"pass --world-size {tp} --sharding none")
+    if tp > 1 and world_size % tp:
+        raise MemcalcError("world_size", f"{world_size} ranks do not form rows of "
+                           f"tensor_parallel={tp}", f"use a multiple of {tp}")
+    if tp > 1 and world_size > tp and sharding not in ("zero2", "zero3"):
+        raise MemcalcError("sharding", f"data parallelism across tensor-parallel groups runs "
+                           f"with FSDP2 here, got {sharding!r}", "pass --sharding zero2 or zero3")
     if tp > 1 and training.optimizer.startswith("sgd") and training.optimizer_impl == "fused":
         raise MemcalcError("optimizer_impl", "torch has no DTensor rule for the fused SGD kernel "
                            "(aten._fused_sgd_), so tensor-parallel SGD cannot run fused",
@@ -454,12 +456,19 @@ def wrap(trainee, job: DistJob) -> dict:
     trainee.optimizer = None
     model = trainee.model
     tp = getattr(job.training, "tensor_parallel", 1)
-    if tp > 1:
+    tp_info, dp_mesh = {}, None
+    if tp > 1:  # 2-D when world_size > tp: TP inside each row of a (dp, tp) mesh, FSDP across
+        from torch.distributed.device_mesh import init_device_mesh
+
         from validate.tensor_parallel import apply_tensor_parallel
 
-        info = apply_tensor_parallel(model, job.spec, tp, job.training.sequence_parallel)
-        trainee.optimizer = make_optimizer(model.parameters(), job.training)
-        return info
+        mesh = init_device_mesh("cpu", (job.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        tp_info = apply_tensor_parallel(model, job.spec, tp, job.training.sequence_parallel,
+                                        mesh["tp"])
+        if job.world_size == tp:
+            trainee.optimizer = make_optimizer(model.parameters(), job.training)
+            return tp_info
+        dp_mesh = mesh["dp"]
     if job.sharding in ("none", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -481,16 +490,17 @@ def wrap(trainee, job: DistJob) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (job.world_size,))
+    mesh = dp_mesh if dp_mesh is not None else init_device_mesh("cpu", (job.world_size,))
     reshard = job.sharding == "zero3"
     root = reshard if job.fsdp_root_reshard == "same" else None  # None: torch picks False
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=root)
     trainee.optimizer = make_optimizer(model.parameters(), job.training)
-    return {"fsdp2": {"reshard_after_forward": reshard, "root_reshard_after_forward": root,
-                      "groups": len(decoder_layers(model)) + 1,
-                      "local_param_bytes": _local_param_bytes(model)}}
+    return {**tp_info, "fsdp2": {"reshard_after_forward": reshard,
+                                 "root_reshard_after_forward": root,
+                                 "groups": len(decoder_layers(model)) + 1,
+                                 "local_param_bytes": _local_param_bytes(model)}}
 
 
 def _after_run(trainee) -> dict:

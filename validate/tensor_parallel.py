@@ -77,10 +77,9 @@ def interleave_qkv(weight, heads_dim: int, tp: int):
     return torch.cat([torch.cat([parts[j][r] for j in range(3)]) for r in range(tp)])
 
 
-def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool) -> dict:
-    """Parallelize a reference model's blocks over a 1-D mesh of `tp` ranks (in place).
-
-    Returns what was applied, for the result's `extra`.
+def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool, mesh=None) -> dict:
+    """Parallelize a model's decoder layers over `mesh` (a 1-D mesh of `tp` ranks; by default
+    all ranks), in place. Returns what was applied, for the result's `extra`.
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -90,7 +89,7 @@ def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool) -> dict
 
     from validate.distributed import decoder_layers
 
-    mesh = init_device_mesh("cpu", (tp,))
+    mesh = mesh if mesh is not None else init_device_mesh("cpu", (tp,))
     plan = (gpt2_plan if spec.family == "gpt2" else llama_plan)(sequence_parallel)
     for block in decoder_layers(model):
         if spec.family == "gpt2":
