@@ -141,3 +141,45 @@ def test_tensor_parallel_runs_refuse_what_torch_or_the_split_cannot_do(changes, 
     with pytest.raises(MemcalcError) as info:
         check_distributed(spec, t.with_(**changes), 4, "none")
     assert str(info.value).startswith(f"{field}:")
+
+
+def _tp_losses(rank, world, port, sequence_parallel, queue):
+    import torch.distributed as dist
+
+    from validate.models import build_reference
+    from validate.tensor_parallel import apply_tensor_parallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    out = []
+    for spec in (dist_model("gpt2-ref"), dist_model("llama-ref")):
+        spec = spec.with_(num_layers=2)
+        t = TrainingConfig(micro_batch=2, seq_len=8, device="cpu", world_size=world,
+                           tensor_parallel=world, sequence_parallel=sequence_parallel)
+        torch.manual_seed(0)
+        model = build_reference(spec, t)
+        ids = torch.randint(0, spec.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+        single = model(ids, ids).item()
+        apply_tensor_parallel(model, spec, world, sequence_parallel)
+        out.append((single, model(ids, ids).item()))
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_plans_compute_the_single_device_loss(sequence_parallel):
+    # a second method for the runner: the sharded models (GPT-2's fused QKV rows reordered per
+    # rank, SP's chunked trunk) must compute what one process computes
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_tp_losses, args=(2, port, sequence_parallel, queue), nprocs=2,
+                       start_method="spawn")
+    for single, parallel in queue.get():
+        assert parallel == pytest.approx(single, rel=1e-5)

@@ -1,4 +1,5 @@
-"""Megatron-style tensor parallelism of the reference models with torch.distributed.tensor.parallel.
+"""Megatron-style tensor parallelism (torch.distributed.tensor.parallel) of the reference models
+and HF Llama.
 
 The plans follow PyTorch's TP tutorial and torchtitan (torchtitan/models/llama/parallelize_llama.py):
 attention q/k/v (GPT-2: the fused c_attn) and the MLP's first projections are ColwiseParallel
