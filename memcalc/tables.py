@@ -128,13 +128,17 @@ CAPACITY_TITLE = ("Largest micro-batch per GPU (usable memory = total - 500 MiB 
 MULTI_GPU_PRESETS = ("llama-2-13b", "mistral-7b", "llama-2-70b", "llama-3-70b")
 MULTI_GPU = ("H100-80GB", "H200-141GB")
 MULTI_GPU_SHARDINGS = ("zero1", "zero2", "zero3")
-MULTI_GPU_HEADER = ["model", "gpu"] + [f"{s} ranks" for s in MULTI_GPU_SHARDINGS]
-MULTI_GPU_TITLE = ("Fewest data-parallel ranks that train the model (pure bf16 AdamW, per-layer "
-                   "checkpointing, micro_batch 1, seq_len 4096; 0 = not within 512 ranks)")
+MULTI_GPU_TP = 4  # divides the heads, kv heads and MLP width of every MULTI_GPU_PRESETS model
+MULTI_GPU_HEADER = (["model", "gpu"] + [f"{s} ranks" for s in MULTI_GPU_SHARDINGS]
+                    + [f"zero3 x TP{MULTI_GPU_TP} GPUs"])
+MULTI_GPU_TITLE = ("Fewest ranks that train the model (pure bf16 AdamW, per-layer checkpointing, "
+                   "micro_batch 1, seq_len 4096; 0 = not within 512 ranks). Last column: FSDP2 "
+                   f"zero3 across groups of {MULTI_GPU_TP} tensor-parallel GPUs, every GPU counted")
 
 
 def multi_gpu_rows(presets=None) -> list[list[str]]:
-    """One row per (preset, GPU): the fewest ranks under each sharding."""
+    """One row per (preset, GPU): the fewest ranks under each sharding, then under zero3 across
+    tensor-parallel groups."""
     from memcalc.capacity import min_world_size
     from memcalc.gpus import GPUS
     from memcalc.specs import ModelSpec
@@ -147,10 +151,12 @@ def multi_gpu_rows(presets=None) -> list[list[str]]:
         model = ModelSpec.preset(name)
         for gpu in MULTI_GPU:
             cells = []
-            for sharding in MULTI_GPU_SHARDINGS:
+            for sharding, tp in [(sh, 1) for sh in MULTI_GPU_SHARDINGS] + [("zero3", MULTI_GPU_TP)]:
                 t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16",
-                                   checkpointing="per-layer", sharding=sharding)
-                cells.append(str(min_world_size(model, t, GPUS[gpu].usable_bytes, cap=512).value))
+                                   checkpointing="per-layer", sharding=sharding, world_size=tp,
+                                   tensor_parallel=tp)
+                cap = 512 // tp
+                cells.append(str(min_world_size(model, t, GPUS[gpu].usable_bytes, cap=cap).value))
             rows.append([name, gpu] + cells)
     return rows
 
