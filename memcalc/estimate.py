@@ -242,10 +242,6 @@ def _check_parallelism(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
                                "modelled with FSDP2 (zero2/zero3) only",
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
-    if training.world_size > 1 and training.sharding in ("zero2", "zero3") and training.grad_accum > 1:
-        raise NotModelledError("grad_accum", "gradient accumulation under FSDP (sharded gradients "
-                               "summed per micro-step) is not modelled yet",
-                               "use grad_accum=1 with zero2/zero3")
     if training.world_size > 1 and training.sharding not in SHARDINGS_MODELLED:
         raise NotModelledError("sharding", f"{training.sharding!r} is not modelled yet",
                                f"use one of {', '.join(SHARDINGS_MODELLED)}")

@@ -99,3 +99,21 @@ def test_recorded_gloo_runs_match_rank_by_rank(row):
     assert len(predicted) == len(measured)
     for p, m in zip(predicted, measured):
         assert abs(p - m) <= 0.03 * m
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_gradient_accumulation_under_fsdp_costs_at_most_the_sharded_grads(sharding, world):
+    # later micro-steps keep the sharded .grad from the first and add each reduce-scatter output
+    # into it: the step's peak grows by at most every group's shard (the kept grads) plus one
+    # group's shard (the output being added)
+    from memcalc.estimate import build_graph
+    from memcalc.tape.fsdp import Fsdp
+
+    model = ModelSpec.preset("gpt2-medium")
+    t = TrainingConfig(micro_batch=2, seq_len=512, precision="bf16", world_size=world,
+                       sharding=sharding)
+    one, two = estimate(model, t).peak_bytes, estimate(model, t.with_(grad_accum=2)).peak_bytes
+    graph, _ = build_graph(model, t)
+    shards = Fsdp(graph, world, sharding == "zero3", t.device).shard.values()
+    assert one <= two <= one + sum(shards) + max(shards)

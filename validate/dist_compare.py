@@ -84,10 +84,11 @@ def dist_model(kind: str, V: int = 1000, f: int = 344) -> ModelSpec:
 
 def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     """World sizes 2 and 4 x each sharding x (gpt2-ref, llama-ref, llama-hf), fp32 AdamW, plus
-    two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3).
+    two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3), two FSDP2 rows with
+    gradient accumulation, then the tensor-parallel rows (tensor_parallel_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (46, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (49, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -96,6 +97,13 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
              for sharding in SHARDINGS]
     padded = dist_model("llama-ref", V=1001, f=346)
     cases += [_case(f"llama-ref-pad-W4-{sh}", padded, training, 4, sh) for sh in ("zero2", "zero3")]
+    # gradient accumulation under FSDP2: later micro-steps add the reduce-scatter output into the
+    # sharded .grad in place
+    cases += [_case("llama-ref-pad-W4-zero3-ga2-bf16-amp-per-layer", padded,
+                    training.with_(grad_accum=2, precision="bf16-amp", checkpointing="per-layer"),
+                    4, "zero3"),
+              _case("gpt2-ref-W2-zero2-ga3", dist_model("gpt2-ref"), training.with_(grad_accum=3),
+                    2, "zero2")]
     return cases + tensor_parallel_cases(training)
 
 
@@ -154,6 +162,7 @@ TP2D_ROWS = (
     ("llama-ref", 2, 4, "zero3", dict(sequence_parallel=True, precision="bf16",
                                       optimizer_impl="foreach")),
     ("llama-hf", 2, 4, "zero3", dict(precision="bf16-amp", checkpointing="selective")),
+    ("gpt2-ref", 2, 4, "zero2", dict(grad_accum=2)),
 )
 
 
@@ -163,7 +172,8 @@ def tensor_parallel_cases(training) -> list[DistCase]:
     cases = []
     for kind, tp, world, sharding, changes in rows:
         t = training.with_(world_size=world, tensor_parallel=tp, sharding=sharding, **changes)
-        suffix = "-".join("SP" if v is True else str(v) for v in changes.values())
+        suffix = "-".join("SP" if v is True else f"ga{v}" if k == "grad_accum" else str(v)
+                          for k, v in changes.items())
         name = f"{kind}-TP{tp}" + (f"-W{world}-{sharding}" if world > tp else "")
         cases.append(DistCase(name + (f"-{suffix}" if suffix else ""), tp_model(kind), t, world,
                               sharding))

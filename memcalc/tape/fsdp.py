@@ -64,7 +64,7 @@ class Fsdp:
         self.unsharded: dict[str, Storage] = {}
         self.flat: dict[str, Storage] = {}
         self.rs_input: Storage | None = None
-        self.sharded_grads: list[Storage] = []
+        self.sharded_grads: dict[str, Storage] = {}  # group -> its sharded .grad
 
     def _new(self, mem, size: int, category: str, label: str) -> Storage:
         st = Storage(Poly.const(size), category, label)
@@ -148,7 +148,12 @@ class Fsdp:
             st = param_grads.pop(id(v), None)
             if st is not None:
                 mem.release(st)
-        self.sharded_grads.append(self._new(mem, self.shard[g], "gradients", f"sharded grads {g}"))
+        if g in self.sharded_grads:  # a later micro-step: the reduce-scatter output is added
+            out = self._new(mem, self.shard[g], "fsdp", f"reduce-scatter output {g}")
+            mem.mark(f"fsdp reduce-scatter output {g}")  # into .grad in place, then freed
+            mem.release(out)  # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+            return  # foreach_reduce: sharded_param.grad += new_sharded_grad)
+        self.sharded_grads[g] = self._new(mem, self.shard[g], "gradients", f"sharded grads {g}")
         mem.mark(f"fsdp sharded grads {g}")
 
     def end_of_backward(self, mem, param_grads: dict) -> None:
