@@ -235,17 +235,18 @@ def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
             seen[w] = _peak(model, training.with_(world_size=w * training.tensor_parallel))
         return seen[w]
 
-    hi = 1
+    first = 2 if training.fsdp_mixed_precision else 1  # FSDP2's policy needs 2+ DP ranks here
+    hi = first
     while peak_at(hi) > nbytes:
         if hi >= cap:
             return Capacity("world_size", nbytes, 0, None, peak_at(hi))
         hi = min(2 * hi, cap)
-    lo = hi // 2  # does not fit (or 0)
-    while hi - lo > 1:
+    lo = hi // 2 if hi > first else 0  # does not fit (or 0: nothing below was tried)
+    while hi - lo > 1 and lo >= first:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if peak_at(mid) <= nbytes else (mid, hi)
     return Capacity("world_size", nbytes, hi * training.tensor_parallel, peak_at(hi),
-                    peak_at(lo) if lo else None)
+                    peak_at(lo) if lo >= first else None)
 
 
 def fits(model, training, budget) -> bool:

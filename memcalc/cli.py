@@ -59,6 +59,9 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
     g.add_argument("--device", default="cuda", help="cuda or cpu")
     g.add_argument("--world-size", type=int, help="ranks training together (default 1)")
     g.add_argument("--sharding", help="none (DDP), zero1, zero2 or zero3 (FSDP2)")
+    g.add_argument("--fsdp-mixed-precision", action="store_true", default=None,
+                   help="FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) with --precision fp32 "
+                        "and --sharding zero2/zero3")
     g.add_argument("--tensor-parallel", type=int,
                    help="tensor-parallel degree t (Megatron column/row splits; default 1); "
                         "--world-size defaults to t")
@@ -132,7 +135,7 @@ def training_from_args(args, **fixed):
 
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
              "weight_decay", "checkpointing", "checkpoint_every", "attention", "device",
-             "world_size", "sharding", "tensor_parallel")
+             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if "tensor_parallel" in fields and "world_size" not in fields:
         fields["world_size"] = fields["tensor_parallel"]

@@ -63,6 +63,10 @@ class TrainingConfig(BaseModel):
     """Megatron-style tensor-parallel degree (column/row splits of attention and MLP)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
+    fsdp_mixed_precision: bool = False
+    """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
+    precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
+    parameters, activations and unsharded gradients in bf16; no autocast."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -75,6 +79,10 @@ class TrainingConfig(BaseModel):
                              f"world_size={self.world_size}")
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("sequence_parallel needs tensor_parallel > 1")
+        if self.fsdp_mixed_precision and (self.sharding not in ("zero2", "zero3")
+                                          or self.precision != "fp32"):
+            raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
+                             "fp32 (the policy, not autocast, makes the bf16 copies)")
         return self
 
     @property

@@ -117,3 +117,29 @@ def test_gradient_accumulation_under_fsdp_costs_at_most_the_sharded_grads(shardi
     graph, _ = build_graph(model, t)
     shards = Fsdp(graph, world, sharding == "zero3", t.device).shard.values()
     assert one <= two <= one + sum(shards) + max(shards)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fsdp_mixed_precision_keeps_fp32_states_and_halves_the_gathered_copies(world):
+    # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): after backward only fp32 shards,
+    # fp32 sharded grads and fp32 states remain, as under plain fp32 zero3, so the optimizer
+    # phase is the same; forward (bf16 activations and all-gathered copies) is lower
+    model = ModelSpec.preset("gpt2-medium")
+    fp32 = TrainingConfig(micro_batch=2, seq_len=512, world_size=world, sharding="zero3")
+    mixed = estimate(model, fp32.with_(fsdp_mixed_precision=True))
+    plain = estimate(model, fp32)
+    assert mixed.phases["optimizer"] == plain.phases["optimizer"]
+    assert mixed.phases["forward"] < plain.phases["forward"]
+
+
+def test_fsdp_mixed_precision_refusals_name_the_field():
+    from memcalc.errors import NotModelledError, SpecError
+
+    with pytest.raises(SpecError, match="fsdp_mixed_precision needs sharding"):
+        TrainingConfig.make(micro_batch=1, seq_len=8, world_size=2, fsdp_mixed_precision=True)
+    with pytest.raises(SpecError, match="precision fp32"):
+        TrainingConfig.make(micro_batch=1, seq_len=8, world_size=2, sharding="zero3",
+                            precision="bf16-amp", fsdp_mixed_precision=True)
+    with pytest.raises(NotModelledError, match="^fsdp_mixed_precision:"):
+        estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8, sharding="zero3",
+                                                          fsdp_mixed_precision=True))

@@ -85,10 +85,11 @@ def dist_model(kind: str, V: int = 1000, f: int = 344) -> ModelSpec:
 def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
     """World sizes 2 and 4 x each sharding x (gpt2-ref, llama-ref, llama-hf), fp32 AdamW, plus
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3), two FSDP2 rows with
-    gradient accumulation, then the tensor-parallel rows (tensor_parallel_cases).
+    gradient accumulation, three with FSDP2's MixedPrecisionPolicy, then the tensor-parallel rows
+    (tensor_parallel_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (49, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (53, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -104,6 +105,12 @@ def dist_ci_matrix(device: str = "cpu") -> list[DistCase]:
                     4, "zero3"),
               _case("gpt2-ref-W2-zero2-ga3", dist_model("gpt2-ref"), training.with_(grad_accum=3),
                     2, "zero2")]
+    # FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    mixed = training.with_(sharding="zero3", fsdp_mixed_precision=True)
+    cases += [_case("llama-ref-W2-zero3-mp", dist_model("llama-ref"), mixed, 2, "zero3"),
+              _case("gpt2-ref-W4-zero2-mp-per-layer", dist_model("gpt2-ref"),
+                    mixed.with_(checkpointing="per-layer"), 4, "zero2"),
+              _case("llama-ref-pad-W4-zero3-mp-ga2", padded, mixed.with_(grad_accum=2), 4, "zero3")]
     return cases + tensor_parallel_cases(training)
 
 
@@ -163,6 +170,7 @@ TP2D_ROWS = (
                                       optimizer_impl="foreach")),
     ("llama-hf", 2, 4, "zero3", dict(precision="bf16-amp", checkpointing="selective")),
     ("gpt2-ref", 2, 4, "zero2", dict(grad_accum=2)),
+    ("llama-hf", 2, 4, "zero3", dict(fsdp_mixed_precision=True, optimizer_impl="foreach")),
 )
 
 
@@ -172,8 +180,8 @@ def tensor_parallel_cases(training) -> list[DistCase]:
     cases = []
     for kind, tp, world, sharding, changes in rows:
         t = training.with_(world_size=world, tensor_parallel=tp, sharding=sharding, **changes)
-        suffix = "-".join("SP" if v is True else f"ga{v}" if k == "grad_accum" else str(v)
-                          for k, v in changes.items())
+        suffix = "-".join("mp" if k == "fsdp_mixed_precision" else "SP" if v is True
+                          else f"ga{v}" if k == "grad_accum" else str(v) for k, v in changes.items())
         name = f"{kind}-TP{tp}" + (f"-W{world}-{sharding}" if world > tp else "")
         cases.append(DistCase(name + (f"-{suffix}" if suffix else ""), tp_model(kind), t, world,
                               sharding))

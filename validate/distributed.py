@@ -494,13 +494,24 @@ def wrap(trainee, job: DistJob) -> dict:
     reshard = job.sharding == "zero3"
     root = reshard if job.fsdp_root_reshard == "same" else None  # None: torch picks False
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=root)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, **_mp(job))
+    fully_shard(model, mesh=mesh, reshard_after_forward=root, **_mp(job))
     trainee.optimizer = make_optimizer(model.parameters(), job.training)
     return {**tp_info, "fsdp2": {"reshard_after_forward": reshard,
                                  "root_reshard_after_forward": root,
                                  "groups": len(decoder_layers(model)) + 1,
                                  "local_param_bytes": _local_param_bytes(model)}}
+
+
+def _mp(job) -> dict:
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) when the TrainingConfig
+    asks for it (fsdp_mixed_precision)."""
+    if not getattr(job.training, "fsdp_mixed_precision", False):
+        return {}
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
 
 
 def _after_run(trainee) -> dict:

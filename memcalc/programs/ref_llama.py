@@ -67,7 +67,7 @@ def build(ops: Ops, spec, training, segments) -> None:
     N = Poly.bs(1)
     ids = g.input("ids", Poly.bs(8))
     embed = ops.param("embed", V * h, V)
-    be = ops.param_elt  # model.to(torch.bfloat16) casts float buffers too
+    be = ops.buffer_elt
     cos = g.buffer("rotary.cos", Poly.const(P * d * be), elt=be)
     sin = g.buffer("rotary.sin", Poly.const(P * d * be), elt=be)
     if training.attention == "eager":

@@ -52,8 +52,15 @@ def rank_elements(numel: int, rows: int, world: int, rank: int) -> int:
 class Fsdp:
     """Event handlers of FSDP2 for one rank (all ranks allocate the same padded sizes)."""
 
-    def __init__(self, graph, world: int, reshard_after_forward: bool, device: str):
+    def __init__(self, graph, world: int, reshard_after_forward: bool, device: str,
+                 mixed_precision: bool = False):
         self.world, self.reshard = world, reshard_after_forward
+        # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the graph's parameters are
+        # bf16 (what is all-gathered); sharded parameters, reduce-scatter buffers and sharded
+        # gradients are fp32, twice the bytes; each all-gather first casts the shard to a bf16
+        # input buffer (_fsdp_param.py all_gather_inputs: `sharded_param_data.to(param_dtype)`)
+        self.mixed = mixed_precision
+        self.master = 2 if mixed_precision else 1
         self.groups: dict[str, list] = {}
         for v in graph.params:
             self.groups.setdefault(group_of(v.label), []).append(v)
@@ -75,14 +82,17 @@ class Fsdp:
     def setup(self, mem) -> None:
         """Sharded parameters (padded) and the mesh table; parameter storages themselves are
         zero-sized in the graph, the unsharded copies are allocated here."""
-        self._new(mem, sum(self.shard.values()), "weights", "sharded parameters")
+        self._new(mem, self.master * sum(self.shard.values()), "weights", "sharded parameters")
         if self.mesh_bytes:
             self._new(mem, self.mesh_bytes, "fsdp", "device mesh")
 
     # ---- unshard / reshard -----------------------------------------------------------------
     def _gather(self, mem, g: str) -> None:
+        cast = self._new(mem, self.shard[g], "fsdp", f"all-gather input {g}") if self.mixed else None
         self.flat[g] = self._new(mem, self.world * self.shard[g], "fsdp", f"all-gather output {g}")
         mem.mark(f"fsdp all-gather {g}")
+        if cast is not None:
+            mem.release(cast)
 
     def _copy_out(self, mem, g: str) -> None:
         if g not in self.unsharded:
@@ -142,18 +152,20 @@ class Fsdp:
         self._reshard(mem, g)
         if self.rs_input is not None:
             mem.release(self.rs_input)
-        self.rs_input = self._new(mem, self.world * self.shard[g], "fsdp", f"reduce-scatter input {g}")
+        self.rs_input = self._new(mem, self.master * self.world * self.shard[g], "fsdp",
+                                  f"reduce-scatter input {g}")
         mem.mark(f"fsdp reduce-scatter {g}")
         for v in self.groups[g]:
             st = param_grads.pop(id(v), None)
             if st is not None:
                 mem.release(st)
         if g in self.sharded_grads:  # a later micro-step: the reduce-scatter output is added
-            out = self._new(mem, self.shard[g], "fsdp", f"reduce-scatter output {g}")
+            out = self._new(mem, self.master * self.shard[g], "fsdp", f"reduce-scatter output {g}")
             mem.mark(f"fsdp reduce-scatter output {g}")  # into .grad in place, then freed
             mem.release(out)  # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
             return  # foreach_reduce: sharded_param.grad += new_sharded_grad)
-        self.sharded_grads[g] = self._new(mem, self.shard[g], "gradients", f"sharded grads {g}")
+        self.sharded_grads[g] = self._new(mem, self.master * self.shard[g], "gradients",
+                                          f"sharded grads {g}")
         mem.mark(f"fsdp sharded grads {g}")
 
     def end_of_backward(self, mem, param_grads: dict) -> None:

@@ -38,6 +38,7 @@ class Ops:
         self.autocast = precision in ("fp16-amp", "bf16-amp")
         self.low = 4 if precision == "fp32" else 2  # element size of matmul outputs
         self.param_elt = 2 if precision == "bf16" else 4
+        self.buffer_elt = self.param_elt  # model.to(torch.bfloat16) casts float buffers too
         self.weight_casts: list[Value] = []
         self._cast_cache: dict[int, Value] = {}
 
