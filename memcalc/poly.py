@@ -58,7 +58,9 @@ class Poly:
     def dominates(self, other: "Poly") -> bool:
         """True when self >= other for every b, s >= 1 (each coefficient of self - other >= 0,
         and since b, s >= 1 a nonnegative-coefficient polynomial is nonnegative)."""
-        return all(c >= 0 for c in (self - other).terms.values())
+        mine, theirs = self.terms, other.terms  # coefficientwise, without building the difference
+        return (all(mine.get(m, 0) >= c for m, c in theirs.items())
+                and all(c >= 0 for m, c in mine.items() if m not in theirs))
 
     def is_zero(self) -> bool:
         """No bytes at any shape."""
