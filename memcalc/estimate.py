@@ -72,7 +72,7 @@ def build_graph(model: ModelSpec, training: TrainingConfig) -> tuple[Graph, Ops]
     from memcalc.tensor_parallel import local_spec
 
     # FSDP2's MixedPrecisionPolicy: the program runs in bf16 on bf16 parameters (buffers stay fp32)
-    mixed = getattr(training, "fsdp_mixed_precision", False)
+    mixed = training.fsdp_mixed_precision
     ops = Ops(Graph(), "bf16" if mixed else training.precision, training.device,
               training.tensor_parallel, training.sequence_parallel)
     if mixed:
@@ -184,7 +184,8 @@ def _simulate(model: ModelSpec, training: TrainingConfig) -> Candidates:
                 v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
         moments = simulate_step(graph, training, ops.param_elt, first_step, constants,
                                 not distributed, fsdp)
-        return moments, shapes, 4 if training.fsdp_mixed_precision else ops.param_elt
+        master_elt = 4 if training.fsdp_mixed_precision else ops.param_elt  # optimizer's dtype
+        return moments, shapes, master_elt
 
     steady, shapes, elt = run(False)
     first, _, _ = run(True)
@@ -239,7 +240,6 @@ def _check_parallelism(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse what is not modelled yet rather than answer for one process."""
     from memcalc.distributed import SHARDINGS_MODELLED
     from memcalc.errors import NotModelledError
-
     from memcalc.tensor_parallel import check_tensor_parallel
 
     check_tensor_parallel(model, training)
@@ -247,8 +247,8 @@ def _check_parallelism(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
                                "data-parallel rank is not modelled (measured +1.3%)",
                                "use world_size >= 2 x tensor_parallel")
-
-    if training.tensor_parallel > 1 and training.data_parallel > 1 and training.sharding in ("none", "zero1"):
+    tp_and_dp = training.tensor_parallel > 1 and training.data_parallel > 1
+    if tp_and_dp and training.sharding in ("none", "zero1"):
         raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
                                "modelled with FSDP2 (zero2/zero3) only",
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")

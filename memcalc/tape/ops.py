@@ -17,7 +17,8 @@ from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
 def numel(v: Value) -> Poly:
     """Elements of a tensor (its bytes over its element size); exact for the fractional
     coefficients of sequence-parallel sizes (b*s/t tokens)."""
-    return Poly({m: c // v.elt if c % v.elt == 0 else Fraction(c, v.elt) for m, c in v.size.terms.items()})
+    return Poly({m: c // v.elt if c % v.elt == 0 else Fraction(c, v.elt)
+                 for m, c in v.size.terms.items()})
 
 
 class Ops:
@@ -158,8 +159,8 @@ class Ops:
         made contiguous by `clone`). Backward all-gathers the gradient (buffer + cat)."""
         if not self.sp:
             return x
-        return self.g.op("sequence chunk", [x], self._chunk(x.size), backward=[Temp(x.size), Grad(0)],
-                         elt=x.elt)
+        return self.g.op("sequence chunk", [x], self._chunk(x.size),
+                         backward=[Temp(x.size), Grad(0)], elt=x.elt)
 
     def sp_exit(self, x: Value) -> Value:
         """The trunk's output gathered to the whole sequence (see sp_gather)."""
