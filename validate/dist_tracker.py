@@ -1,7 +1,7 @@
 """The live-tensor tracker, made exact for torch.distributed training on CPU.
 
-validate.tracker.LiveTensorTracker counts the storages returned by ATen ops. Three things that
-data-parallel training does slip past it, and `DistTracker` closes each gap:
+validate.tracker.LiveTensorTracker counts the storages returned by ATen ops. Five things that
+distributed training does slip past it, and `DistTracker` closes each gap:
 
 1. DTensor (FSDP2's sharded parameters, gradients and optimizer states) is a wrapper subclass:
    `dtensor.untyped_storage()` reports the *global* size, and the ops DTensor runs on its local
@@ -34,6 +34,12 @@ data-parallel training does slip past it, and `DistTracker` closes each gap:
    it completes, then drops it and waits (up to `settle_s`) until every storage the collective
    used is back to the use count it had before the collective: frees then happen where the
    training thread dropped its last reference, as they would without the worker thread.
+
+5. DTensor (tensor parallelism) runs functional collectives (`_c10d_functional.*`), whose Work
+   sits in a registry until `wait_tensor` and is then still held by gloo's worker thread, so
+   their inputs and outputs were freed at random later ops too. DistTracker waits for each one
+   right after it returns, then (up to `settle_s`) until its inputs are back to their use counts
+   and its outputs are held by their Python object only (`_settle_functional`).
 
 `events=True` records every allocation and free with its phase label, for the op-by-op
 timelines in validate/DISTRIBUTED_MEMORY.md.

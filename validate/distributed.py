@@ -511,7 +511,8 @@ def _mp(job) -> dict:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                              reduce_dtype=torch.float32)}
 
 
 def _after_run(trainee) -> dict:

@@ -126,9 +126,8 @@ def replicate_rest(model, mesh) -> list[str]:
     def to_local(_mod, out, _mesh):
         return out.to_local() if isinstance(out, DTensor) else out
 
-    ties = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
-    shared = {}
-    for name, p in ties.items():
+    shared: dict[int, list[str]] = {}  # parameter -> every name it has (tied weights: several)
+    for name, p in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(p), []).append(name)
     done = []
     for name, module in model.named_modules():
