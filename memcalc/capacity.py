@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from memcalc.engine import steady_polys
 from memcalc.errors import MemcalcError
+from memcalc.estimate import estimate
 from memcalc.gpus import parse_budget
 
 NO_LIMIT = 2 ** 40  # answers are capped here when no candidate grows with the unknown
@@ -50,8 +52,6 @@ class Capacity:
 
 
 def _peak(model, training) -> int:
-    from memcalc.estimate import estimate
-
     return estimate(model, training).peak_bytes
 
 
@@ -91,8 +91,6 @@ def _in_unknown(poly, unknown: str, other: int) -> dict[int, int]:
 
 
 def _symbolic_guess(model, training, field: str, budget: int) -> int:
-    from memcalc.grid import steady_polys
-
     other = training.seq_len if field == "micro_batch" else training.micro_batch
     return min(largest_root(_in_unknown(p, field, other), budget)
                for p in steady_polys(model, training))

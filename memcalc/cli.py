@@ -12,7 +12,8 @@ import os
 import re
 import sys
 
-GIB = 1024 ** 3
+from memcalc.units import GIB
+
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                    "head_dim", "intermediate_size", "max_position_embeddings")
 

@@ -16,9 +16,8 @@ import re
 from dataclasses import dataclass
 
 from memcalc.errors import MemcalcError, UnknownNameError, closest_names
+from memcalc.units import GIB, MIB  # noqa: F401 (GIB: re-exported for callers)
 
-MIB = 1024 ** 2
-GIB = 1024 ** 3
 CONTEXT_MIB = 500
 
 

@@ -8,6 +8,10 @@ Needs numpy (extra 'grid').
 """
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
+from memcalc.engine import Candidates, candidates
+from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.poly import Poly
 
 SHAPE_FIELDS = ("micro_batch", "seq_len")
@@ -15,39 +19,24 @@ _EXACT_FLOAT = 2 ** 53  # float64 holds every integer below this exactly
 _CHUNK = 1 << 16  # points per matrix product (bounds the temporary to ~CHUNK x candidates)
 
 
-def steady_polys(model, training) -> list[Poly]:
-    """The steady-state candidate totals of the engine (cached per model and shape-free training).
-
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
-    >>> t = TrainingConfig(micro_batch=2, seq_len=64, device="cpu")  # cuda adds allocator rounding
-    >>> polys = steady_polys(ModelSpec.preset("gpt2"), t)
-    >>> max(p.eval(2, 64) for p in polys) == estimate_peak(ModelSpec.preset("gpt2"), t)
-    True
-    """
-    return [m.total for m in _candidates(model, training)[0].steady]
+_ROUNDING_TABLES: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> (moments x g x g)
 
 
-def _candidates(model, training):
-    import importlib
-
-    engine = importlib.import_module("memcalc.estimate")
+def _candidates(model, training) -> tuple[Candidates, int]:
     if training.sequence_parallel:
-        from memcalc.errors import NotModelledError
-
         raise NotModelledError("sequence_parallel", "estimate_grid works on whole-token sizes; "
                                "sequence-parallel sizes are b*s/t", "call estimate() per point")
     if training.data_parallel > 1:
-        from memcalc.errors import NotModelledError
-
         raise NotModelledError("world_size", "estimate_grid evaluates single-process steps",
                                "call estimate() per point for data-parallel ranks")
-    return engine.candidates(model, training), engine.allocator_granularity(training)
+    found = candidates(model, training)
+    return found, found.regime.granularity
 
 
 def rounding_tables(np, moments, g: int):
     """Per moment, the allocator's rounding as a (g x g) table over (b mod g, s mod g): every
     size is an integer polynomial in b and s, so its residue mod g depends only on b, s mod g.
-    Cached on the moments' owner by the caller."""
+    Cached per Candidates by the caller."""
     grid_b, grid_s = np.meshgrid(np.arange(g, dtype=np.int64), np.arange(g, dtype=np.int64), indexing="ij")
     tables = []
     for m in moments:
@@ -64,9 +53,9 @@ def rounding_tables(np, moments, g: int):
 def _eval_rounded(np, cands, b, s, g: int):
     """Exact rounded peaks: every moment's total (float64-exact below 2**53) plus its table."""
     moments = cands.steady
-    tables = getattr(cands, "_rounding_tables", None)
+    tables = _ROUNDING_TABLES.get(cands)
     if tables is None:
-        tables = cands._rounding_tables = rounding_tables(np, moments, g)
+        tables = _ROUNDING_TABLES[cands] = rounding_tables(np, moments, g)
     monos = sorted({m for mo in moments for m in mo.total.terms})
     coeffs = np.array([[mo.total.terms.get(m, 0) for mo in moments] for m in monos], dtype=np.float64)
     out = np.empty(b.shape, dtype=np.int64)
@@ -92,18 +81,10 @@ def eval_candidates(model, training, b, s):
     return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
 
 
-def estimate_peak(model, training) -> int:
-    """estimate(model, training).peak_bytes, from the cached candidates (no report built)."""
-    cands, g = _candidates(model, training)
-    return max(cands.steady_set.rounded_totals(training.micro_batch, training.seq_len, g))
-
-
 def _numpy():
     try:
         import numpy
     except ImportError:
-        from memcalc.errors import MemcalcError
-
         raise MemcalcError("numpy", "estimate_grid needs numpy, which is not installed",
                            "pip install 'memcalc[grid]'") from None
     return numpy
@@ -112,8 +93,6 @@ def _numpy():
 def _positive_ints(np, name: str, values):
     arr = np.asarray(values)
     if arr.dtype.kind not in "iu" or (arr.size and arr.min() < 1):
-        from memcalc.errors import MemcalcError
-
         raise MemcalcError(name, "must be an array of integers >= 1", f"pass e.g. {name}=np.arange(1, 65)")
     return arr.astype(np.int64)
 
@@ -274,8 +253,6 @@ def estimate_grid(model, training, **arrays):
 
 
 def _grid_over_fields(np, model, training, fields: dict, b, s):
-    from memcalc.errors import MemcalcError
-
     model_fields = set(type(model).model_fields)
     train_fields = set(type(training).model_fields)
     for name in fields:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memcalc.engine import estimate_peak, steady_polys
 from memcalc.errors import MemcalcError
 from memcalc.gpus import GPU, gpu as lookup_gpu
-
-PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
+from memcalc.training import PRECISIONS
 CHECKPOINTING = ("none", "per-layer", "sqrt", "selective")
 DEFAULT_UTILISATION = 0.4
 # The engine simulates min(grad_accum, 2) micro-steps: every grad_accum >= 2 has the same memory
@@ -120,7 +120,6 @@ def _states_alone_exceed(model, training, precision: str, card: GPU) -> bool:
 def _peaks(model, training, global_batch: int, card: GPU) -> dict[int, int]:
     """Steady-state peak per micro-batch dividing global_batch, from two cached simulations:
     grad_accum 1 (micro = global_batch) and ACCUM_EQUIVALENT (all others)."""
-    from memcalc.grid import estimate_peak, steady_polys
 
     s = training.seq_len
     accum_t = training.with_(grad_accum=ACCUM_EQUIVALENT)

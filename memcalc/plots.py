@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memcalc.poly import ZERO as _ZERO
-
-GIB = 1024 ** 3
+from memcalc.engine import activation_peak_bytes
+from memcalc.units import GIB
 _META = {"Software": None}  # no matplotlib version string (PNG has no timestamp by default)
 
 
@@ -56,15 +55,6 @@ def _breakdown_plot(plt, path: Path) -> None:
     ax.legend(fontsize=7)
     fig.savefig(path, metadata=_META)
     plt.close(fig)
-
-
-def activation_peak_bytes(model, training) -> int:
-    """The most activation memory alive at any candidate moment of the steady-state step."""
-    from memcalc.estimate import candidates
-
-    b, s = training.micro_batch, training.seq_len
-    return max(m.by_category.get("activations", _ZERO).eval(b, s)
-               for m in candidates(model, training).steady)
 
 
 def activation_bytes_at_depth(layers: int, mode: str) -> int:

@@ -10,8 +10,8 @@ import io
 from pathlib import Path
 
 from memcalc.errors import NotModelledError
+from memcalc.units import GIB
 
-GIB = 1024 ** 3
 REGIMES = {"fp32 Adam": dict(precision="fp32", optimizer="adam"),
            "bf16-amp AdamW": dict(precision="bf16-amp", optimizer="adamw"),
            "bf16 AdamW": dict(precision="bf16", optimizer="adamw")}

@@ -1,7 +1,7 @@
 """TrainingConfig: how one training step runs (shapes, precision, optimizer, checkpointing)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -14,6 +14,15 @@ Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
+
+# Every enumeration comes from its Literal type: a new option is one line above plus its rules.
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
+DEVICES: tuple[str, ...] = get_args(Device)
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}

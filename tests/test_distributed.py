@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 import strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
-from memcalc.distributed import rank_optimizer_bytes_all, zero1_partition
+from memcalc.parallel.data import rank_optimizer_bytes_all, zero1_partition
 from memcalc.formulas.model_states import zero_model_state_bytes
 from memcalc.tape.fsdp import rank_elements, shard_rows
 
@@ -53,7 +53,7 @@ def _states_per_rank(model, t):
     from memcalc.estimate import candidates
 
     c = candidates(model, t)
-    return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, t))
+    return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, c.regime))
 
 
 @given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]),
@@ -76,10 +76,11 @@ def test_sharding_orders_the_per_rank_peak(impl, family, world):
 
 
 def _unsharded_groups(model, t):
-    from memcalc.estimate import build_graph
-    from memcalc.tape.fsdp import Fsdp
+    from memcalc.engine import build_graph
+    from memcalc.parallel.fsdp import Fsdp
+    from memcalc.regime import Regime
 
-    graph, _ = build_graph(model, t)
+    graph = build_graph(model, Regime.of(t))
     f = Fsdp(graph, t.world_size, True, t.device)
     return {g: t.world_size * s for g, s in f.shard.items()}
 
@@ -107,14 +108,15 @@ def test_gradient_accumulation_under_fsdp_costs_at_most_the_sharded_grads(shardi
     # later micro-steps keep the sharded .grad from the first and add each reduce-scatter output
     # into it: the step's peak grows by at most every group's shard (the kept grads) plus one
     # group's shard (the output being added)
-    from memcalc.estimate import build_graph
-    from memcalc.tape.fsdp import Fsdp
+    from memcalc.engine import build_graph
+    from memcalc.parallel.fsdp import Fsdp
+    from memcalc.regime import Regime
 
     model = ModelSpec.preset("gpt2-medium")
     t = TrainingConfig(micro_batch=2, seq_len=512, precision="bf16", world_size=world,
                        sharding=sharding)
     one, two = estimate(model, t).peak_bytes, estimate(model, t.with_(grad_accum=2)).peak_bytes
-    graph, _ = build_graph(model, t)
+    graph = build_graph(model, Regime.of(t))
     shards = Fsdp(graph, world, sharding == "zero3", t.device).shard.values()
     assert one <= two <= one + sum(shards) + max(shards)
 

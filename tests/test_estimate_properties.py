@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from memcalc.estimate import estimate
 from memcalc.formulas.model_states import model_state_bytes
-from memcalc.plots import activation_peak_bytes
+from memcalc.engine import activation_peak_bytes
 from memcalc.specs import ModelSpec
 from memcalc.symbols import b as B, s as S
 from memcalc.training import TrainingConfig

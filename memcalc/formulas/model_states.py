@@ -16,11 +16,11 @@ of model_state_bytes.
 from __future__ import annotations
 
 from memcalc.errors import MemcalcError, UnknownNameError, closest_names
+from memcalc.regime import STATES_PER_PARAM, param_element_size
+from memcalc.training import PRECISIONS, SHARDINGS
 
 # bytes per element of the parameters (and so of their gradients and optimizer states)
-PARAM_BYTES = {"fp32": 4, "fp16-amp": 4, "bf16-amp": 4, "bf16": 2}
-# optimizer state tensors per parameter (exp_avg + exp_avg_sq; momentum_buffer; none)
-STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}
+PARAM_BYTES = {p: param_element_size(p) for p in PRECISIONS}
 ZERO_PAPER_BYTES_PER_PARAM = 2 + 2 + 12
 
 
@@ -60,7 +60,7 @@ def zero_paper_mixed_precision_bytes(params: int) -> int:
     return _check_params(params) * ZERO_PAPER_BYTES_PER_PARAM
 
 
-ZERO_STAGES = ("none", "zero1", "zero2", "zero3")
+ZERO_STAGES = SHARDINGS
 
 
 def zero_model_state_bytes(params: int, stage: str, world_size: int, k: int = 12) -> float:

@@ -1,1 +1,28 @@
-"""Forward programs per implementation: the ops each model's code runs, in order."""
+"""Forward programs per implementation, op by op, behind one protocol (memcalc.programs.base),
+picked from a registry by (implementation, family)."""
+from __future__ import annotations
+
+from memcalc.errors import NotModelledError
+from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+from memcalc.programs.base import Program
+
+PROGRAMS: dict[tuple[str, str], Program] = {
+    ("hf", "gpt2"): hf_gpt2.PROGRAM,
+    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral and Qwen2 (memcalc.hf_config)
+    ("reference", "gpt2"): ref_gpt2.PROGRAM,
+    ("reference", "llama"): ref_llama.PROGRAM,
+}
+
+
+def program_for(spec) -> Program:
+    """The program of a spec's (implementation, family).
+
+    >>> from memcalc.specs import ModelSpec
+    >>> type(program_for(ModelSpec.preset("llama-2-7b"))).__name__
+    'HFLlama'
+    """
+    found = PROGRAMS.get((spec.implementation, spec.family))
+    if found is None:
+        raise NotModelledError("implementation", f"no program for {spec.implementation} {spec.family}",
+                               f"use one of {sorted(PROGRAMS)}")
+    return found

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from memcalc.poly import Poly
+from memcalc.regime import Regime
 from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
 
 
@@ -22,24 +23,25 @@ def numel(v: Value) -> Poly:
 
 
 class Ops:
-    """Op builders bound to a graph and a precision regime.
+    """Op builders bound to a graph and a regime (memcalc.regime: element sizes, device,
+    tensor/sequence parallelism).
 
-    >>> from memcalc.tape.graph import Graph
-    >>> ops = Ops(Graph(), "fp32", "cpu"); ops.low
-    4
+    >>> from memcalc.regime import Regime; from memcalc.training import TrainingConfig
+    >>> ops = Ops(Graph(), Regime.of(TrainingConfig(micro_batch=1, seq_len=8, precision="bf16-amp")))
+    >>> ops.low, ops.param_elt
+    (2, 4)
     """
 
-    def __init__(self, graph: Graph, precision: str, device: str, tensor_parallel: int = 1,
-                 sequence_parallel: bool = False):
+    def __init__(self, graph: Graph, regime: Regime):
         self.g = graph
-        self.tp = tensor_parallel
-        self.sp = sequence_parallel and tensor_parallel > 1
-        self.precision = precision
-        self.device = device
-        self.autocast = precision in ("fp16-amp", "bf16-amp")
-        self.low = 4 if precision == "fp32" else 2  # element size of matmul outputs
-        self.param_elt = 2 if precision == "bf16" else 4
-        self.buffer_elt = self.param_elt  # model.to(torch.bfloat16) casts float buffers too
+        self.regime = regime
+        self.tp = regime.tensor_parallel
+        self.sp = regime.sequence_parallel
+        self.device = regime.device
+        self.autocast = regime.autocast
+        self.low = regime.compute_elt  # element size of matmul outputs
+        self.param_elt = regime.param_elt
+        self.buffer_elt = regime.buffer_elt
         self.weight_casts: list[Value] = []
         self._cast_cache: dict[int, Value] = {}
 
@@ -226,13 +228,6 @@ class Ops:
         mask_elt = 1 if self.device == "cuda" else x.elt
         mask = self.g.op("dropout mask", [], numel(x) * mask_elt, requires_grad=False, elt=mask_elt)
         return self.g.op("dropout", [x, mask], x.size, saves=[mask], backward=[Grad(0)], elt=x.elt)
-
-    attn_weights: Value | None = None
-
-    def pop_attn_weights(self) -> Value | None:
-        """The attention probabilities an eager attention function returned (None for SDPA)."""
-        weights, self.attn_weights = self.attn_weights, None
-        return weights
 
     def scope_end(self, values: list[Value]) -> None:
         """Python locals alive until their function returns."""

@@ -15,6 +15,8 @@ Temporaries in steady state:
 """
 from __future__ import annotations
 
+from memcalc.regime import STATES_PER_PARAM
+
 
 def state_bytes_per_param(optimizer: str, param_elt: int) -> int:
     """Bytes of optimizer state per parameter element.
@@ -22,7 +24,7 @@ def state_bytes_per_param(optimizer: str, param_elt: int) -> int:
     >>> state_bytes_per_param("adamw", 4)
     8
     """
-    return {"sgd": 0, "sgd-momentum": param_elt, "adam": 2 * param_elt, "adamw": 2 * param_elt}[optimizer]
+    return STATES_PER_PARAM[optimizer] * param_elt
 
 
 def step_scalar_bytes(optimizer: str, n_tensors: int) -> int:

@@ -7,8 +7,9 @@ ones. First step: no optimizer state until optimizer.step() creates it.
 from __future__ import annotations
 
 from memcalc.poly import Poly
+from memcalc.regime import Regime
 from memcalc.tape.graph import Graph, Storage
-from memcalc.tape.optimizer import state_bytes_per_param, step_scalar_bytes, transient_bytes
+from memcalc.tape.optimizer import step_scalar_bytes, transient_bytes
 from memcalc.tape.simulate import Moment, StepSimulator
 
 
@@ -16,51 +17,47 @@ def _param_sizes(graph: Graph) -> list[int]:
     return [v.size.eval(1, 1) for v in graph.params]
 
 
-def step_on_device(training) -> bool:
-    """Adam's `step` counters are device tensors when fused (or on the CPU device), else CPU
-    scalars that device memory does not see (torch/optim/adam.py _init_group)."""
-    return training.device == "cpu" or training.resolved_optimizer_impl == "fused"
-
-
-def _optimizer_storages(graph: Graph, training, param_elt: int) -> list[Storage]:
+def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     """One storage per state tensor (each is its own allocation): exp_avg and exp_avg_sq, or
     momentum_buffer, per parameter, plus Adam's 4-byte `step` scalars, which live on the CPU
     unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
-    per_elt = state_bytes_per_param(training.optimizer, param_elt)
-    tensors = per_elt // param_elt
     out = [Storage(Poly.const(size), "optimizer", "optimizer state")
-           for size in _param_sizes(graph) for _ in range(tensors)]
-    if step_on_device(training):
+           for size in _param_sizes(graph) for _ in range(regime.states_per_param)]
+    if regime.step_on_device:
         out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
-            step_scalar_bytes(training.optimizer, len(graph.params)) // 4)]
+            step_scalar_bytes(regime.optimizer, len(graph.params)) // 4)]
     return out
 
 
-def simulate_step(graph: Graph, training, param_elt: int, first_step: bool,
-                  constants: dict[str, int], with_optimizer: bool = True, fsdp=None) -> list[Moment]:
+def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
+                  with_optimizer: bool = True, fsdp=None) -> list[Moment]:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
-    optimizer, states and temporaries are left out (memcalc.distributed adds each rank's own).
+    optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
 
-    >>> from memcalc.tape.graph import Graph
+    >>> from memcalc.engine import build_graph
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
+    >>> moments = simulate_step(build_graph(ModelSpec.preset("gpt2"), regime), regime, False, {})
+    >>> sorted({m.phase for m in moments})
+    ['backward', 'forward', 'optimizer']
     """
     sim = StepSimulator(graph, fsdp)
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
-    states = _optimizer_storages(graph, training, param_elt) if with_optimizer else []
+    states = _optimizer_storages(graph, regime) if with_optimizer else []
     if not first_step:
         for st in states:
             sim.mem.hold(st)
     sim.hold_inputs()
-    for _ in range(min(training.grad_accum, 2)):  # micro-steps >= 2 are alike
+    for _ in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
         sim.micro_step()
     mem = sim.mem
     mem.phase = "optimizer"
     if first_step:
         for st in states:
             mem.hold(st)
-    impl = training.resolved_optimizer_impl
-    temp = transient_bytes(training.optimizer, impl, training.resolved_weight_decay,
+    temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
                            _param_sizes(graph)) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")

@@ -1,0 +1,172 @@
+"""Attention cores: F.scaled_dot_product_attention (flash / math kernels) and the eager
+softmax(q k^T * scale + mask) v of each implementation, which materialises (b, heads, s, s)
+scores.
+
+torch.matmul on 4-D operands reshapes them to 3-D for bmm; q, k, v that are transposed views of
+a projection cannot be flattened without a copy (aten/src/ATen/native/LinearAlgebra.cpp
+_matmul_impl), and bmm saves those copies. Each eager function returns (output before the
+output projection, the attention weights the module returns to its caller, which holds them
+until it returns).
+"""
+from __future__ import annotations
+
+from memcalc.programs.base import size
+from memcalc.tape.graph import Alias, Grad, Value
+from memcalc.tape.ops import Ops, numel
+
+
+def copy(ops: Ops, x: Value, name: str) -> Value:
+    """A contiguous copy made by reshape/contiguous; its backward passes the gradient through."""
+    return ops.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
+
+
+def scores_matmul(ops: Ops, q: Value, k: Value, heads: int) -> Value:
+    """q @ k^T: (b, heads, s, s) scores; bmm saves both operands."""
+    return ops.g.op("q@k^T", [q, k], size("b a s s", q.elt, a=heads), saves=[q, k],
+                    backward=[Grad(0), Grad(1)], elt=q.elt)
+
+
+def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
+    """scores + float mask: a low-precision score tensor is promoted to the mask's dtype (fp32
+    under autocast), so the sum is a new fp32 tensor whose gradient is cast back."""
+    elt = max(scores.elt, mask.elt)
+    back = [Alias(0)] if elt == scores.elt else [Grad(0)]
+    return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
+
+
+def sdpa(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
+    """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
+    returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
+    is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
+    rules out the flash kernel and the math composite runs."""
+    if ops.device == "cpu" and spec.attn_dropout > 0:
+        return sdpa_math(ops, spec, q, k, v)
+    return sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+
+
+def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int) -> Value:
+    """Flash kernel (CPU: _scaled_dot_product_flash_attention_for_cpu; CUDA: flash, or
+    memory-efficient for fp32): outputs (b,s,heads*d) and an fp32 logsumexp (b,heads,s); saves
+    q, k, v, output, logsumexp; backward allocates grad q, k, v. No s^2 term. The output is laid
+    out (b, s, heads, d), so transpose(1, 2).contiguous() copies nothing."""
+    out, _ = ops.g.op_multi("sdpa", [q, k, v], [size("b s a d", q.elt, a=heads, d=head_dim),
+                                                  size("b a s", 4, a=heads)],
+                            saves=[q, k, v], backward=[Grad(0), Grad(1), Grad(2)], elts=[q.elt, 4],
+                            save_outputs=(0, 1))
+    return out
+
+
+def sdpa_math(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
+    """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
+    composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
+    q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
+    dropout; v copied (repeat_interleave'd to all heads with enable_gqa) and saved; the output is
+    laid out (b, heads, s, d), so the caller's transpose(1, 2).contiguous() is a real copy.
+    Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them."""
+    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
+    origin = q.elt
+    q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
+    k = g.view("k view", k, backward=[Grad(0)])
+    # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
+    # by C++ locals until the function returns
+    q, k, v = (ops.to(t, 4, "math upcast") for t in (q, k, v))
+    elt = q.elt
+    qs = ops.scale(q, "q * sqrt(scale)")
+    mask = g.op("causal float mask", [], size("s s", elt), requires_grad=False, elt=elt)
+    ks = ops.scale(k, "k * sqrt(scale)")
+    full = size("b s a d", elt, a=a, d=d)
+    if kv < a:
+        ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
+        v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
+    qc = copy(ops, qs, "q reshape copy")
+    kc = copy(ops, ks, "k^T reshape copy")
+    raw = scores_matmul(ops, qc, kc, a)
+    scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
+    p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
+    if origin != elt:  # the returned attention weights, cast back and dropped by the caller
+        g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
+    vc = copy(ops, v, "v reshape copy") if kv == a else v
+    y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
+    out = ops.to(y, origin, "math output .to(origin)")
+    ops.scope_end([mask] + ([q, k, v, y] if origin != elt else []))
+    return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
+
+
+def gpt2_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+    """transformers' GPT-2 eager_attention_forward: bmm copies of the q, k, v views of the fused
+    projection; scores * scale + float mask; softmax (saves its result) cast to v's dtype;
+    dropout; @ v; transpose(1, 2).contiguous()."""
+    g, a, d = ops.g, spec.num_heads, spec.head_size
+    s = scores_matmul(ops, copy(ops, q, "q reshape copy"), copy(ops, k, "k reshape copy"), a)
+    s = add_float_mask(ops, ops.scale(s, "* scale"), mask)
+    p = ops.unary_saving_output("softmax", s)
+    p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
+    vc = copy(ops, v, "v reshape copy")
+    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
+             backward=[Grad(0), Grad(1)], elt=q.elt)
+    return copy(ops, y, "transpose contiguous"), p
+
+
+def llama_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+    """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
+    k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
+    kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
+    (b, s, heads, d) by the projection view) and k when it was not repeated; softmax runs in fp32
+    and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
+    acts in that dtype, and autocast casts the probabilities for the second matmul."""
+    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
+    query_elt = q.elt
+    repeated = []
+    if kv < a:
+        k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
+        v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
+        repeated = [k, v]  # key_states / value_states: locals until the function returns
+    else:
+        v = copy(ops, v, "v reshape copy")
+    q, k = ops.matmul_operand(q), ops.matmul_operand(k)
+    q = copy(ops, q, "q reshape copy")
+    if kv == a:
+        k = copy(ops, k, "k^T reshape copy")
+    s = ops.to(add_float_mask(ops, ops.scale(scores_matmul(ops, q, k, a), "* scale"), mask), 4,
+               "softmax dtype=float32")
+    p = ops.unary_saving_output("softmax", s)
+    p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
+    pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
+    y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=[pm, vm],
+             backward=[Grad(0), Grad(1)], elt=pm.elt)
+    out = copy(ops, y, "transpose contiguous")
+    ops.scope_end(repeated)
+    return out, p
+
+
+def reference_eager(ops: Ops, spec, q: Value, k: Value, v: Value, copies) -> Value:
+    """validate.models._eager_attention: (q @ k^T) * scale; masked_fill with a bool mask slice
+    (`mask == 0` allocates an (s, s) bool tensor, saved by masked_fill); softmax; dropout; @ v;
+    transpose(1, 2).contiguous(). `copies` says which of q, k, v bmm must copy."""
+    g, a, d, kv = ops.g, spec.num_heads, spec.head_size, spec.kv_heads
+    q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
+    if kv < a:
+        full = size("b s a d", k.elt, a=a, d=d)
+        k = g.op("repeat_interleave k", [k], full, backward=[Grad(0)], elt=k.elt)
+        v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=v.elt)
+    qc = copy(ops, q, "q reshape copy") if copies[0] else q
+    kc = copy(ops, k, "k reshape copy") if copies[1] else k
+    s = ops.scale(scores_matmul(ops, qc, kc, a), "* scale")
+    cond = g.op("mask == 0", [], size("s s", 1), requires_grad=False, elt=1)
+    s = g.op("masked_fill", [s, cond], s.size, saves=[cond], backward=[Grad(0)], elt=s.elt)
+    p = ops.dropout(ops.unary_saving_output("softmax", s), spec.attn_dropout)
+    vc = copy(ops, v, "v reshape copy") if copies[2] else v
+    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
+             backward=[Grad(0), Grad(1)], elt=q.elt)
+    return copy(ops, y, "transpose contiguous")
+
+
+def attention_core(ops: Ops, spec, regime, core):
+    """Run `core()` (the attention core) in its own checkpoint region under selective
+    checkpointing (Korthikanti et al. 2022: only the core is recomputed)."""
+    if regime.selective:
+        ops.g.begin_region()
+    out = core()
+    if regime.selective:
+        ops.g.end_region()
+    return out

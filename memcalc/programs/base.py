@@ -1,0 +1,133 @@
+"""The Program protocol and the trunk every decoder-only causal LM shares:
+
+    ids -> embed -> layers (checkpoint segments, FSDP module boundaries) -> final norm -> head -> loss
+
+An implementation fills in the hooks (what its embedding, block, final norm and loss run, op by
+op) and its torch parameter order; `DecoderProgram.build` runs them in this order. Adding a
+family means one file of what differs, one registry line (memcalc.programs), one HF builder entry
+(validate/hf.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from memcalc.poly import Poly
+from memcalc.regime import Regime
+from memcalc.tape.graph import Value
+from memcalc.tape.ops import Ops
+
+
+def size(dims: str, elt: int | float, **extent: int) -> Poly:
+    """Bytes of a tensor of shape `dims` with `elt` bytes per element: b (micro_batch) and s
+    (seq_len) stay symbolic, every other letter is looked up in `extent`, digits are numbers.
+
+    >>> size("b a s s", 2, a=12)  # attention scores of 12 heads in bf16
+    Poly(24*b*s^2)
+    >>> size("b s h", 4, h=768)
+    Poly(3072*b*s)
+    """
+    coeff, b_pow, s_pow = elt, 0, 0
+    for dim in dims.split():
+        if dim == "b":
+            b_pow += 1
+        elif dim == "s":
+            s_pow += 1
+        else:
+            coeff *= int(dim) if dim.isdigit() else extent[dim]
+    return Poly({(b_pow, s_pow): coeff})
+
+
+TOKENS = size("b s", 1)  # one element per token: b * s
+
+
+class Program(Protocol):
+    """One implementation's forward program: adds its ops to `ops.g`, loss included."""
+
+    def build(self, ops: Ops, spec, regime: Regime) -> None:
+        """Add the forward and loss of `spec` to the graph, as the implementation runs them."""
+
+
+@dataclass
+class Embedded:
+    """What the embedding hook returns: the trunk's input and what the model's forward keeps."""
+
+    x: Value
+    ids: Value
+    context: dict = field(default_factory=dict)
+    """Tensors the blocks read (attention mask, rotary tables)."""
+    held_until_norm: list = field(default_factory=list)
+    """Locals of the base model's forward, freed when it returns (after the final norm)."""
+    held_until_return: list = field(default_factory=list)
+    """Locals of the top-level forward, freed when the loss is computed."""
+
+
+class DecoderProgram:
+    """The shared trunk; subclasses implement the hooks."""
+
+    head_label = "lm_head.weight"
+    keeps_norm_output = True
+    """The caller holds the final norm's output (HF: outputs.last_hidden_state) until the
+    loss is computed; otherwise it holds the trunk's output (the reference head_loss(x))."""
+
+    def build(self, ops: Ops, spec, regime: Regime) -> None:
+        """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
+        emb = self.embed(ops, spec, regime)
+        segments = regime.segment_starts(spec.num_layers)
+        trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
+                                       lambda x, layer: self.block(ops, spec, regime, x, layer, emb.context),
+                                       ops.sp_enter(emb.x)))
+        x = self.final_norm(ops, spec, trunk)
+        ops.scope_end(emb.held_until_norm)
+        head = self.tied_head(ops) if spec.tie_embeddings else \
+            ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
+        logits = ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head")
+        self.loss(ops, logits, emb.ids)
+        ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
+                      + emb.held_until_return)
+        ops.g.order_params(self.registration_rank)
+
+    # ---- hooks ---------------------------------------------------------------------------
+    def embed(self, ops: Ops, spec, regime: Regime) -> Embedded:
+        """Token (and position) embeddings, masks and tables the blocks share."""
+        raise NotImplementedError
+
+    def block(self, ops: Ops, spec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
+        """One decoder layer."""
+        raise NotImplementedError
+
+    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+        """The norm before the LM head."""
+        raise NotImplementedError
+
+    def tied_head(self, ops: Ops) -> Value:
+        """The embedding matrix the LM head shares."""
+        return ops.g.params[0]
+
+    def loss(self, ops: Ops, logits: Value, ids: Value) -> None:
+        """The causal-LM loss on the logits."""
+        raise NotImplementedError
+
+    def registration_rank(self, label: str):
+        """Sort key giving nn.Module registration order (model.parameters())."""
+        raise NotImplementedError
+
+
+def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x: Value) -> Value:
+    """The decoder stack: `block(x, layer)` for each layer, each a wrapped module (FSDP hooks at
+    its boundaries), grouped into checkpoint regions starting at the layers in `segments`."""
+    g = ops.g
+    for layer in range(num_layers):
+        if layer in segments:
+            g.begin_region()
+        g.module_boundary("begin", str(layer))
+        x = block(x, layer)
+        g.module_boundary("end", str(layer))
+        if layer + 1 in segments or layer == num_layers - 1:
+            g.end_region()
+    return x
+
+
+def param_maker(ops: Ops, prefix: str) -> Callable[..., Value]:
+    """p(name, count, rows): a parameter labelled with its torch name under `prefix`."""
+    return lambda name, n, rows=None: ops.param(f"{prefix}{name}", n, rows)

@@ -1,0 +1,84 @@
+"""Layers the programs share: RMSNorm (transformers' and torch's), rotary embeddings, the
+SwiGLU MLP, GPT-2's gelu_new. (LayerNorm is one aten op: memcalc.tape.ops.Ops.layer_norm.)"""
+from __future__ import annotations
+
+from typing import Callable
+
+from memcalc.programs.base import size
+from memcalc.tape.graph import FreeTemps, Grad, Temp, Value
+from memcalc.tape.ops import Ops, numel
+
+
+def rms_norm(ops: Ops, x: Value, w: Value, tokens, weight_in_fp32: bool) -> Value:
+    """RMSNorm op by op: upcast to fp32, pow 2 (saves its input; backward makes two
+    temporaries), mean, + eps, rsqrt (saves its result), x * rsqrt, then the weight.
+    - transformers' LlamaRMSNorm (`weight_in_fp32=False`): casts back to the input dtype first,
+      then `weight * x` (promoting to the weight's dtype); the fp32 local `hidden_states` lives
+      until forward returns;
+    - torch's F.rms_norm composite on CPU (aten/src/ATen/native/layer_norm.cpp rms_norm_symint,
+      `weight_in_fp32=True`): multiplies by the weight in fp32, then casts back.
+    `tokens` is b*s (b*s/t in sequence-parallel regions)."""
+    g = ops.g
+    x = ops.replicated_input(x, "rms_norm" if weight_in_fp32 else "rmsnorm")
+    x32 = ops.to(x, 4, "rms_norm upcast" if weight_in_fp32 else "rmsnorm .float()")
+    sq = ops.unary_saving_input("pow 2", x32, temps=2)
+    var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
+    normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+    if weight_in_fp32:
+        out = g.op("* weight", [normed32, w], normed32.size, saves=[normed32, w],  # promotes, no copy
+                   backward=[Grad(0), Temp(normed32.size), Grad(1), FreeTemps()], elt=4)
+        return ops.to(out, x.elt, "rms_norm downcast")
+    normed = ops.to(normed32, x.elt, "rmsnorm .to(input_dtype)")
+    out_elt = max(w.elt, normed.elt)
+    out = g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=[w, normed],
+               backward=[Temp(numel(normed) * out_elt), Grad(0), FreeTemps(), Grad(1)], elt=out_elt)
+    ops.scope_end([normed32])  # the local `hidden_states` holds it until forward returns
+    return out
+
+
+def rotary(ops: Ops, x: Value, cos: Value, sin: Value, heads: int, d: int) -> Value:
+    """(x * cos) + (rotate_half(x) * sin); rotate_half = cat(-x2, x1)."""
+    g = ops.g
+    elt = max(x.elt, cos.elt)
+    xc = g.op("x*cos", [x, cos], size("b s a d", elt, a=heads, d=d), saves=[cos], backward=[Grad(0)], elt=elt)
+    full, half = size("b s a d", x.elt, a=heads, d=d), size("b s a d", x.elt, a=heads, d=d // 2)
+    neg = g.op("-x2", [x], half, backward=[Grad(0, full)], elt=x.elt)
+    rh = g.op("cat", [neg, x], full, backward=[Grad(0, half), Grad(1, full)], elt=x.elt)
+    rs = g.op("rot*sin", [rh, sin], size("b s a d", elt, a=heads, d=d), saves=[sin], backward=[Grad(0)], elt=elt)
+    return ops.add(xc, rs, "rotary add")
+
+
+def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
+    """LlamaRotaryEmbedding.forward: freqs (1,s,d/2), emb=cat (1,s,d), cos/sin *scaling, .to(x.dtype)."""
+    g = ops.g
+    pos = g.op("position_ids.float()", [], size("s", 4), requires_grad=False)
+    freqs = g.op("freqs", [pos], size("s d", 4, d=d // 2), requires_grad=False)
+    emb = g.op("emb=cat", [freqs], size("s d", 4, d=d), requires_grad=False)
+    out = []
+    for name in ("cos", "sin"):
+        t = g.op(name, [emb], size("s d", 4, d=d), requires_grad=False)
+        t = g.op(f"{name}*scaling", [t], size("s d", 4, d=d), requires_grad=False)
+        out.append(ops.to(t, elt, f"{name}.to(dtype)"))
+    return out
+
+
+def swiglu_mlp(ops: Ops, spec, x: Value, tokens, p: Callable[..., Value]) -> Value:
+    """down_proj(F.silu(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP)."""
+    h, f, bias = spec.hidden_size, spec.ffn_size, spec.mlp_bias
+    gate = ops.col_linear(x, p("mlp.gate_proj.weight", h * f, f), p("mlp.gate_proj.bias", f) if bias else None,
+                          tokens, f, "gate_proj")
+    act = ops.unary_saving_input("silu", gate)
+    up = ops.col_linear(x, p("mlp.up_proj.weight", h * f, f), p("mlp.up_proj.bias", f) if bias else None,
+                        tokens, f, "up_proj")
+    return ops.row_linear(ops.mul(act, up, "silu*up"), p("mlp.down_proj.weight", f * h, h),
+                          p("mlp.down_proj.bias", h) if bias else None, tokens, h, "down_proj")
+
+
+def gelu_new(ops: Ops, x: Value) -> Value:
+    """transformers' NewGELUActivation, 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))), eight
+    elementwise ops (activations.py)."""
+    half = ops.scale(x, "0.5*x")
+    cube = ops.unary_saving_input("pow 3", x, temps=2)  # pow_backward: pow, mul.Scalar, mul
+    inner = ops.add(x, ops.scale(cube, "0.044715*x^3"), "x + 0.044715x^3")
+    t = ops.unary_saving_output("tanh", ops.scale(inner, "sqrt(2/pi)*"))
+    return ops.mul(half, ops.shift(t, "1 + tanh"), "gelu_new out")
