@@ -33,7 +33,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     ...     precision="fp32", world_size=1, sharding="zero3", fsdp_mixed_precision=True))
     Traceback (most recent call last):
     ...
-    memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single data-parallel rank is not modelled (measured +1.3%); fix: use world_size >= 2 x tensor_parallel
+    memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
     """
     check_tensor_parallel(model, training)
     if training.fsdp_mixed_precision and training.data_parallel == 1:
@@ -172,7 +172,8 @@ def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:
     built; per-rank peaks need memcalc.estimate).
 
     >>> t = TrainingConfig(micro_batch=2, seq_len=64, device="cpu")
-    >>> estimate_peak(ModelSpec.preset("gpt2"), t) == max(p.eval(2, 64) for p in steady_polys(ModelSpec.preset("gpt2"), t))
+    >>> gpt2 = ModelSpec.preset("gpt2")
+    >>> estimate_peak(gpt2, t) == max(p.eval(2, 64) for p in steady_polys(gpt2, t))
     True
     """
     c = candidates(model, training)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from memcalc.errors import NotModelledError
 from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
 from memcalc.programs.base import Program
+from memcalc.specs import ModelSpec
 
 PROGRAMS: dict[tuple[str, str], Program] = {
     ("hf", "gpt2"): hf_gpt2.PROGRAM,
@@ -14,7 +15,7 @@ PROGRAMS: dict[tuple[str, str], Program] = {
 }
 
 
-def program_for(spec) -> Program:
+def program_for(spec: ModelSpec) -> Program:
     """The program of a spec's (implementation, family).
 
     >>> from memcalc.specs import ModelSpec

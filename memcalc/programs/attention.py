@@ -10,6 +10,9 @@ until it returns).
 """
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
+from memcalc.regime import Regime
+from typing import Any, Callable
 from memcalc.programs.base import size
 from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops, numel
@@ -34,7 +37,7 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
     """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
     returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
     is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
@@ -56,7 +59,7 @@ def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int
     return out
 
 
-def sdpa_math(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
+def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
@@ -92,7 +95,7 @@ def sdpa_math(ops: Ops, spec, q: Value, k: Value, v: Value) -> Value:
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
-def gpt2_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
     """transformers' GPT-2 eager_attention_forward: bmm copies of the q, k, v views of the fused
     projection; scores * scale + float mask; softmax (saves its result) cast to v's dtype;
     dropout; @ v; transpose(1, 2).contiguous()."""
@@ -107,7 +110,7 @@ def gpt2_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tup
     return copy(ops, y, "transpose contiguous"), p
 
 
-def llama_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
     k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
     kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
@@ -139,7 +142,7 @@ def llama_eager(ops: Ops, spec, q: Value, k: Value, v: Value, mask: Value) -> tu
     return out, p
 
 
-def reference_eager(ops: Ops, spec, q: Value, k: Value, v: Value, copies) -> Value:
+def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, copies: tuple[bool, bool, bool]) -> Value:
     """validate.models._eager_attention: (q @ k^T) * scale; masked_fill with a bool mask slice
     (`mask == 0` allocates an (s, s) bool tensor, saved by masked_fill); softmax; dropout; @ v;
     transpose(1, 2).contiguous(). `copies` says which of q, k, v bmm must copy."""
@@ -161,7 +164,7 @@ def reference_eager(ops: Ops, spec, q: Value, k: Value, v: Value, copies) -> Val
     return copy(ops, y, "transpose contiguous")
 
 
-def attention_core(ops: Ops, spec, regime, core):
+def attention_core(ops: Ops, regime: Regime, core: Callable[[], Any]) -> Any:
     """Run `core()` (the attention core) in its own checkpoint region under selective
     checkpointing (Korthikanti et al. 2022: only the core is recomputed)."""
     if regime.selective:

@@ -9,8 +9,9 @@ family means one file of what differs, one registry line (memcalc.programs), one
 """
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from memcalc.poly import Poly
 from memcalc.regime import Regime
@@ -44,7 +45,7 @@ TOKENS = size("b s", 1)  # one element per token: b * s
 class Program(Protocol):
     """One implementation's forward program: adds its ops to `ops.g`, loss included."""
 
-    def build(self, ops: Ops, spec, regime: Regime) -> None:
+    def build(self, ops: Ops, spec: ModelSpec, regime: Regime) -> None:
         """Add the forward and loss of `spec` to the graph, as the implementation runs them."""
 
 
@@ -70,7 +71,7 @@ class DecoderProgram:
     """The caller holds the final norm's output (HF: outputs.last_hidden_state) until the
     loss is computed; otherwise it holds the trunk's output (the reference head_loss(x))."""
 
-    def build(self, ops: Ops, spec, regime: Regime) -> None:
+    def build(self, ops: Ops, spec: ModelSpec, regime: Regime) -> None:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
         emb = self.embed(ops, spec, regime)
         segments = regime.segment_starts(spec.num_layers)
@@ -88,15 +89,15 @@ class DecoderProgram:
         ops.g.order_params(self.registration_rank)
 
     # ---- hooks ---------------------------------------------------------------------------
-    def embed(self, ops: Ops, spec, regime: Regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """Token (and position) embeddings, masks and tables the blocks share."""
         raise NotImplementedError
 
-    def block(self, ops: Ops, spec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
+    def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One decoder layer."""
         raise NotImplementedError
 
-    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+    def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """The norm before the LM head."""
         raise NotImplementedError
 
@@ -108,9 +109,10 @@ class DecoderProgram:
         """The causal-LM loss on the logits."""
         raise NotImplementedError
 
-    def registration_rank(self, label: str):
-        """Sort key giving nn.Module registration order (model.parameters())."""
-        raise NotImplementedError
+    def registration_rank(self, _label: str) -> Any:
+        """Sort key giving nn.Module registration order (model.parameters()); by default the
+        parameters are created in that order."""
+        return 0
 
 
 def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x: Value) -> Value:

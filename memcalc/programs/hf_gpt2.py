@@ -6,6 +6,8 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
+from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, gpt2_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import gelu_new
@@ -24,7 +26,7 @@ def activation(ops: Ops, x: Value, kind: str) -> Value:
 class HFGPT2(DecoderProgram):
     """GPT2LMHeadModel: parameters transformer.wte/wpe/h.{i}.*/ln_f, tied lm_head."""
 
-    def embed(self, ops: Ops, spec, regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """wte(ids) + wpe(position_ids); a (b,1,s,s) additive float mask for eager attention
         (create_causal_mask); embedding dropout."""
         g, h, V, P = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings
@@ -43,7 +45,7 @@ class HFGPT2(DecoderProgram):
         x = ops.dropout(x, spec.embd_dropout)
         return Embedded(x, ids, {"mask": mask}, held_until_norm=[tok, pos, mask])
 
-    def block(self, ops: Ops, spec, regime, x: Value, layer: int, context: dict) -> Value:
+    def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One GPT2Block."""
         h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
         p = param_maker(ops, f"transformer.h.{layer}.")
@@ -53,7 +55,7 @@ class HFGPT2(DecoderProgram):
         qkv = ops.linear(ln1, p("attn.c_attn.weight", h * 3 * a * d, h),
                          p("attn.c_attn.bias", 3 * a * d) if spec.qkv_bias else None, N, 3 * a * d, "c_attn")
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
-        y, weights = attention_core(ops, spec, regime, lambda: (
+        y, weights = attention_core(ops, regime, lambda: (
             (sdpa(ops, spec, q, k, v), None) if regime.attention == "sdpa"
             else gpt2_eager(ops, spec, q, k, v, context["mask"])))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
@@ -74,19 +76,15 @@ class HFGPT2(DecoderProgram):
         ops.scope_end([attn, m, block_input, weights])
         return x
 
-    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+    def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """transformer.ln_f."""
         h = spec.hidden_size
         return ops.layer_norm(x, ops.param("transformer.ln_f.weight", h), ops.param("transformer.ln_f.bias", h),
                               TOKENS)
 
-    def loss(self, ops: Ops, logits: Value, ids: Value) -> None:
+    def loss(self, ops: Ops, logits: Value, _ids: Value) -> None:
         """ForCausalLMLoss (labels=input_ids)."""
         hf_causal_lm_loss(ops, logits)
-
-    def registration_rank(self, label: str) -> int:
-        """Parameters are created in registration order."""
-        return 0
 
 
 PROGRAM = HFGPT2()

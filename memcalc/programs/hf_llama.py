@@ -9,6 +9,8 @@ materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is n
 """
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
+from memcalc.regime import Regime
 from typing import Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa
@@ -19,7 +21,8 @@ from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 
 
-def attention(ops: Ops, spec, regime, x: Value, context: dict, p: Callable[..., Value]) -> tuple[Value, Value]:
+def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict,
+              p: Callable[..., Value]) -> tuple[Value, Value]:
     """LlamaAttention with the configured attention interface; returns (output, weights)."""
     a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
     bias, N = spec.qkv_bias, TOKENS
@@ -38,7 +41,7 @@ def attention(ops: Ops, spec, regime, x: Value, context: dict, p: Callable[..., 
             return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
         return llama_eager(ops, spec, q, k, v, context["mask"])
 
-    y, weights = attention_core(ops, spec, regime, core)
+    y, weights = attention_core(ops, regime, core)
     out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
                          p("self_attn.o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
     ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
@@ -48,7 +51,7 @@ def attention(ops: Ops, spec, regime, x: Value, context: dict, p: Callable[..., 
 class HFLlama(DecoderProgram):
     """LlamaForCausalLM: parameters model.embed_tokens, model.layers.{i}.*, model.norm, lm_head."""
 
-    def embed(self, ops: Ops, spec, regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; a (b,1,s,s) float mask for eager attention; the
         rotary cos/sin tables computed once per forward."""
         g, h, V = ops.g, spec.hidden_size, spec.vocab_size
@@ -64,7 +67,7 @@ class HFLlama(DecoderProgram):
         return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin},
                         held_until_norm=[x, mask, cos, sin])  # inputs_embeds lives to return
 
-    def block(self, ops: Ops, spec, regime, x: Value, layer: int, context: dict) -> Value:
+    def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One LlamaDecoderLayer."""
         block_input = x  # the caller's loop variable holds it until the block returns
         h = spec.hidden_size
@@ -79,11 +82,11 @@ class HFLlama(DecoderProgram):
         ops.scope_end([block_input, n2, weights])
         return out
 
-    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+    def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """model.norm."""
         return rms_norm(ops, x, ops.param("model.norm.weight", spec.hidden_size), TOKENS, weight_in_fp32=False)
 
-    def loss(self, ops: Ops, logits: Value, ids: Value) -> None:
+    def loss(self, ops: Ops, logits: Value, _ids: Value) -> None:
         """ForCausalLMLoss (labels=input_ids)."""
         hf_causal_lm_loss(ops, logits)
 

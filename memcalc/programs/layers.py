@@ -2,6 +2,7 @@
 SwiGLU MLP, GPT-2's gelu_new. (LayerNorm is one aten op: memcalc.tape.ops.Ops.layer_norm.)"""
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
 from typing import Callable
 
 from memcalc.programs.base import size
@@ -62,7 +63,7 @@ def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
     return out
 
 
-def swiglu_mlp(ops: Ops, spec, x: Value, tokens, p: Callable[..., Value]) -> Value:
+def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens, p: Callable[..., Value]) -> Value:
     """down_proj(F.silu(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP)."""
     h, f, bias = spec.hidden_size, spec.ffn_size, spec.mlp_bias
     gate = ops.col_linear(x, p("mlp.gate_proj.weight", h * f, f), p("mlp.gate_proj.bias", f) if bias else None,

@@ -3,6 +3,8 @@ lingering locals, F.cross_entropy on the logits directly (autocast runs it in fp
 tensor- and sequence-parallel plans of validate.tensor_parallel apply."""
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
+from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, reference_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.loss import reference_cross_entropy
@@ -15,7 +17,7 @@ class ReferenceGPT2(DecoderProgram):
 
     keeps_norm_output = False  # head_loss(x, ...) holds the trunk's output
 
-    def embed(self, ops: Ops, spec, regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """wte(ids) + wpe(arange(s)), embedding dropout; a (L, P, P) bool causal-mask buffer
         for eager attention."""
         g, h, V, P = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings
@@ -34,7 +36,7 @@ class ReferenceGPT2(DecoderProgram):
         # does (the blocks save only this rank's chunk)
         return Embedded(x, ids, held_until_return=[x] if ops.sp else [])
 
-    def block(self, ops: Ops, spec, regime, x: Value, layer: int, context: dict) -> Value:
+    def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, _context: dict) -> Value:
         """One reference GPT2Block."""
         block_input = x  # the caller's loop variable holds it until the block returns
         h, a, d, f = spec.hidden_size, spec.num_heads, spec.head_size, spec.ffn_size
@@ -45,7 +47,7 @@ class ReferenceGPT2(DecoderProgram):
         qkv = ops.col_linear(xin, p("attn.c_attn.weight", h * 3 * a * d, 3 * a * d),
                              p("attn.c_attn.bias", 3 * a * d) if spec.qkv_bias else None, N, 3 * a * d, "c_attn")
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
-        y = attention_core(ops, spec, regime, lambda: sdpa(ops, spec, q, k, v) if regime.attention == "sdpa"
+        y = attention_core(ops, regime, lambda: sdpa(ops, spec, q, k, v) if regime.attention == "sdpa"
                            else reference_eager(ops, spec, q, k, v, copies=(True, True, True)))
         attn = ops.row_linear(y, p("attn.c_proj.weight", a * d * h, h),
                               p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")
@@ -63,7 +65,7 @@ class ReferenceGPT2(DecoderProgram):
         ops.scope_end([block_input])
         return out
 
-    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+    def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """ln_f."""
         h = spec.hidden_size
         return ops.layer_norm(x, ops.param("ln_f.weight", h), ops.param("ln_f.bias", h), TOKENS)

@@ -4,6 +4,8 @@ every attention call, SDPA with enable_gqa, eager with repeat_interleave; the te
 sequence-parallel plans of validate.tensor_parallel apply."""
 from __future__ import annotations
 
+from memcalc.specs import ModelSpec
+from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, reference_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import rms_norm, rotary, swiglu_mlp
@@ -17,7 +19,7 @@ class ReferenceLlama(DecoderProgram):
 
     keeps_norm_output = False  # head_loss(x, ...) holds the trunk's output
 
-    def embed(self, ops: Ops, spec, regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed(ids); the rotary cos/sin buffers (P, d), sliced to s; a (L, P, P) bool
         causal-mask buffer for eager attention."""
         g, h, V, P, d = ops.g, spec.hidden_size, spec.vocab_size, spec.max_position_embeddings, spec.head_size
@@ -34,7 +36,7 @@ class ReferenceLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         return Embedded(x, ids, {"cos": cos, "sin": sin})
 
-    def block(self, ops: Ops, spec, regime, x: Value, layer: int, context: dict) -> Value:
+    def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One reference LlamaBlock."""
         block_input = x  # the caller's loop variable holds it until the block returns
         h, a, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
@@ -57,7 +59,7 @@ class ReferenceLlama(DecoderProgram):
                 return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)))
             return reference_eager(ops, spec, q, k, v, copies=(False, False, kv == a))
 
-        y = attention_core(ops, spec, regime, core)
+        y = attention_core(ops, regime, core)
         attn = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
                               p("self_attn.o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
         ops.scope_end([n1, xin, q_local, k_local, v, c, s_])  # self_attn.forward's argument and locals
@@ -70,7 +72,7 @@ class ReferenceLlama(DecoderProgram):
         ops.scope_end([block_input])
         return out
 
-    def final_norm(self, ops: Ops, spec, x: Value) -> Value:
+    def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """norm."""
         return rms_norm(ops, x, ops.param("norm.weight", spec.hidden_size), TOKENS, weight_in_fp32=True)
 

@@ -7,7 +7,8 @@ storage is born and freed, forward, backward and in the optimizer step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from memcalc.poly import Poly
 
@@ -63,6 +64,9 @@ class FreeTemps:
     """Backward step: free the temporaries allocated so far in this node."""
 
 
+BackwardStep = Grad | Alias | Temp | FreeTemps  # what a backward node does, in order
+
+
 @dataclass(eq=False)
 class Node:
     """One forward op."""
@@ -85,7 +89,7 @@ class Graph:
     1
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.params: list[Value] = []
         self.inputs: list[Value] = []
@@ -114,7 +118,8 @@ class Graph:
         return v
 
     # ---- ops ---------------------------------------------------------------------------------
-    def op(self, name: str, inputs: list[Value], size: Poly, saves=(), backward=(),
+    def op(self, name: str, inputs: list[Value], size: Poly, saves: Sequence[Value] = (),
+           backward: Sequence[BackwardStep] = (),
            requires_grad: bool | None = None, category: str = "activations", elt: int = 4,
            save_output: bool = False) -> Value:
         """An op producing one new tensor of `size` bytes (`elt` bytes per element); with
@@ -122,8 +127,10 @@ class Graph:
         return self.op_multi(name, inputs, [size], saves, backward, requires_grad, category,
                              [elt], (0,) if save_output else ())[0]
 
-    def op_multi(self, name, inputs, sizes, saves=(), backward=(), requires_grad=None,
-                 category="activations", elts=None, save_outputs=()) -> list[Value]:
+    def op_multi(self, name: str, inputs: list[Value], sizes: list[Poly], saves: Sequence[Value] = (),
+                 backward: Sequence[BackwardStep] = (), requires_grad: bool | None = None,
+                 category: str = "activations", elts: list[int] | None = None,
+                 save_outputs: Sequence[int] = ()) -> list[Value]:
         """An op producing several new tensors; autograd saves `saves` and the outputs at the
         indices `save_outputs`, when any input requires grad."""
         rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
@@ -135,14 +142,16 @@ class Graph:
                                self.region))
         return outs
 
-    def view(self, name: str, x: Value, size: Poly | None = None, backward=None) -> Value:
+    def view(self, name: str, x: Value, size: Poly | None = None,
+             backward: Sequence[BackwardStep] | None = None) -> Value:
         """A view of x (no allocation); its backward passes the gradient through."""
         out = Value(x.storage, x.size if size is None else size, x.requires_grad, label=name, elt=x.elt)
         bwd = [Alias(0)] if backward is None else backward
         self.nodes.append(Node(name, [x], [out], [], bwd if x.requires_grad else [], self.region))
         return out
 
-    def views(self, name: str, x: Value, sizes: list[Poly], backward=()) -> list[Value]:
+    def views(self, name: str, x: Value, sizes: list[Poly],
+              backward: Sequence[BackwardStep] = ()) -> list[Value]:
         """Several views of x at once (split/chunk); `backward` runs once for all of them."""
         outs = [Value(x.storage, sz, x.requires_grad, label=f"{name}.{i}", elt=x.elt)
                 for i, sz in enumerate(sizes)]
@@ -150,7 +159,7 @@ class Graph:
                                self.region))
         return outs
 
-    def order_params(self, rank) -> None:
+    def order_params(self, rank: Callable[[str], Any]) -> None:
         """Put parameters in nn.Module registration order (model.parameters(), the order the
         optimizer's for-loop visits them): a stable sort by `rank(label)`."""
         self.params.sort(key=lambda v: rank(v.label))

@@ -17,9 +17,13 @@ A moment is kept unless another moment of the same phase dominates it for every 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 from memcalc.poly import Poly, ZERO
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
+
+if TYPE_CHECKING:
+    from memcalc.parallel.fsdp import Fsdp
 
 
 @dataclass
@@ -42,7 +46,7 @@ class Memory:
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str]] = {}
         self.total = ZERO
@@ -149,7 +153,7 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp=None):
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None) -> None:
         self.g = graph
         self.fsdp = fsdp
         self.mem = Memory()
@@ -331,7 +335,7 @@ class StepSimulator:
         return copies
 
     def _run_node(self, node: Node, incoming: list[Storage], grads: dict,
-                  release_saved) -> None:
+                  release_saved: Callable[[], None]) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
         node's saved tensors, then deliver the grads (where sums happen)."""
         mem = self.mem
@@ -383,7 +387,7 @@ class StepSimulator:
         if self._pending[key] == 0:
             self._accumulate(key, self._param_buffers.pop(key))
 
-    def _buffer(self, buffers: dict, key: int, st: Storage, size) -> None:
+    def _buffer(self, buffers: dict, key: int, st: Storage, size: Poly) -> None:
         """input_buffer.cpp: the first gradient is stored, a later one summed out of place."""
         old = buffers.get(key)
         if old is None:
