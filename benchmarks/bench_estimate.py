@@ -1,82 +1,143 @@
-"""Speed figures: estimate() warm, `memcalc estimate` cold, estimate_grid throughput, tables.
+"""Speed figures of the engine, each measured in this one run on this machine (medians of
+several repeats), with the machine and the date:
 
-    PYTHONPATH=. python benchmarks/bench_estimate.py [--tables]
+- estimate() warm on a NEW shape (random micro_batch and seq_len, the simulation cached), cuda
+  and cpu, and on a repeated key;
+- the first (cold) estimate of a model and regime: the simulation itself (7B, 80 layers);
+- estimate_grid: its first call, then configurations per second on cuda (exact rounding);
+- `memcalc estimate` as a cold process; `memcalc tables` (with --tables).
+
+    PYTHONPATH=. python benchmarks/bench_estimate.py [--tables] [--repeats 5]
 """
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import platform
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 
-def bench_estimate_warm(n: int = 2000) -> float:
-    """Microseconds per estimate() call on a cached (model, training) key."""
+def _median(fn, repeats: int) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def bench_warm_new_shape(repeats: int, n: int = 2000) -> None:
+    """Microseconds per estimate() at a shape not seen before (the (model, regime) simulated)."""
     from memcalc import ModelSpec, TrainingConfig, estimate
 
-    for name in ("gpt2", "gpt2-xl"):
-        model, t = ModelSpec.preset(name), TrainingConfig(micro_batch=4, seq_len=1024)
-        estimate(model, t)
+    model = ModelSpec.preset("llama-2-7b")
+    for device in ("cuda", "cpu"):
+        base = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16-amp",
+                              checkpointing="per-layer", device=device)
+        estimate(model, base)
+        rng = random.Random(0)
+
+        def run() -> float:
+            configs = [base.with_(micro_batch=rng.randint(1, 512), seq_len=rng.randint(1, 4096))
+                       for _ in range(n)]  # built outside the timed loop
+            start = time.perf_counter()
+            for t in configs:
+                estimate(model, t).peak_bytes
+            return (time.perf_counter() - start) / n * 1e6
+
+        print(f"estimate() warm, new shape, llama-2-7b {device}: {_median(run, repeats):.1f} us (target <= 10)")
+    t = base.with_(device="cuda")
+
+    def repeated() -> float:
         start = time.perf_counter()
-        for i in range(n):
+        for _ in range(n):
+            estimate(model, t).peak_bytes
+        return (time.perf_counter() - start) / n * 1e6
+
+    print(f"estimate() warm, repeated key, llama-2-7b cuda: {_median(repeated, repeats):.1f} us")
+
+
+def bench_cold(repeats: int) -> None:
+    """Seconds of the first estimate of a model and regime (the simulation), cache cleared."""
+    from memcalc import ModelSpec, TrainingConfig, estimate
+    from memcalc import engine
+
+    t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16-amp", checkpointing="per-layer")
+    for name, target in (("llama-2-7b", 30), ("llama-2-70b", 50)):
+        model = ModelSpec.preset(name)
+
+        def run() -> float:
+            engine._CACHE.clear()
+            start = time.perf_counter()
             estimate(model, t)
-        us = (time.perf_counter() - start) / n * 1e6
-        print(f"estimate() warm, {name}: {us:.1f} us/call (target < 50 us)")
-    return us
+            return (time.perf_counter() - start) * 1e3
+
+        print(f"estimate() cold, {name} ({model.num_layers} layers): {_median(run, repeats):.0f} ms "
+              f"(target <= {target})")
 
 
-def bench_cli_cold(repeats: int = 5) -> float:
-    """Best-of wall seconds of a cold `memcalc estimate` process."""
+def bench_grid(repeats: int) -> None:
+    """estimate_grid on cuda: the first call (a new model and regime already simulated), then
+    configurations per second on 1e6 random points."""
+    import numpy as np
+
+    from memcalc import ModelSpec, TrainingConfig, estimate, estimate_grid
+
+    model = ModelSpec.preset("llama-2-7b")
+    t = TrainingConfig(micro_batch=1, seq_len=8, precision="bf16-amp")
+    estimate(model, t)
+    start = time.perf_counter()
+    estimate_grid(model, t, micro_batch=np.arange(1, 9)[:, None], seq_len=np.array([1024, 4096]))
+    print(f"estimate_grid first call (simulation cached): {(time.perf_counter() - start) * 1e3:.1f} ms "
+          "(target <= 50)")
+    rng = np.random.default_rng(0)
+    b, s = rng.integers(1, 128, 10**6), rng.integers(1, 8192, 10**6)
+
+    def run() -> float:
+        start = time.perf_counter()
+        out = estimate_grid(model, t, micro_batch=b, seq_len=s)
+        return out.size / (time.perf_counter() - start) / 1e6
+
+    print(f"estimate_grid cuda, 1e6 random points: {_median(run, repeats):.1f} M configs/s (target >= 10)")
+
+
+def bench_cli_cold(repeats: int) -> None:
+    """Wall seconds of a cold `memcalc estimate` process."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    best = float("inf")
-    for _ in range(repeats):
+
+    def run() -> float:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "memcalc.cli", "estimate", "--model", "gpt2",
                         "--micro-batch", "4", "--seq-len", "1024"], check=True, capture_output=True, env=env)
-        best = min(best, time.perf_counter() - start)
-    print(f"memcalc estimate cold: {best:.3f} s (best of {repeats}; target < 1 s)")
-    return best
+        return time.perf_counter() - start
 
-
-def bench_grid() -> None:
-    """Configurations per second of estimate_grid on a 1000 x 1000 grid and on 1e6 random points."""
-    import numpy as np
-
-    from memcalc import ModelSpec, TrainingConfig, estimate_grid
-
-    rng = np.random.default_rng(0)
-    for name, attention in (("gpt2", "sdpa"), ("gpt2-xl", "eager")):
-        model, t = ModelSpec.preset(name), TrainingConfig(micro_batch=1, seq_len=8, attention=attention)
-        estimate_grid(model, t)
-        cases = {"1000x1000 grid": (np.arange(1, 1001)[:, None], np.arange(1, 1001) * 8),
-                 "1e6 random points": (rng.integers(1, 128, 10 ** 6), rng.integers(1, 8192, 10 ** 6))}
-        for label, (b, s) in cases.items():
-            start = time.perf_counter()
-            out = estimate_grid(model, t, micro_batch=b, seq_len=s)
-            rate = out.size / (time.perf_counter() - start)
-            print(f"estimate_grid {name} {attention}, {label}: {rate / 1e6:.2f} M configs/s (target >= 1)")
+    print(f"memcalc estimate, cold process: {_median(run, repeats):.3f} s (target <= 0.2)")
 
 
 def bench_tables() -> None:
-    """Seconds to build every table (one simulation per preset x regime x checkpointing)."""
-    from memcalc import tables
-    from memcalc.presets import PRESETS
-
-    total = 0.0
-    for name in PRESETS:
+    """Seconds of `memcalc tables` (everything it writes, plots included), one process."""
+    with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory() as out:
-            tables.write(out, [name], plots=False)
-        took = time.perf_counter() - start
-        total += took
-        print(f"tables for {name}: {took:.1f} s")
-    print(f"all tables: {total:.1f} s")
+        subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out], check=True,
+                       capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        print(f"memcalc tables: {time.perf_counter() - start:.1f} s (target <= 10)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", action="store_true", help="also time `memcalc tables`")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, {datetime.date.today().isoformat()}; medians of {args.repeats} runs")
+    bench_warm_new_shape(args.repeats)
+    bench_cold(args.repeats)
+    bench_grid(args.repeats)
+    bench_cli_cold(args.repeats)
+    if args.tables:
+        bench_tables()
 
 
 if __name__ == "__main__":
-    bench_estimate_warm()
-    bench_cli_cold()
-    bench_grid()
-    if "--tables" in sys.argv:
-        bench_tables()
+    main()

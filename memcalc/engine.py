@@ -8,6 +8,8 @@ Every size is a polynomial in b (micro_batch) and s (seq_len), so one simulation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Callable
 
 from memcalc.allocator import device_constants
 from memcalc.errors import NotModelledError
@@ -30,7 +32,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse, naming the field, what is not modelled rather than answer for something else.
 
     >>> check_supported(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8,
-    ...     precision="fp32", world_size=1, sharding="zero3", fsdp_mixed_precision=True))
+    ...     precision="fp32", world_size=1, sharding="zero3", fsdp_mixed_precision=True))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
@@ -60,35 +62,27 @@ def build_graph(model: ModelSpec, regime: Regime) -> Graph:
 
 
 class MomentSet:
-    """Candidate moments with a fast evaluator: each total is a row of coefficients over the
-    monomials b**i * s**j they use, evaluated with plain integer arithmetic (~1 us a moment)."""
+    """Candidate moments with a fast evaluator. Each total is a row of integer coefficients over
+    the monomials b**i * s**j the moments use. The allocator's rounding of each live storage is
+    grouped by size polynomial: a size that is constant rounds to a constant, a size whose
+    coefficients are all multiples of the granularity never rounds, and each remaining size's
+    residue is computed once per shape and shared by every moment holding it. The evaluator is
+    compiled once from these integers (as sympy's lambdify would), so a new shape costs a few
+    microseconds.
 
-    def __init__(self, moments: list[Moment]):
+    >>> ms = MomentSet([Moment("forward", "x", Poly.bs(2), {}, ((Poly.bs(2), 1),))], 512)
+    >>> ms.totals(3, 4), ms.rounded_totals(3, 4)
+    ([24], [512])
+    """
+
+    def __init__(self, moments: list[Moment], granularity: int = 1):
         self.moments = moments
+        self.granularity = granularity
         self.monomials = sorted({mono for m in moments for mono in m.total.terms})
         self.rows = [tuple(m.total.terms.get(mono, 0) for mono in self.monomials) for m in moments]
         self.by_phase = {p: [i for i, m in enumerate(moments) if m.phase == p] for p in PHASES}
         self.fractional = any(not isinstance(c, int) for row in self.rows for c in row)
-        self._rounded: dict = {}
-
-    def rounded_totals(self, b: int, s: int, granularity: int) -> list[int]:
-        """Totals with every live storage rounded up to `granularity` bytes (memcalc.allocator).
-        Cached per shape: a warm call is a dict lookup.
-
-        >>> MomentSet([Moment("forward", "x", Poly.bs(2), {}, ((Poly.bs(2), 1),))]).rounded_totals(3, 4, 512)
-        [512]
-        """
-        if granularity <= 1:
-            return self.totals(b, s)
-        key = (b, s, granularity)
-        found = self._rounded.get(key)
-        if found is None:
-            if len(self._rounded) > 4096:
-                self._rounded.clear()
-            found = self._rounded[key] = [
-                t + sum(n * int(-p.eval(b, s) % granularity) for p, n in m.sizes)
-                for t, m in zip(self.totals(b, s), self.moments)]
-        return found
+        self._evaluators: dict[int, Callable[[int, int], list[int]]] = {}  # granularity -> totals
 
     def totals(self, b: int, s: int) -> list[int]:
         """Every moment's bytes at micro_batch b, seq_len s.
@@ -96,11 +90,95 @@ class MomentSet:
         >>> MomentSet([Moment("forward", "x", Poly.bs(2), {})]).totals(3, 4)
         [24]
         """
-        values = [b ** i * s ** j for i, j in self.monomials]
-        totals = [sum(c * v for c, v in zip(row, values)) for row in self.rows]
-        if self.fractional:  # sequence parallelism: b*s/t tokens, whole when t divides s
-            totals = [-(-x // 1) for x in totals]
+        return self.rounded_totals(b, s, 1)
+
+    def rounded_totals(self, b: int, s: int, granularity: int | None = None) -> list[int]:
+        """Totals with every live storage rounded up to `granularity` bytes (memcalc.allocator;
+        by default the regime's)."""
+        g = self.granularity if granularity is None else granularity
+        found = self._evaluators.get(g)
+        if found is None:
+            found = self._evaluators[g] = self._compile(g)
+        return found(b, s)
+
+    def rounding_parts(self, g: int) -> tuple[list[int], list[Poly], list[dict[int, int]]]:
+        """The allocator's rounding of every moment, grouped by size polynomial: (constant
+        rounding per moment, the sizes whose residue mod g varies with b and s, per moment
+        {index of such a size: live storages of it}).
+
+        >>> ms = MomentSet([Moment("forward", "x", Poly.bs(2), {}, ((Poly.bs(2), 1), (Poly.const(5), 2)))])
+        >>> ms.rounding_parts(512)
+        ([1014], [Poly(2*b*s)], [{0: 1}])
+        """
+        consts, varying, per_moment = [], {}, []
+        for m in self.moments:
+            const, counts = 0, {}
+            for size, n in m.sizes:
+                kind = _rounding_kind(size, g)
+                if kind == "const":
+                    const += n * (-size.terms.get((0, 0), 0) % g)
+                elif kind == "varies":
+                    k = varying.setdefault(tuple(sorted(size.terms.items())), (len(varying), size))[0]
+                    counts[k] = counts.get(k, 0) + n
+            consts.append(const)
+            per_moment.append(counts)
+        return consts, [size for _, size in varying.values()], per_moment
+
+    def _compile(self, g: int) -> Callable[[int, int], list[int]]:
+        rounding = g > 1
+        if self.fractional:  # sequence parallelism: b*s/t tokens (Fraction coefficients)
+            return self._slow(g)
+        names = {mono: _monomial_source(mono) for mono in self.monomials}
+        n = len(self.rows)
+        consts, sizes, counts = self.rounding_parts(g) if rounding else ([0] * n, [], [{}] * n)
+        lines = [f"    r{k} = -({_poly_source(size, names)}) % {g}" for k, size in enumerate(sizes)]
+        exprs = []
+        for row, const, mine in zip(self.rows, consts, counts):
+            parts = [f"{c}*{names[mono]}" if mono != (0, 0) else str(c)
+                     for mono, c in zip(self.monomials, row) if c]
+            parts += [f"{k_n}*r{k}" for k, k_n in mine.items()] + ([str(const)] if const else [])
+            exprs.append(" + ".join(parts) or "0")
+        monos = [f"    {names[mono]} = {_monomial_expr(mono)}" for mono in self.monomials if mono != (0, 0)]
+        source = "\n".join(["def totals(b, s):", *monos, *lines,
+                             "    return [" + ", ".join(exprs) + "]"])
+        namespace: dict = {}
+        exec(compile(source, "<memcalc.engine.MomentSet>", "exec"), namespace)  # our own integers only
+        return namespace["totals"]
+
+    def _slow(self, g: int) -> Callable[[int, int], list[int]]:
+        def totals(b: int, s: int) -> list[int]:
+            values = [b ** i * s ** j for i, j in self.monomials]
+            out = [-(-sum(c * v for c, v in zip(row, values)) // 1) for row in self.rows]
+            if g > 1:
+                out = [t + sum(n * int(-p.eval(b, s) % g) for p, n in m.sizes)
+                       for t, m in zip(out, self.moments)]
+            return out
+
         return totals
+
+
+def _monomial_source(mono: tuple[int, int]) -> str:
+    """The variable name of b**i * s**j in compiled evaluators (`one` for the constant)."""
+    i, j = mono
+    return "one" if mono == (0, 0) else f"b{i}s{j}"
+
+
+def _monomial_expr(mono: tuple[int, int]) -> str:
+    i, j = mono
+    return "*".join(["b"] * i + ["s"] * j)
+
+
+def _poly_source(size: Poly, names: dict) -> str:
+    return " + ".join(f"{c}*{names.get(mono) or _monomial_expr(mono)}" if mono != (0, 0) else str(c)
+                      for mono, c in sorted(size.terms.items()))
+
+
+def _rounding_kind(size: Poly, g: int) -> str:
+    """'none' when every coefficient is a multiple of g (the size always is), 'const' for a
+    constant size, else 'varies'."""
+    if all(c % g == 0 for c in size.terms.values()):
+        return "none"
+    return "const" if set(size.terms) == {(0, 0)} else "varies"
 
 
 @dataclass(eq=False)
@@ -119,12 +197,13 @@ class Candidates:
     first_set: MomentSet = field(init=False)
 
     def __post_init__(self):
-        self.steady_set = MomentSet(self.steady)
-        self.first_set = MomentSet(self.first)
+        self.steady_set = MomentSet(self.steady, self.regime.granularity)
+        self.first_set = MomentSet(self.first, self.regime.granularity)
 
 
 _CACHE: dict = {}
 _SHAPE_FIELDS = ("micro_batch", "seq_len")
+_regime_key = attrgetter(*(f for f in TrainingConfig.model_fields if f not in _SHAPE_FIELDS))
 
 
 def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
@@ -135,7 +214,7 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
     True
     """
-    key = (model, tuple(v for k, v in training.__dict__.items() if k not in _SHAPE_FIELDS))
+    key = (model, _regime_key(training))
     found = _CACHE.get(key)
     if found is None:
         check_supported(model, training)
@@ -177,7 +256,7 @@ def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:
     True
     """
     c = candidates(model, training)
-    return max(c.steady_set.rounded_totals(training.micro_batch, training.seq_len, c.regime.granularity))
+    return max(c.steady_set.rounded_totals(training.micro_batch, training.seq_len))
 
 
 def steady_polys(model: ModelSpec, training: TrainingConfig) -> list[Poly]:

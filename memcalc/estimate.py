@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from memcalc.engine import Candidates, MomentSet, candidates, check_supported  # noqa: F401 (API)
 from memcalc.parallel.data import rank_optimizer_bytes_all
@@ -35,26 +35,51 @@ def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
     return min(options, key=lambda k: peaks[k])
 
 
-@dataclass
 class MemoryReport:
-    """Predicted memory of one training step.
+    """Predicted memory of one training step. The peak is computed at once; the per-phase
+    peaks, the breakdown and the first step's peak when first read (a report is cheap to make).
 
     >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128))
     >>> r.peak_bytes == max(r.phases.values())
     True
     """
 
-    peak_bytes: int
-    first_step_peak_bytes: int
-    peak_phase: str
-    phases: dict[str, int]
-    components: dict[str, int]
-    moment: str
-    model: ModelSpec = field(repr=False)
-    training: TrainingConfig = field(repr=False)
-    _candidates: list = field(repr=False, default_factory=list)
-    rank_peak_bytes: list = field(default_factory=list)
-    """Per-rank steady-state peaks (one entry without data parallelism)."""
+    def __init__(self, peak_bytes: int, peak_phase: str, moment: str, model: ModelSpec,
+                 training: TrainingConfig, candidates: Candidates, rank_peak_bytes: list[int],
+                 **known: Callable[[], Any]):
+        self.peak_bytes = peak_bytes
+        """Steady-state peak (steps >= 2), bytes; per rank, the largest rank's."""
+        self.peak_phase = peak_phase
+        """The phase of the step where the peak happens: forward, backward or optimizer."""
+        self.moment = moment
+        """What runs at the peak (an op, its backward, or optimizer.step)."""
+        self.model, self.training = model, training
+        self.rank_peak_bytes = rank_peak_bytes
+        """Per-rank steady-state peaks (one entry per rank; equal without data parallelism)."""
+        self._candidates = candidates.steady
+        self._known = known  # name -> function computing it once
+
+    def _get(self, name: str):
+        found = self._known[name]
+        if callable(found):
+            found = self._known[name] = found()
+        return found
+
+    @property
+    def first_step_peak_bytes(self) -> int:
+        """Peak of the first step (no optimizer state until optimizer.step() makes it)."""
+        return self._get("first_step_peak_bytes")
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Steady-state peak of each phase: forward, backward, optimizer."""
+        return self._get("phases")
+
+    @property
+    def components(self) -> dict[str, int]:
+        """Bytes per category at the peak (weights, gradients, optimizer, activations, ...),
+        the allocator's rounding as its own component."""
+        return self._get("components")
 
     @property
     def expr(self):
@@ -87,16 +112,16 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     b, s = training.micro_batch, training.seq_len
     if training.data_parallel > 1:
         return _estimate_ranks(model, training, cands, b, s)
-    g = cands.regime.granularity
-    steady = cands.steady_set.rounded_totals(b, s, g)
-    phases = {p: max((steady[i] for i in idx), default=0) for p, idx in cands.steady_set.by_phase.items()}
+    steady = cands.steady_set.rounded_totals(b, s)
     top = max(range(len(steady)), key=steady.__getitem__)
     moment = cands.steady[top]
-    components = _components(moment, b, s, steady[top])
-    report = MemoryReport(steady[top], max(cands.first_set.rounded_totals(b, s, g)), moment.phase, phases,
-                          components, moment.label, model, training, cands.steady)
-    report.rank_peak_bytes = [report.peak_bytes] * training.world_size  # TP ranks are alike
-    return report
+    by_phase = cands.steady_set.by_phase
+    return MemoryReport(
+        steady[top], moment.phase, moment.label, model, training, cands,
+        [steady[top]] * training.world_size,  # TP ranks are alike
+        first_step_peak_bytes=lambda: max(cands.first_set.rounded_totals(b, s)),
+        phases=lambda: {p: max((steady[i] for i in idx), default=0) for p, idx in by_phase.items()},
+        components=lambda: _components(moment, b, s, steady[top]))
 
 
 def allocator_granularity(training: TrainingConfig) -> int:
@@ -128,8 +153,8 @@ def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
     """Data-parallel ranks: one simulation without the optimizer, then each rank's own
     optimizer states (alive throughout the steady state) and step temporaries."""
     g = cands.regime.granularity
-    steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s, g))
-    first = _phase_max(cands.first_set, cands.first_set.rounded_totals(b, s, g))
+    steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s))
+    first = _phase_max(cands.first_set, cands.first_set.rounded_totals(b, s))
     reports = []
     for states, temps in rank_optimizer_bytes_all(cands.param_shapes, cands.param_elt, cands.regime):
         extra = {"forward": states, "backward": states, "optimizer": states + temps}
@@ -141,11 +166,11 @@ def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
         components["optimizer"] = components.get("optimizer", 0) + states
         if phase == "optimizer" and temps:
             components["temporaries"] = components.get("temporaries", 0) + temps
-        reports.append(MemoryReport(phases[phase], first_peak, phase, phases, components,
-                                    moment.label, model, training, cands.steady))
-    worst = max(reports, key=lambda r: r.peak_bytes)
+        reports.append((phases[phase], phase, moment.label, phases, components, first_peak))
+    peak, phase, label, phases, components, _ = max(reports, key=lambda r: r[0])
     # global rank = dp index * tensor_parallel + tp index (a (dp, tp) mesh, row-major); the
     # ranks of one tensor-parallel group hold the same bytes
-    worst.rank_peak_bytes = [r.peak_bytes for r in reports for _ in range(training.tensor_parallel)]
-    worst.first_step_peak_bytes = max(r.first_step_peak_bytes for r in reports)
-    return worst
+    ranks = [r[0] for r in reports for _ in range(training.tensor_parallel)]
+    return MemoryReport(peak, phase, label, model, training, cands, ranks,
+                        first_step_peak_bytes=max(r[5] for r in reports), phases=phases,
+                        components=components)

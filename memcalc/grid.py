@@ -19,7 +19,7 @@ _EXACT_FLOAT = 2 ** 53  # float64 holds every integer below this exactly
 _CHUNK = 1 << 16  # points per matrix product (bounds the temporary to ~CHUNK x candidates)
 
 
-_ROUNDING_TABLES: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> (moments x g x g)
+_ROUNDING: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> _rounding_matrix
 
 
 def _candidates(model, training) -> tuple[Candidates, int]:
@@ -33,50 +33,57 @@ def _candidates(model, training) -> tuple[Candidates, int]:
     return found, found.regime.granularity
 
 
-def rounding_tables(np, moments, g: int):
-    """Per moment, the allocator's rounding as a (g x g) table over (b mod g, s mod g): every
-    size is an integer polynomial in b and s, so its residue mod g depends only on b, s mod g.
-    Cached per Candidates by the caller."""
-    grid_b, grid_s = np.meshgrid(np.arange(g, dtype=np.int64), np.arange(g, dtype=np.int64), indexing="ij")
-    tables = []
-    for m in moments:
-        table = np.zeros((g, g), dtype=np.int64)
-        for poly, n in m.sizes:
-            value = np.zeros((g, g), dtype=np.int64)
-            for (i, j), c in poly.terms.items():
-                value = (value + (c % g) * (grid_b ** i % g) * (grid_s ** j % g)) % g
-            table += n * ((-value) % g)
-        tables.append(table)
-    return np.stack(tables)
+def _residues(np, size: Poly, b, s, g: int):
+    """(-size(b, s)) mod g at every point, in int64 modular arithmetic (every factor < g)."""
+    out = np.zeros(b.shape, dtype=np.int64)
+    bg, sg = b % g, s % g
+    for (i, j), c in size.terms.items():
+        out = (out + (c % g) * (bg ** i % g) % g * (sg ** j % g)) % g
+    return (-out) % g
+
+
+def _rounding_matrix(np, cands: Candidates, g: int):
+    """(constant rounding per moment, sizes whose residue varies, counts (sizes x moments))."""
+    found = _ROUNDING.get(cands)
+    if found is None:
+        consts, sizes, per_moment = cands.steady_set.rounding_parts(g)
+        counts = np.zeros((len(sizes), len(consts)), dtype=np.float64)
+        for m, mine in enumerate(per_moment):
+            for k, n in mine.items():
+                counts[k, m] = n
+        found = _ROUNDING[cands] = (np.array(consts, dtype=np.int64), sizes, counts)
+    return found
 
 
 def _eval_rounded(np, cands, b, s, g: int):
-    """Exact rounded peaks: every moment's total (float64-exact below 2**53) plus its table."""
+    """Exact rounded peaks: every moment's total (float64-exact below 2**53) plus the
+    allocator's rounding of its live storages, grouped by size (MomentSet.rounding_parts)."""
     moments = cands.steady
-    tables = _ROUNDING_TABLES.get(cands)
-    if tables is None:
-        tables = _ROUNDING_TABLES[cands] = rounding_tables(np, moments, g)
+    consts, sizes, counts = _rounding_matrix(np, cands, g)
     monos = sorted({m for mo in moments for m in mo.total.terms})
     coeffs = np.array([[mo.total.terms.get(m, 0) for mo in moments] for m in monos], dtype=np.float64)
     out = np.empty(b.shape, dtype=np.int64)
     for start in range(0, b.size, _CHUNK):
         bb, ss = b[start:start + _CHUNK], s[start:start + _CHUNK]
         mat = np.stack([bb.astype(np.float64) ** i * ss.astype(np.float64) ** j for i, j in monos], 1)
-        totals = (mat @ coeffs).astype(np.int64) + tables[:, bb % g, ss % g].T
+        totals = (mat @ coeffs).astype(np.int64) + consts
+        if sizes:
+            residues = np.stack([_residues(np, size, bb, ss, g) for size in sizes], 1).astype(np.float64)
+            totals += (residues @ counts).astype(np.int64)
         out[start:start + _CHUNK] = totals.max(axis=1)
     return out
 
 
 def eval_candidates(model, training, b, s):
     """Peaks at every (b, s): the polynomial envelope on CPU, with the allocator's rounding
-    (exact, via rounding_tables) on CUDA."""
+    (exact, per live storage) on CUDA."""
     np = _numpy()
     cands, g = _candidates(model, training)
     if g <= 1 or not b.size:
         return eval_polys([m.total for m in cands.steady], b, s)
     bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)
     if bound + 512 * 10**6 >= _EXACT_FLOAT:
-        flat = [max(cands.steady_set.rounded_totals(int(x), int(y), g)) for x, y in zip(b.ravel(), s.ravel())]
+        flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
         return np.array(flat, dtype=np.int64).reshape(b.shape)
     return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
 
