@@ -264,6 +264,9 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
+    from memcalc.checks import check_step
+
+    check_step(model, training)  # types, memcalc.limits ceilings, what the model can run
     _check_parallelism(model, training)
     cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
