@@ -225,6 +225,8 @@ def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: 
     if slope <= 0:
         return top if hi is None else (lo + hi) // 2
     guess = lo + int((budget - peak_at(lo)) // slope)
+    if hi is None and guess >= cap:
+        return cap  # the line says even `cap` fits: one probe there settles it (or brackets)
     return min(max(guess, lo + 1), top)
 
 
