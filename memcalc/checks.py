@@ -180,10 +180,12 @@ def _shape_values(np, name: str, arr):
         flat = arr.ravel().tolist()
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
             raise MemcalcError(name, "must be an array of integers", fix)
-    elif arr.dtype.kind not in "iu":
+    elif arr.dtype.kind not in "iu" and arr.size:
         raise MemcalcError(name, f"must be an array of integers, got dtype {arr.dtype}", fix)
     else:
         flat = [int(arr.min()), int(arr.max())] if arr.size else []
+    if not arr.size:
+        return np.zeros(arr.shape, dtype=np.int64)
     if flat and not (1 <= min(flat) and max(flat) <= limits.MAX_SHAPE):
         raise MemcalcError(name, f"values must be in [1, {limits.MAX_SHAPE:,}], got "
                            f"{_short(min(flat))}..{_short(max(flat))}", fix)

@@ -21,7 +21,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with its errors in the project's one-line form (exit 2)."""
 
     def error(self, message: str):
-        match = re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+        match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+                 or re.match(r"unrecognized arguments: --([\w-]+)(.*)", message))
         field, problem = (match.group(1).replace("-", "_"), match.group(2)) if match else (
             "arguments", message)
         _fail(field, problem, f"see `{self.prog} --help`")

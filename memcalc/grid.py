@@ -259,7 +259,7 @@ def estimate_grid(model, training, **arrays):
 
     np = _numpy()
     fields, b, s = grid_arrays(np, model, training, arrays)  # types, ranges, broadcasting
-    b, s = np.ascontiguousarray(b), np.ascontiguousarray(s)
+    b, s = np.array(b), np.array(s)  # own, contiguous copies of the broadcast views
     if not fields:
         return eval_candidates(model, training, b, s)
     return _grid_over_fields(np, model, training, fields, b, s)

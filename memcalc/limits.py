@@ -2,8 +2,9 @@
 
 Each ceiling keeps one call finite and fast (measured on 2 CPU cores, a cold `estimate`):
 - depth: the engine simulates every block, ~6 ms (GPT-2) to ~11 ms (Llama) a layer, twice
-  (steady state and first step); 256 layers is ~1.6-2.9 s and twice any published dense model
-  (Llama-3.1-405B: 126). The speed issue (symbolic depth) will lift it.
+  (steady state and first step): 128 layers is ~0.9-1.3 s, and max_layers' search over depths
+  up to the ceiling stays under ~1.5 s; every published dense model fits (Llama-3.1-405B: 126).
+  The speed issue (symbolic depth) will lift it.
 - data-parallel ranks: per-rank optimizer and FSDP shard accounting loops over every rank;
   llama-2-70b under zero3 takes 1.7 s at 2048 ranks (3.5 s at 4096).
 - widths: exact integer arithmetic never overflows, but a divisor search over heads and numpy's
@@ -14,7 +15,7 @@ Each ceiling keeps one call finite and fast (measured on 2 CPU cores, a cold `es
 """
 from __future__ import annotations
 
-MAX_LAYERS = 256
+MAX_LAYERS = 128
 """num_layers: the engine simulates each block (time grows linearly with depth)."""
 MAX_DATA_PARALLEL = 2048
 """world_size / tensor_parallel: per-rank accounting loops over every data-parallel rank."""
