@@ -22,8 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
-                 or re.match(r"unrecognized arguments: --([\w-]+)(.*)", message))
-        field, problem = (match.group(1).replace("-", "_"), match.group(2)) if match else (
+                 or re.match(r"unrecognized arguments: --([\w-]+)()", message))
+        field, problem = (match.group(1).replace("-", "_"), match.group(2)
+                          or "this command has no such option") if match else (
             "arguments", message)
         _fail(field, problem, f"see `{self.prog} --help`")
 
