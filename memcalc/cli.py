@@ -110,12 +110,12 @@ def model_from_args(args):
     """The ModelSpec named by --model / --hf-config plus overrides."""
     from memcalc.specs import ModelSpec
 
-    if bool(args.model) == bool(args.hf_config):
+    if (args.model is None) == (args.hf_config is None):
         _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
               "e.g. --model gpt2")
     if args.implementation is not None and args.implementation not in ("hf", "reference"):
         _fail("implementation", f"{args.implementation!r} is not an implementation", "use hf or reference")
-    model = ModelSpec.preset(args.model) if args.model else _from_hf(args.hf_config, args)
+    model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
     changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
