@@ -125,7 +125,7 @@ def _consumers() -> dict:
             out[f"expr {device} {model.name}"] = str(memcalc.estimate(model, t).expr)
     t = TrainingConfig(micro_batch=4, seq_len=2048, precision="bf16-amp")
     out["optimal_segment_size llama"] = memcalc.optimal_segment_size(llama, t)
-    out["optimal_segment_size gpt2"] = memcalc.optimal_segment_size(gpt2, t)
+    out["optimal_segment_size gpt2"] = memcalc.optimal_segment_size(gpt2, t.with_(seq_len=1024))  # <= 1024 positions
     plans = memcalc.plan(ModelSpec.preset("llama-3-8b"), "H100-80GB", global_batch=256, seq_len=4096)
     out["plan llama-3-8b"] = [repr(p) for p in plans[:10]]
     zero3 = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16", checkpointing="per-layer",
