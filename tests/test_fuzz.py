@@ -14,9 +14,21 @@ import memcalc
 import memcalc.capacity
 import memcalc.gpus
 from memcalc import ModelSpec, TrainingConfig
-from tests.fuzz_strategies import (BUDGETS, GRID_NAMES, GRID_VALUES, JSON_TREES, WEIRD, argvs,
-                                   hf_configs, model_fields, outcome, run_cli, sane_capacity,
-                                   sane_report, training_fields)
+from tests.fuzz_strategies import (
+    BUDGETS,
+    GRID_NAMES,
+    GRID_VALUES,
+    JSON_TREES,
+    WEIRD,
+    argvs,
+    hf_configs,
+    model_fields,
+    outcome,
+    run_cli,
+    sane_capacity,
+    sane_report,
+    training_fields,
+)
 
 SMALL = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
                        max_position_embeddings=128)
@@ -79,7 +91,7 @@ def _odd_paths(tmp_path):
 
 def test_odd_files_are_refused_quickly(tmp_path):
     for path in _odd_paths(tmp_path):
-        kind, err = outcome(lambda: ModelSpec.from_hf_config(path), seconds=2)
+        kind, err = outcome(lambda p=path: ModelSpec.from_hf_config(p), seconds=2)
         assert kind == "error" and err.field == "hf_config", path
         code, _, stderr = run_cli(["estimate", "--hf-config", str(path)], seconds=2)
         assert code == 2 and stderr.startswith("memcalc: error: hf_config:"), (path, stderr)
