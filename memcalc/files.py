@@ -25,7 +25,7 @@ def config_path(path, field: str = "hf_config") -> str:
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str):
-        raise SpecError(field, f"{str(path)[:60]!r} is not a path" if isinstance(path, bytes) else
+        raise SpecError(field, f"{path[:60]!r} is not a path" if isinstance(path, bytes) else
                         f"expected a path or a dict, got {type(path).__name__}",
                         "pass the path of a config.json as a str" if isinstance(path, bytes) else _FIX)
     if not path or len(path) > limits.MAX_PATH_CHARS or "\0" in path:

@@ -171,7 +171,7 @@ def outcome(call, sane=lambda result: None, seconds: float = CALL_SECONDS):
         return "error", err
     except Hang:
         raise AssertionError(f"hang: over {seconds} s") from None
-    except Exception as err:  # noqa: BLE001  (the property: no other exception escapes)
+    except Exception as err:  # the property: no other exception escapes
         raise AssertionError(f"raw {type(err).__name__}: {err}") from err
     assert time.monotonic() - start < WALL_FACTOR * seconds + 1
     sane(result)
