@@ -6,7 +6,7 @@ MemcalcError naming the field the caller gave and the fix.
 >>> check_step(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=4096))
 Traceback (most recent call last):
 ...
-memcalc.errors.SpecError: seq_len: 4096 exceeds max_position_embeddings=1024 (GPT-2's learned position table has 1024 rows); fix: use seq_len <= 1024, or raise max_position_embeddings
+memcalc.errors.SpecError: seq_len: 4,096 exceeds max_position_embeddings=1024 (GPT-2's learned position table has 1024 rows); fix: use seq_len <= 1024, or raise max_position_embeddings
 """
 from __future__ import annotations
 
