@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 
 from memcalc.engine import steady_polys
-from memcalc.errors import MemcalcError
 from memcalc.estimate import estimate
+from memcalc.checks import check_int, check_search, learned_positions
 from memcalc.gpus import parse_budget
+from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS
 
 NO_LIMIT = 2 ** 40  # answers are capped here when no candidate grows with the unknown
 
@@ -96,18 +97,18 @@ def _symbolic_guess(model, training, field: str, budget: int) -> int:
                for p in steady_polys(model, training))
 
 
-def _confirm(peak_at, guess: int, budget: int) -> int:
+def _confirm(peak_at, guess: int, budget: int, cap: int = NO_LIMIT) -> int:
     """Move the guess until peak_at(n) <= budget < peak_at(n + 1) (galloping when far off)."""
-    n = max(guess, 0)
+    n = min(max(guess, 0), cap)
     if n > 0 and peak_at(n) > budget:
         step = 1
         while n > 0 and peak_at(n) > budget:
             n, step = max(n - step, 0), step * 2
     step = 1
-    while n < NO_LIMIT and peak_at(n + 1) <= budget:
+    while n < cap and peak_at(n + 1) <= budget:
         n, step = n + step, step * 2
-        if n > NO_LIMIT or peak_at(n) > budget:
-            return _bisect(peak_at, n - step // 2, min(n, NO_LIMIT), budget)
+        if n > cap or peak_at(n) > budget:
+            return _bisect(peak_at, n - step // 2, min(n, cap), budget)
     return n
 
 
@@ -119,9 +120,9 @@ def _bisect(peak_at, lo: int, hi: int, budget: int) -> int:
     return lo
 
 
-def _result(field, budget, n, peak_at) -> Capacity:
+def _result(field, budget, n, peak_at, cap: int = NO_LIMIT) -> Capacity:
     return Capacity(field, budget, n, peak_at(n) if n else None,
-                    peak_at(n + 1) if n < NO_LIMIT else None)
+                    peak_at(n + 1) if n < cap else None)
 
 
 def max_micro_batch(model, training, budget) -> Capacity:
@@ -135,29 +136,40 @@ def max_micro_batch(model, training, budget) -> Capacity:
 
 
 def max_seq_len(model, training, budget) -> Capacity:
-    """The largest seq_len whose steady-state peak fits `budget`. Memory only: a model with
-    learned positions accepts at most model.max_position_embeddings tokens.
+    """The largest seq_len whose steady-state peak fits `budget`, at most
+    model.max_position_embeddings for a model with a fixed position table (GPT-2, reference).
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> r = max_seq_len(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=8, seq_len=1), "A100-80GB")
-    >>> r.value > 1024
-    True
+    >>> r.value, r.next_peak_bytes  # memory allows more; GPT-2 runs at most 1024 tokens
+    (1024, None)
     """
     return _solve_shape(model, training, "seq_len", budget)
 
 
+def _shape_cap(model, field: str) -> int:
+    """The largest value the search may try: max_position_embeddings for seq_len on a model
+    with a fixed position table (memcalc.checks.learned_positions), else NO_LIMIT."""
+    if field == "seq_len" and learned_positions(model):
+        return min(model.max_position_embeddings, NO_LIMIT)
+    return NO_LIMIT
+
+
 def _solve_shape(model, training, field: str, budget) -> Capacity:
+    check_search(model, training, field)
     nbytes = parse_budget(budget)
+    cap = _shape_cap(model, field)
     guess = _symbolic_guess(model, training, field, nbytes)
 
     def peak_at(n: int) -> int:
         return _peak(model, training.with_(**{field: n}))
 
-    return _result(field, nbytes, _confirm(peak_at, guess, nbytes), peak_at)
+    return _result(field, nbytes, _confirm(peak_at, guess, nbytes, cap), peak_at, cap)
 
 
-def max_layers(model, training, budget, cap: int = 1024) -> Capacity:
-    """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers).
+def max_layers(model, training, budget, cap: int = MAX_LAYERS) -> Capacity:
+    """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers, at most
+    memcalc.limits.MAX_LAYERS).
 
     Depth is not symbolic and a simulation's cost grows with depth, so the search probes as few
     depths as it can: the peak is close to affine in L (each block adds its weights, states and
@@ -169,8 +181,8 @@ def max_layers(model, training, budget, cap: int = 1024) -> Capacity:
     >>> max_layers(small, TrainingConfig(micro_batch=1, seq_len=16), "64MiB").value > 4
     True
     """
-    if cap < 1:
-        raise MemcalcError("cap", f"must be >= 1, got {cap}", "pass a positive layer count")
+    check_search(model, training, "num_layers")
+    cap = check_int("cap", cap, 1, MAX_LAYERS)
     nbytes = parse_budget(budget)
     seen: dict[int, int] = {}
 
@@ -211,10 +223,12 @@ def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: 
     if slope <= 0:
         return top if hi is None else (lo + hi) // 2
     guess = lo + int((budget - peak_at(lo)) // slope)
+    if hi is None and guess >= cap:
+        return cap  # the line says even `cap` fits: one probe there settles it (or brackets)
     return min(max(guess, lo + 1), top)
 
 
-def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
+def min_world_size(model, training, budget, cap: int = MAX_DATA_PARALLEL) -> Capacity:
     """The fewest ranks (GPUs) whose per-rank peak fits `budget` under training.sharding:
     doubling to bracket, then bisection over the data-parallel degree (per-rank memory falls
     with it under zero1..3; under DDP it does not). With tensor_parallel t, `value` counts every
@@ -225,6 +239,8 @@ def min_world_size(model, training, budget, cap: int = 4096) -> Capacity:
     >>> min_world_size(ModelSpec.preset("gpt2-xl"), t, "16GiB").value
     3
     """
+    check_search(model, training, "world_size")
+    cap = check_int("cap", cap, 1, MAX_DATA_PARALLEL)
     nbytes = parse_budget(budget)
     seen: dict[int, int] = {}
 
@@ -254,4 +270,5 @@ def fits(model, training, budget) -> bool:
     >>> fits(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "H100-80GB")
     True
     """
-    return _peak(model, training) <= parse_budget(budget)
+    nbytes = parse_budget(budget)  # checked before the (slower) estimate
+    return _peak(model, training) <= nbytes

@@ -22,8 +22,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with its errors in the project's one-line form (exit 2)."""
 
     def error(self, message: str):
-        match = re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
-        field, problem = (match.group(1).replace("-", "_"), match.group(2)) if match else (
+        match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+                 or re.match(r"unrecognized arguments: --([\w-]+)()", message))
+        field, problem = (match.group(1).replace("-", "_"), match.group(2)
+                          or "this command has no such option") if match else (
             "arguments", message)
         _fail(field, problem, f"see `{self.prog} --help`")
 
@@ -109,10 +111,12 @@ def model_from_args(args):
     """The ModelSpec named by --model / --hf-config plus overrides."""
     from memcalc.specs import ModelSpec
 
-    if bool(args.model) == bool(args.hf_config):
+    if (args.model is None) == (args.hf_config is None):
         _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
               "e.g. --model gpt2")
-    model = ModelSpec.preset(args.model) if args.model else _from_hf(args.hf_config, args)
+    if args.implementation is not None and args.implementation not in ("hf", "reference"):
+        _fail("implementation", f"{args.implementation!r} is not an implementation", "use hf or reference")
+    model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
     changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
@@ -120,13 +124,10 @@ def model_from_args(args):
 
 
 def _from_hf(path: str, args):
+    from memcalc.files import read_json_object
     from memcalc.specs import ModelSpec
 
-    try:
-        with open(path) as fh:
-            config = json.load(fh)
-    except (OSError, ValueError) as err:
-        _fail("hf_config", f"cannot read {path}: {err}", "pass the path of a config.json")
+    config = read_json_object(path)  # a regular file of at most 1 MiB holding a JSON object
     return ModelSpec.from_hf_config(config, implementation=args.implementation or "hf")
 
 
@@ -179,14 +180,16 @@ def _print_estimate(out: dict) -> None:
 def cmd_capacity(args) -> dict:
     """Run `capacity`."""
     from memcalc import capacity
+    from memcalc.gpus import gpu, parse_budget
 
     if (args.budget is None) == (args.gpu is None):
         _fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
+    budget = gpu(args.gpu) if args.gpu is not None else parse_budget(args.budget)  # names its flag
     model, training = model_from_args(args), training_from_args(args)
     solve = args.solve or ("world_size" if training.sharding != "none" else "micro_batch")
     solver = {"micro_batch": capacity.max_micro_batch, "seq_len": capacity.max_seq_len,
               "num_layers": capacity.max_layers, "world_size": capacity.min_world_size}[solve]
-    r = solver(model, training, args.budget or args.gpu)
+    r = solver(model, training, budget)
     out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes,
            "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
     if not args.json:
@@ -210,8 +213,10 @@ def cmd_capacity(args) -> dict:
 
 def cmd_plan(args) -> dict:
     """Run `plan`."""
+    from memcalc.checks import check_int
     from memcalc.planner import plan
 
+    check_int("top", args.top, 1)
     model = model_from_args(args)
     base = training_from_args(args, seq_len=args.seq_len)
     plans = plan(model, args.gpu, args.global_batch, args.seq_len, base, args.utilisation)
@@ -262,7 +267,9 @@ def cmd_gpus(args) -> dict:
 def cmd_tables(args) -> dict:
     """Run `tables` (write, or --check and exit 1 on a difference)."""
     from memcalc import tables
+    from memcalc.checks import check_out_dir
 
+    check_out_dir("out", args.out, create=not args.check)
     if args.check:
         stale = tables.check(args.out, args.presets)
         if not args.json:

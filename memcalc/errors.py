@@ -41,9 +41,22 @@ def closest_names(name: str, known: list[str], n: int = 3) -> str:
 
 def from_pydantic(err, model_name: str) -> SpecError:
     """Turn a pydantic ValidationError into one SpecError naming the first bad field."""
+    import re
+
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first.get("loc", ())) or model_name
+    loc = [str(p) for p in first.get("loc", ())]
+    field = loc[0] if loc else model_name  # ('num_kv_heads', 'int'): a union's branch
     msg = first.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    if not loc:  # a cross-field check: name the first field its message mentions
+        names = _fields(model_name)
+        field = next((w for w in re.findall(r"[a-z_]+", msg) if w in names), model_name)
     return SpecError(field, msg, first.get("ctx", {}).get("fix", "") if isinstance(first.get("ctx"), dict) else "")
+
+
+def _fields(model_name: str) -> set[str]:
+    import importlib
+
+    module = {"ModelSpec": "memcalc.specs", "TrainingConfig": "memcalc.training"}.get(model_name)
+    return set(getattr(importlib.import_module(module), model_name).model_fields) if module else set()

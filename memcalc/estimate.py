@@ -23,6 +23,9 @@ def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
     >>> 1 <= k <= 12
     True
     """
+    from memcalc.checks import check_step
+
+    check_step(model, training)
     L = model.num_layers
     none = training.with_(checkpointing="none", checkpoint_every=None)
     per_layer = (estimate(model.with_(num_layers=2), none).phases["forward"]
@@ -108,6 +111,9 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
+    from memcalc.checks import check_step
+
+    check_step(model, training)  # types, memcalc.limits ceilings, what the model can run
     cands = candidates(model, training)
     b, s = training.micro_batch, training.seq_len
     if training.data_parallel > 1:
@@ -152,7 +158,6 @@ def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
 def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
     """Data-parallel ranks: one simulation without the optimizer, then each rank's own
     optimizer states (alive throughout the steady state) and step temporaries."""
-    g = cands.regime.granularity
     steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s))
     first = _phase_max(cands.first_set, cands.first_set.rounded_totals(b, s))
     reports = []

@@ -12,6 +12,8 @@ from the vendors' datasheets named in `source`.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -140,40 +142,58 @@ def local_gpus() -> tuple[list[LocalGPU], str]:
 # ---- budgets --------------------------------------------------------------------------------
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$")
+_SIZE = re.compile(r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]{1,4})?)\s*([a-z]*)$")
 _BUDGET_FIX = "pass bytes (80000000000), a size ('80GB', '24GiB'), a GPU name ('H100-80GB') or 'local'"
 
 
 def parse_budget(budget) -> int:
     """Bytes from an int, a size string, a catalogue GPU (its usable memory) or 'local' (the free
-    memory of this machine's GPU 0).
+    memory of this machine's GPU 0). Sizes are exact decimals (1e-3GB is 10**6 bytes), floored
+    to whole bytes, in [0, memcalc.limits.MAX_BUDGET].
 
     >>> parse_budget("24GiB"), parse_budget("80GB"), parse_budget(1024)
     (25769803776, 80000000000, 1024)
     >>> parse_budget("a100-80gb") == GPUS["A100-80GB"].usable_bytes
     True
     """
-    if isinstance(budget, bool):
-        raise MemcalcError("budget", f"{budget!r} is not a memory size", _BUDGET_FIX)
-    if isinstance(budget, (int, float)):
-        return _non_negative(int(budget))
-    if not isinstance(budget, str):
-        raise MemcalcError("budget", f"{budget!r} is not a memory size", _BUDGET_FIX)
+    from decimal import Decimal
+
+    if isinstance(budget, GPU):
+        return budget.usable_bytes
+    if isinstance(budget, bool) or not isinstance(budget, (numbers.Real, str)):
+        raise MemcalcError("budget", f"{str(budget)[:40]!r} is not a memory size", _BUDGET_FIX)
+    if isinstance(budget, numbers.Real):
+        if not math.isfinite(budget):
+            raise MemcalcError("budget", f"must be a finite number of bytes, got {budget}", _BUDGET_FIX)
+        return _in_range(Decimal(int(budget)) if isinstance(budget, numbers.Integral) else
+                         Decimal(float(budget)), budget)
     text = budget.strip().lower()
     if text == "local":
         return local_budget()
     match = _SIZE.match(text)
-    if match and match.group(2) in _UNITS:
-        return _non_negative(int(float(match.group(1)) * _UNITS[match.group(2)]))
-    if text.startswith("-"):
-        raise MemcalcError("budget", f"must be >= 0, got {budget!r}", _BUDGET_FIX)
-    return gpu(budget).usable_bytes
+    if match:
+        if match.group(2) not in _UNITS:
+            raise MemcalcError("budget", f"unknown unit {match.group(2)!r} in {budget!r}",
+                               "use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB, e.g. '80GB'")
+        return _in_range(Decimal(match.group(1)) * _UNITS[match.group(2)], budget)
+    if text[:1] in "+-.0123456789" or text in ("nan", "inf", "infinity", "-inf"):
+        raise MemcalcError("budget", f"{budget[:40]!r} is not a memory size", _BUDGET_FIX)
+    try:
+        return gpu(budget).usable_bytes
+    except UnknownNameError as err:
+        raise MemcalcError("budget", f"{budget[:40]!r} is neither a size nor a known GPU",
+                           f"{_BUDGET_FIX}; GPUs: {err.fix.removeprefix('use one of: ')}") from None
 
 
-def _non_negative(n: int) -> int:
-    if n < 0:
-        raise MemcalcError("budget", f"must be >= 0 bytes, got {n}", _BUDGET_FIX)
-    return n
+def _in_range(nbytes, given) -> int:
+    from memcalc.limits import MAX_BUDGET
+
+    if nbytes < 0:
+        raise MemcalcError("budget", f"must be >= 0 bytes, got {str(given)[:40]}", _BUDGET_FIX)
+    if nbytes > MAX_BUDGET:
+        raise MemcalcError("budget", f"{str(given)[:40]} is above memcalc's ceiling of "
+                           f"{MAX_BUDGET:,} bytes (1 PiB per rank)", "pass a per-rank budget, e.g. '80GB'")
+    return int(nbytes)
 
 
 def local_budget() -> int:

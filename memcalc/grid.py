@@ -77,14 +77,17 @@ def _eval_rounded(np, cands, b, s, g: int):
 def eval_candidates(model, training, b, s):
     """Peaks at every (b, s): the polynomial envelope on CPU, with the allocator's rounding
     (exact, per live storage) on CUDA."""
+    from memcalc.checks import check_grid_variant
+
     np = _numpy()
+    check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
     cands, g = _candidates(model, training)
     if g <= 1 or not b.size:
         return eval_polys([m.total for m in cands.steady], b, s)
     bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)
     if bound + 512 * 10**6 >= _EXACT_FLOAT:
         flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
-        return np.array(flat, dtype=np.int64).reshape(b.shape)
+        return np.array(flat, dtype=np.int64 if bound < 2 ** 62 else object).reshape(b.shape)
     return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
 
 
@@ -95,13 +98,6 @@ def _numpy():
         raise MemcalcError("numpy", "estimate_grid needs numpy, which is not installed",
                            "pip install 'memcalc[grid]'") from None
     return numpy
-
-
-def _positive_ints(np, name: str, values):
-    arr = np.asarray(values)
-    if arr.dtype.kind not in "iu" or (arr.size and arr.min() < 1):
-        raise MemcalcError(name, "must be an array of integers >= 1", f"pass e.g. {name}=np.arange(1, 65)")
-    return arr.astype(np.int64)
 
 
 def _upper_bound(p: Poly, box: tuple[int, int, int, int]) -> int:
@@ -247,13 +243,11 @@ def estimate_grid(model, training, **arrays):
     >>> grid.shape
     (4, 2)
     """
+    from memcalc.checks import grid_arrays
+
     np = _numpy()
-    names = list(arrays)
-    arrs = np.broadcast_arrays(*[np.asarray(arrays[n]) for n in names]) if names else []
-    fields = dict(zip(names, arrs))
-    shape = arrs[0].shape if arrs else ()
-    b = _positive_ints(np, "micro_batch", fields.pop("micro_batch", np.full(shape, training.micro_batch)))
-    s = _positive_ints(np, "seq_len", fields.pop("seq_len", np.full(shape, training.seq_len)))
+    fields, b, s = grid_arrays(np, model, training, arrays)  # types, ranges, broadcasting
+    b, s = np.array(b), np.array(s)  # own, contiguous copies of the broadcast views
     if not fields:
         return eval_candidates(model, training, b, s)
     return _grid_over_fields(np, model, training, fields, b, s)
@@ -274,5 +268,8 @@ def _grid_over_fields(np, model, training, fields: dict, b, s):
         changes = {n: (v.item() if hasattr(v, "item") else v) for n, v in zip(names, combo)}
         m = model.with_(**{k: v for k, v in changes.items() if k in model_fields})
         t = training.with_(**{k: v for k, v in changes.items() if k in train_fields and k not in model_fields})
-        out[mask] = eval_candidates(m, t, b.ravel()[mask], s.ravel()[mask])
+        found = eval_candidates(m, t, b.ravel()[mask], s.ravel()[mask])
+        if found.dtype == object:  # beyond int64: exact Python ints
+            out = out.astype(object)
+        out[mask] = found
     return out.reshape(b.shape)

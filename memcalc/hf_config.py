@@ -6,9 +6,6 @@ with those classes' defaults for absent optional fields.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from memcalc.errors import SpecError
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
@@ -22,20 +19,9 @@ def load_config(config) -> dict:
     """
     if isinstance(config, dict):
         return config
-    path = Path(config)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError("hf_config", f"no such file {str(path)!r}", "give the path of a config.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise SpecError("hf_config", f"{str(path)!r} is not valid JSON ({err.__class__.__name__})",
-                        "give a Hugging Face config.json") from None
-    if not isinstance(data, dict):
-        raise SpecError("hf_config", f"{str(path)!r} holds a JSON {type(data).__name__}, not an object",
-                        "give a Hugging Face config.json")
-    return data
+    from memcalc.files import read_json_object
+
+    return read_json_object(config)
 
 
 def _get(cfg: dict, key: str, default=None, required: bool = False):
@@ -44,6 +30,15 @@ def _get(cfg: dict, key: str, default=None, required: bool = False):
     if required:
         raise SpecError(f"hf_config.{key}", "missing", f"add {key!r} to the config")
     return default
+
+
+def _flag(cfg: dict, key: str, default: bool) -> bool:
+    """A boolean field: JSON true/false only (a string "false" would be truthy in Python)."""
+    value = _get(cfg, key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
+                        f"write {key}: true or false, without quotes")
+    return value
 
 
 def _gpt2_fields(cfg: dict) -> dict:
@@ -55,7 +50,7 @@ def _gpt2_fields(cfg: dict) -> dict:
                 hidden_size=_get(cfg, "n_embd", 768), num_layers=_get(cfg, "n_layer", 12),
                 num_heads=_get(cfg, "n_head", 12), intermediate_size=_get(cfg, "n_inner"),
                 max_position_embeddings=_get(cfg, "n_positions", 1024),
-                tie_embeddings=_get(cfg, "tie_word_embeddings", True),
+                tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
                 activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
                 embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
                 resid_dropout=_get(cfg, "resid_pdrop", 0.1))
@@ -65,7 +60,7 @@ def _llama_fields(cfg: dict, model_type: str) -> dict:
     act = _get(cfg, "hidden_act", "silu")
     if act != "silu":
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
-    qkv_bias = model_type == "qwen2" or bool(_get(cfg, "attention_bias", False))
+    qkv_bias = model_type == "qwen2" or _flag(cfg, "attention_bias", False)
     return dict(family="llama", vocab_size=_get(cfg, "vocab_size", required=True),
                 hidden_size=_get(cfg, "hidden_size", required=True),
                 num_layers=_get(cfg, "num_hidden_layers", required=True),
@@ -73,9 +68,9 @@ def _llama_fields(cfg: dict, model_type: str) -> dict:
                 num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
                 intermediate_size=_get(cfg, "intermediate_size", required=True),
                 max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
-                tie_embeddings=_get(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
-                out_bias=bool(_get(cfg, "attention_bias", False)) and model_type == "llama",
-                mlp_bias=bool(_get(cfg, "mlp_bias", False)), activation="silu",
+                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
+                out_bias=_flag(cfg, "attention_bias", False) and model_type == "llama",
+                mlp_bias=_flag(cfg, "mlp_bias", False), activation="silu",
                 attn_dropout=_get(cfg, "attention_dropout", 0.0))
 
 
@@ -96,3 +91,36 @@ def spec_fields_from_hf(config) -> dict:
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}
+
+
+# The config key each ModelSpec field comes from, to name the user's key in errors.
+CONFIG_KEYS = {
+    "gpt2": dict(vocab_size="vocab_size", hidden_size="n_embd", num_layers="n_layer",
+                 num_heads="n_head", intermediate_size="n_inner",
+                 max_position_embeddings="n_positions", embd_dropout="embd_pdrop",
+                 attn_dropout="attn_pdrop", resid_dropout="resid_pdrop", name="_name_or_path"),
+    "llama": dict(vocab_size="vocab_size", hidden_size="hidden_size", num_layers="num_hidden_layers",
+                  num_heads="num_attention_heads", num_kv_heads="num_key_value_heads",
+                  head_dim="head_dim", intermediate_size="intermediate_size",
+                  max_position_embeddings="max_position_embeddings",
+                  attn_dropout="attention_dropout", name="_name_or_path"),
+}
+
+
+def spec_from_hf(cls, config, implementation):
+    """cls.make(...) of a HF config, with errors naming the config's key (hf_config.n_layer).
+
+    >>> from memcalc.specs import ModelSpec
+    >>> spec_from_hf(ModelSpec, {"model_type": "gpt2", "n_layer": "2"}, "hf")
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: hf_config.n_layer: Input should be a valid integer
+    """
+    fields = spec_fields_from_hf(config)
+    try:
+        return cls.make(implementation=implementation, **fields)
+    except SpecError as err:
+        key = CONFIG_KEYS[fields["family"]].get(err.field.split(".")[0])
+        if key is None:
+            raise
+        raise SpecError(f"hf_config.{key}", err.problem, err.fix) from None

@@ -92,9 +92,12 @@ def plan(model, device, global_batch: int, seq_len: int, training=None,
     """
     from memcalc.training import TrainingConfig
 
+    from memcalc.checks import check_plan
+
     card = device if isinstance(device, GPU) else lookup_gpu(device)
     _check(global_batch, seq_len, utilisation)
     base = training or TrainingConfig(micro_batch=1, seq_len=seq_len)
+    check_plan(model, base, global_batch, seq_len, precisions, checkpointing)
     plans = []
     for precision in precisions:
         peak_tflops = card.tflops(precision)
@@ -144,6 +147,12 @@ def _fitting(model, training, card: GPU, global_batch: int, flops_per_s: float) 
 
 
 def _check(global_batch: int, seq_len: int, utilisation: float) -> None:
+    from memcalc.checks import check_fraction, check_int
+    from memcalc.limits import MAX_GLOBAL_BATCH, MAX_SHAPE
+
+    check_int("global_batch", global_batch, 1, MAX_GLOBAL_BATCH)
+    check_int("seq_len", seq_len, 1, MAX_SHAPE)
+    check_fraction("utilisation", utilisation, "pass the fraction of peak FLOPS reached, e.g. 0.4")
     if global_batch < 1:
         raise MemcalcError("global_batch", f"must be >= 1, got {global_batch}",
                            "pass the sequences per optimizer step, e.g. 512")

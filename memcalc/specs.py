@@ -24,7 +24,7 @@ class ModelSpec(BaseModel):
     124439808
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str = "custom"
     """A label for reports; presets carry their own name."""
@@ -82,6 +82,12 @@ class ModelSpec(BaseModel):
             raise ValueError("llama family has only attn_dropout; set embd/resid_dropout to 0")
         return self
 
+    def __init__(self, **fields):
+        try:
+            super().__init__(**fields)
+        except ValidationError as err:  # one SpecError naming the field, as make() gives
+            raise from_pydantic(err, type(self).__name__) from None
+
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def kv_heads(self) -> int:
@@ -129,9 +135,10 @@ class ModelSpec(BaseModel):
         >>> ModelSpec.preset("mistral-7b").kv_heads
         8
         """
+        from memcalc.checks import check_name
         from memcalc.presets import PRESETS
 
-        key = name.lower()
+        key = check_name("model", name, "gpt2").lower()
         if key not in PRESETS:
             raise UnknownNameError("model", f"unknown preset {name!r}",
                                    f"use one of: {closest_names(key, list(PRESETS))}")
@@ -144,9 +151,9 @@ class ModelSpec(BaseModel):
         >>> ModelSpec.from_hf_config({"model_type": "gpt2", "n_layer": 2}).num_layers
         2
         """
-        from memcalc.hf_config import spec_fields_from_hf
+        from memcalc.hf_config import spec_from_hf
 
-        return cls.make(implementation=implementation, **spec_fields_from_hf(config))
+        return spec_from_hf(cls, config, implementation)
 
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.

@@ -35,7 +35,7 @@ class TrainingConfig(BaseModel):
     'for-loop'
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     micro_batch: int = Field(gt=0)
     """Sequences per forward/backward pass (b)."""
@@ -93,6 +93,12 @@ class TrainingConfig(BaseModel):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
                              "fp32 (the policy, not autocast, makes the bf16 copies)")
         return self
+
+    def __init__(self, **fields):
+        try:
+            super().__init__(**fields)
+        except ValidationError as err:  # one SpecError naming the field, as make() gives
+            raise from_pydantic(err, type(self).__name__) from None
 
     @property
     def data_parallel(self) -> int:

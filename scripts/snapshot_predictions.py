@@ -113,7 +113,8 @@ def _consumers() -> dict:
             t = TrainingConfig(micro_batch=2, seq_len=1024, precision="bf16-amp",
                                checkpointing="per-layer", device=device)
             grid = memcalc.estimate_grid(model, t, micro_batch=np.arange(1, 40)[:, None],
-                                         seq_len=np.array([128, 500, 1024, 2048, 4095]))
+                                         seq_len=np.array([128, 500, 1024, 2048, 4095][:3 if model.family == "gpt2" else 5]))
+            # GPT-2 runs at most 1024 tokens (max_position_embeddings): estimate() refuses more
             out[f"grid {device} {model.name}"] = grid.tolist()
             grid2 = memcalc.estimate_grid(model, t, micro_batch=np.array([1, 2, 4]),
                                           num_layers=np.array([2, 3, 5]))
@@ -124,7 +125,7 @@ def _consumers() -> dict:
             out[f"expr {device} {model.name}"] = str(memcalc.estimate(model, t).expr)
     t = TrainingConfig(micro_batch=4, seq_len=2048, precision="bf16-amp")
     out["optimal_segment_size llama"] = memcalc.optimal_segment_size(llama, t)
-    out["optimal_segment_size gpt2"] = memcalc.optimal_segment_size(gpt2, t)
+    out["optimal_segment_size gpt2"] = memcalc.optimal_segment_size(gpt2, t.with_(seq_len=1024))  # <= 1024 positions
     plans = memcalc.plan(ModelSpec.preset("llama-3-8b"), "H100-80GB", global_batch=256, seq_len=4096)
     out["plan llama-3-8b"] = [repr(p) for p in plans[:10]]
     zero3 = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16", checkpointing="per-layer",

@@ -13,7 +13,7 @@ from tests.strategies import cases
 
 
 @given(cases(), st.lists(st.integers(1, 64), min_size=1, max_size=6),
-       st.lists(st.integers(1, 512), min_size=1, max_size=6))
+       st.lists(st.integers(1, 256), min_size=1, max_size=6))
 def test_grid_equals_estimate(case, bs, ss):
     model, training = case
     grid = estimate_grid(model, training, micro_batch=np.array(bs)[:, None], seq_len=np.array(ss))

@@ -45,8 +45,8 @@ def test_config_file_that_is_not_json(tmp_path):
 
 @pytest.mark.parametrize("fields,field", [
     (dict(hidden_size=0), "hidden_size"),
-    (dict(num_heads=5), "ModelSpec"),
-    (dict(num_kv_heads=3), "ModelSpec"),
+    (dict(num_heads=5), "num_heads"),  # cross-field checks name the field they mention
+    (dict(num_kv_heads=3), "num_kv_heads"),
 ])
 def test_bad_model_fields(fields, field):
     base = dict(family="llama", vocab_size=10, hidden_size=64, num_layers=1, num_heads=4,
