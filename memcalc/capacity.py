@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from memcalc.engine import steady_polys
 from memcalc.estimate import estimate
-from memcalc.checks import check_int, check_search, learned_positions
+from memcalc.checks import check_int
+from memcalc.step_checks import check_search, learned_positions
 from memcalc.gpus import parse_budget
 from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS
 
@@ -149,7 +150,7 @@ def max_seq_len(model, training, budget) -> Capacity:
 
 def _shape_cap(model, field: str) -> int:
     """The largest value the search may try: max_position_embeddings for seq_len on a model
-    with a fixed position table (memcalc.checks.learned_positions), else NO_LIMIT."""
+    with a fixed position table (memcalc.step_checks.learned_positions), else NO_LIMIT."""
     if field == "seq_len" and learned_positions(model):
         return min(model.max_position_embeddings, NO_LIMIT)
     return NO_LIMIT

@@ -12,9 +12,9 @@ from operator import attrgetter
 from typing import Callable
 
 from memcalc.allocator import device_constants
-from memcalc.errors import NotModelledError
+from memcalc.step_checks import check_step, check_supported
 from memcalc.parallel.fsdp import Fsdp
-from memcalc.parallel.tensor import check_tensor_parallel, local_spec
+from memcalc.parallel.tensor import local_spec
 from memcalc.poly import ZERO, Poly
 from memcalc.programs import program_for
 from memcalc.regime import Regime
@@ -26,26 +26,6 @@ from memcalc.tape.step import simulate_step
 from memcalc.training import TrainingConfig
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
-    """Refuse, naming the field, what is not modelled rather than answer for something else.
-
-    >>> check_supported(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8,
-    ...     precision="fp32", world_size=1, sharding="zero3", fsdp_mixed_precision=True))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
-    """
-    check_tensor_parallel(model, training)
-    if training.fsdp_mixed_precision and training.data_parallel == 1:
-        raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
-                               "data-parallel rank is not modelled (measured +1.3%)",
-                               "use world_size >= 2 x tensor_parallel")
-    if training.tensor_parallel > 1 and training.data_parallel > 1 and training.sharding in ("none", "zero1"):
-        raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
-                               "modelled with FSDP2 (zero2/zero3) only",
-                               "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
 
 
 def build_graph(model: ModelSpec, regime: Regime) -> Graph:
@@ -207,16 +187,20 @@ _regime_key = attrgetter(*(f for f in TrainingConfig.model_fields if f not in _S
 
 
 def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
-    """The simulated candidate moments of (model, training), after check_supported; the shape
-    fields micro_batch and seq_len are free symbols, so one simulation serves every shape.
+    """The simulated candidate moments of (model, training), checked first (memcalc.step_checks); the
+    shape fields micro_batch and seq_len are free symbols, so one simulation serves every shape.
 
     >>> c = candidates(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
     >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
     True
     """
-    key = (model, _regime_key(training))
-    found = _CACHE.get(key)
+    try:
+        key = (model, _regime_key(training))
+        found = _CACHE.get(key)
+    except (AttributeError, TypeError):  # not a TrainingConfig, or an unhashable model
+        found = None
     if found is None:
+        check_step(model, training)  # types, ceilings, runnable (memcalc.step_checks)
         check_supported(model, training)
         if len(_CACHE) > 512:
             _CACHE.clear()

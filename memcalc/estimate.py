@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from memcalc.engine import Candidates, MomentSet, candidates, check_supported  # noqa: F401 (API)
+from memcalc.step_checks import check_shape, check_supported  # noqa: F401 (API)
+from memcalc.engine import Candidates, MomentSet, candidates  # noqa: F401 (API)
 from memcalc.parallel.data import rank_optimizer_bytes_all
 from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (API)
 from memcalc.specs import ModelSpec
@@ -23,7 +24,7 @@ def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
     >>> 1 <= k <= 12
     True
     """
-    from memcalc.checks import check_step
+    from memcalc.step_checks import check_step
 
     check_step(model, training)
     L = model.num_layers
@@ -111,10 +112,8 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
-    from memcalc.checks import check_step
-
-    check_step(model, training)  # types, memcalc.limits ceilings, what the model can run
-    cands = candidates(model, training)
+    cands = candidates(model, training)  # checks the (model, training) it simulates
+    check_shape(model, training)  # and this shape
     b, s = training.micro_batch, training.seq_len
     if training.data_parallel > 1:
         return _estimate_ranks(model, training, cands, b, s)

@@ -77,7 +77,7 @@ def _eval_rounded(np, cands, b, s, g: int):
 def eval_candidates(model, training, b, s):
     """Peaks at every (b, s): the polynomial envelope on CPU, with the allocator's rounding
     (exact, per live storage) on CUDA."""
-    from memcalc.checks import check_grid_variant
+    from memcalc.grid_checks import check_grid_variant
 
     np = _numpy()
     check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
@@ -243,7 +243,7 @@ def estimate_grid(model, training, **arrays):
     >>> grid.shape
     (4, 2)
     """
-    from memcalc.checks import grid_arrays
+    from memcalc.grid_checks import grid_arrays
 
     np = _numpy()
     fields, b, s = grid_arrays(np, model, training, arrays)  # types, ranges, broadcasting

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from memcalc.engine import estimate_peak, steady_polys
 from memcalc.errors import MemcalcError
+from memcalc.checks import _short
 from memcalc.gpus import GPU, gpu as lookup_gpu
+from memcalc.step_checks import check_estimate, check_step
 from memcalc.training import PRECISIONS
 CHECKPOINTING = ("none", "per-layer", "sqrt", "selective")
 DEFAULT_UTILISATION = 0.4
@@ -92,7 +94,6 @@ def plan(model, device, global_batch: int, seq_len: int, training=None,
     """
     from memcalc.training import TrainingConfig
 
-    from memcalc.checks import check_plan
 
     card = device if isinstance(device, GPU) else lookup_gpu(device)
     _check(global_batch, seq_len, utilisation)
@@ -161,3 +162,17 @@ def _check(global_batch: int, seq_len: int, utilisation: float) -> None:
     if not 0 < utilisation <= 1:
         raise MemcalcError("utilisation", f"must be in (0, 1], got {utilisation}",
                            "pass the fraction of peak FLOPS reached, e.g. 0.4")
+
+
+def check_plan(model, training, global_batch: int, seq_len: int, precisions, checkpointing) -> None:
+    """plan()'s arguments: estimate()'s checks on every variant it will evaluate."""
+    for field, given, known in (("precisions", precisions, PRECISIONS),
+                                ("checkpointing", checkpointing, CHECKPOINTING)):
+        if not isinstance(given, (list, tuple)) or not all(isinstance(x, str) and x in known for x in given):
+            raise MemcalcError(field, f"{_short(given)} is not a list of {', '.join(known)}",
+                               f"pass a subset of {list(known)}")
+    check_step(model, training)
+    for precision in precisions:
+        for mode in checkpointing:
+            check_estimate(model, training.with_(precision=precision, checkpointing=mode,
+                                                 seq_len=seq_len, micro_batch=global_batch))

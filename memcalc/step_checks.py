@@ -1,0 +1,128 @@
+"""Whether a (model, training) step may be estimated: types, the ceilings of memcalc.limits,
+what the model's implementation can run, and what the engine models. Each failure is one
+MemcalcError naming the field the caller gave and the fix.
+
+>>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+>>> check_step(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=4096))  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+memcalc.errors.SpecError: seq_len: 4,096 exceeds max_position_embeddings=1024 (GPT-2's learned ...
+"""
+from __future__ import annotations
+
+from memcalc import limits
+from memcalc.errors import NotModelledError, SpecError
+from memcalc.parallel.tensor import check_tensor_parallel
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+
+def check_model(model) -> None:
+    """A ModelSpec within the ceilings of memcalc.limits."""
+    if not isinstance(model, ModelSpec):
+        fix = (f"pass ModelSpec.preset({model!r})" if isinstance(model, str) and len(model) < 60
+               else "pass a ModelSpec (ModelSpec.preset(name), ModelSpec.from_hf_config(path))")
+        raise SpecError("model", f"expected a ModelSpec, got {type(model).__name__}", fix)
+    for field, ceiling in limits.MODEL_CEILINGS.items():
+        value = getattr(model, field)
+        if value is not None and value > ceiling:
+            raise SpecError(field, f"{value:,} is above memcalc's ceiling of {ceiling:,}",
+                            f"use {field} <= {ceiling:,} (memcalc.limits: {_why(field)})")
+
+
+def check_training(training) -> None:
+    """A TrainingConfig within the ceilings of memcalc.limits."""
+    if not isinstance(training, TrainingConfig):
+        raise SpecError("training", f"expected a TrainingConfig, got {type(training).__name__}",
+                        "pass TrainingConfig(micro_batch=..., seq_len=...)")
+    for field, ceiling in limits.TRAINING_CEILINGS.items():
+        value = getattr(training, field)
+        if value is not None and value > ceiling:
+            raise SpecError(field, f"{value:,} is above memcalc's ceiling of {ceiling:,}",
+                            f"use {field} <= {ceiling:,} (memcalc.limits: {_why(field)})")
+    if training.data_parallel > limits.MAX_DATA_PARALLEL:
+        raise SpecError("world_size", f"{training.world_size:,} ranks make {training.data_parallel:,} "
+                        f"data-parallel ranks, above memcalc's ceiling of {limits.MAX_DATA_PARALLEL:,}",
+                        f"use world_size <= {limits.MAX_DATA_PARALLEL:,} x tensor_parallel "
+                        "(memcalc.limits: per-rank accounting visits every rank)")
+
+
+def _why(field: str) -> str:
+    return {"num_layers": "the engine simulates every layer",
+            "tensor_parallel": "past any NVLink domain"}.get(field, "past any model in use")
+
+
+def learned_positions(model) -> bool:
+    """Whether the model cannot run sequences longer than max_position_embeddings: GPT-2's learned
+    position table (and causal-mask buffer), and the reference models' precomputed tables
+    (validate/models.py: causal_mask, Rotary). HF Llama computes rotary angles per call."""
+    return model.family == "gpt2" or model.implementation == "reference"
+
+
+def check_runnable(model, training) -> None:
+    """What the implementation can run: seq_len within a fixed position table."""
+    if learned_positions(model) and training.seq_len > model.max_position_embeddings:
+        p = model.max_position_embeddings
+        table = ("GPT-2's learned position table" if model.family == "gpt2"
+                 else "the reference model's position tables")
+        raise SpecError("seq_len", f"{training.seq_len:,} exceeds max_position_embeddings={p} "
+                        f"({table} has {p} rows)",
+                        f"use seq_len <= {p}, or raise max_position_embeddings")
+
+
+def check_step(model, training) -> None:
+    """Types, ceilings and runnability of one (model, training) step: the top of estimate()."""
+    check_model(model)
+    check_training(training)
+    check_runnable(model, training)
+
+
+def check_shape(model, training) -> None:
+    """The checks that depend on micro_batch and seq_len alone, for a (model, training) whose
+    other fields were checked (estimate() on a cached simulation)."""
+    for field in ("micro_batch", "seq_len"):
+        if getattr(training, field) > limits.MAX_SHAPE:
+            check_training(training)  # raises, naming the field
+    check_runnable(model, training)
+
+
+def check_estimate(model, training) -> None:
+    """Exactly what estimate() checks, for callers that evaluate the engine another way."""
+    check_step(model, training)
+    check_supported(model, training)
+
+
+def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
+    """Refuse, naming the field, what is not modelled rather than answer for something else.
+
+    >>> check_supported(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...     precision="fp32", world_size=1, sharding="zero3", fsdp_mixed_precision=True))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
+    """
+    check_tensor_parallel(model, training)
+    if training.fsdp_mixed_precision and training.data_parallel == 1:
+        raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
+                               "data-parallel rank is not modelled (measured +1.3%)",
+                               "use world_size >= 2 x tensor_parallel")
+    if training.tensor_parallel > 1 and training.data_parallel > 1 and training.sharding in ("none", "zero1"):
+        raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
+                               "modelled with FSDP2 (zero2/zero3) only",
+                               "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
+
+
+def check_search(model, training, field: str) -> None:
+    """check_estimate for a capacity search over `field`: the caller's own value of that field
+    is replaced, so it is checked at the search's first probe instead."""
+    from memcalc.specs import ModelSpec
+    if not isinstance(model, ModelSpec) or not isinstance(training, TrainingConfig):
+        check_step(model, training)  # raises, naming the argument of the wrong type
+    t = training.tensor_parallel
+    if field == "num_layers":
+        model = model.with_(num_layers=1)
+    elif field == "world_size":
+        training = training.with_(world_size=t * (2 if training.fsdp_mixed_precision else 1))
+    else:
+        training = training.with_(**{field: t if field == "seq_len" else 1})
+    check_estimate(model, training)
