@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memcalc.errors import MemcalcError
+from validate.layers import decoder_layers
 
 SHARDINGS = ("none", "zero1", "zero2", "zero3")
 # None = torch's default: 25 MiB buckets, but (torch 2.13, find_unused_parameters=False) all
@@ -434,14 +435,6 @@ class _DistMeter:
 
 
 # ---- wrapping ----------------------------------------------------------------------------------
-def decoder_layers(model) -> list:
-    """The decoder layers of a reference or HF model (what FSDP2 wraps one by one)."""
-    if hasattr(model, "blocks"):  # validate.models.ReferenceLM
-        return list(model.blocks)
-    base = getattr(model, model.base_model_prefix)  # HF: transformer.h / model.layers
-    return list(base.h if hasattr(base, "h") else base.layers)
-
-
 def _loss_through(module, implementation: str):
     if implementation.startswith("hf"):
         return lambda ids: module(input_ids=ids, labels=ids, use_cache=False).loss
