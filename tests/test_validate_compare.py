@@ -7,8 +7,9 @@ import pytest
 
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
-from validate import compare
-from validate.compare import Case, error_pct, markdown_table, read_jsonl, result_row, verdict
+from validate import compare, runner
+from validate.case import Case, config_key
+from validate.compare import error_pct, markdown_table, read_jsonl, result_row, verdict
 
 SPEC = ModelSpec.make(family="gpt2", vocab_size=100, hidden_size=16, num_layers=2, num_heads=2,
                       implementation="reference")
@@ -41,7 +42,7 @@ def test_result_row_has_config_prediction_measurement_and_phases():
     assert row["phases"]["optimizer"] == {"predicted": 690, "measured": 700, "error_pct": -1.4286}
     assert row["first_step"]["error_pct"] == 0.0
     assert row["model"]["hidden_size"] == 16 and row["training"]["seq_len"] == 8
-    assert row["key"] == compare.config_key(SPEC, TC)
+    assert row["key"] == config_key(SPEC, TC)
     json.dumps(row)  # JSON-ready
 
 
@@ -63,13 +64,13 @@ def test_jsonl_append_resume_and_torn_line(tmp_path, monkeypatch):
         return _measurement(peak=1000 * training.micro_batch)
 
     monkeypatch.setattr("validate.measure.measure", fake_measure)
-    monkeypatch.setattr(compare, "predict", lambda spec, training: (_report(), None))
+    monkeypatch.setattr(runner, "predict", lambda spec, training: (_report(), None))
     out = tmp_path / "r.jsonl"
     cases = [Case(f"c{b}", SPEC, TC.with_(micro_batch=b)) for b in (1, 2, 3)]
-    compare.run_cases(cases[:2], out, "cpu")
+    runner.run_cases(cases[:2], out, "cpu")
     with out.open("a") as f:
         f.write('{"key": "torn')  # a crash mid-write
-    rows = compare.run_cases(cases, out, "cpu")
+    rows = runner.run_cases(cases, out, "cpu")
     assert calls == [1, 2, 3]  # resumed: the first two were not measured again
     assert [r["name"] for r in rows] == ["c1", "c2", "c3"]
     assert len(read_jsonl(out)) == 3
@@ -81,7 +82,7 @@ def test_failed_measurement_is_recorded_and_retried(tmp_path, monkeypatch):
 
     monkeypatch.setattr("validate.measure.measure", broken)
     out = tmp_path / "r.jsonl"
-    rows = compare.run_cases([Case("c", SPEC, TC)], out, "cpu")
+    rows = runner.run_cases([Case("c", SPEC, TC)], out, "cpu")
     assert rows[0]["status"] == "error" and "boom" in rows[0]["error"]
     assert compare.done_keys(out) == set()  # errors are retried on resume
 

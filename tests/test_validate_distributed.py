@@ -13,10 +13,11 @@ pytest.importorskip("torch.distributed")
 from memcalc.errors import MemcalcError  # noqa: E402
 from memcalc.specs import ModelSpec  # noqa: E402
 from memcalc.training import TrainingConfig  # noqa: E402
-from validate.dist_compare import dist_model  # noqa: E402
 from validate.dist_formulas import Layout, component_misses, phase_peaks  # noqa: E402
+from validate.dist_matrices import dist_model  # noqa: E402
 from validate.dist_tracker import DistTracker  # noqa: E402
-from validate.distributed import RankFailure, measure_distributed, resolve_parallelism  # noqa: E402
+from validate.distributed import measure_distributed, resolve_parallelism  # noqa: E402
+from validate.launch import RankFailure  # noqa: E402
 from validate.measure import measure  # noqa: E402
 
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():

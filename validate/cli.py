@@ -1,26 +1,38 @@
 """`python -m validate`: measure real training steps and compare them with memcalc's predictions.
 
     python -m validate run --matrix ci --device cpu --out validate/results/cpu-ci.jsonl
+    python -m validate run --matrix dist-ci --device cpu --out validate/results/dist-ci.jsonl
     python -m validate run --model gpt2 --num-layers 2 --micro-batch 2 --seq-len 128 --device cpu --json
+    python -m validate run --model gpt2 --num-layers 2 --micro-batch 2 --seq-len 64 \\
+        --device cpu --world-size 2 --sharding zero3 --no-predict
     python -m validate demo --out tables/
 
 Model and training flags are generated from ModelSpec and TrainingConfig (flag = field name with
-dashes), so they cannot drift from the contracts. Bad input: one line on stderr, exit 2.
+dashes), so they cannot drift from the contracts; --world-size, --sharding and
+--tensor-parallel among them run the case on gloo ranks (validate.runner). Bad input: one line on
+stderr, exit 2.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import re
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
 
 from memcalc.errors import MemcalcError, SpecError
+from memcalc.hf_config import load_config
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from validate.case import Case
+from validate.compare import is_distributed_row, markdown_table, mib, verdict
+from validate.matrices import MATRICES, get_matrix
+from validate.runner import run_cases
 
 EXIT_BAD_INPUT = 2
 EXIT_OUT_OF_TOLERANCE = 1
@@ -66,30 +78,13 @@ def _add_fields(parser, model, skip=()) -> list[str]:
     return names
 
 
-def _add_parallel_flags(run) -> None:
-    """--world-size/--sharding for distributed runs (validate/distributed.py), unless
-    TrainingConfig already has these fields (then they come with its generated flags)."""
-    from validate.distributed import SHARDINGS
-
-    missing = {"world_size", "sharding"} - set(TrainingConfig.model_fields)
-    if not missing:
-        return
-    group = run.add_argument_group("distributed (gloo ranks on CPU)")
-    if "world_size" not in TrainingConfig.model_fields:
-        group.add_argument("--world-size", dest="world_size", type=int, default=None,
-                           help="ranks (processes); runs the step data-parallel on gloo")
-    if "sharding" not in TrainingConfig.model_fields:
-        group.add_argument("--sharding", dest="sharding", choices=list(SHARDINGS), default=None,
-                           help="none (DDP), zero1 (ZeroRedundancyOptimizer), zero2/zero3 (FSDP2)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (no torch needed to build or use it)."""
     parser = _Parser(prog="validate", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="measure configurations and compare with memcalc")
     src = run.add_argument_group("what to run (one of)")
-    src.add_argument("--matrix", help="a named matrix: ci, gpu-quick, gpu-full")
+    src.add_argument("--matrix", help=f"a named matrix: {', '.join(MATRICES)}")
     src.add_argument("--model", help="a memcalc preset name, e.g. gpt2, llama-2-7b")
     src.add_argument("--hf-config", help="path of a Hugging Face config.json")
     run.add_argument("--backend", choices=["auto", "cpu", "fake", "cuda"], default="auto",
@@ -103,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
                      training_fields=_add_fields(run, TrainingConfig))
-    _add_parallel_flags(run)
     demo = sub.add_parser("demo", help="the lecture's demonstrations, measured on CPU")
     demo.add_argument("--out", default="tables", help="folder for tables and the plot")
     demo.add_argument("--real", action="store_true",
@@ -116,11 +110,8 @@ def _given(args, names) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
-def single_case(args):
+def single_case(args) -> Case:
     """The Case for --model / --hf-config plus field overrides."""
-    from memcalc.hf_config import load_config
-    from validate.compare import Case
-
     overrides = _given(args, args.model_fields)
     impl = overrides.pop("implementation", None)
     hf_config = None
@@ -140,10 +131,8 @@ def single_case(args):
     return Case(spec.name, spec, training, hf_config)
 
 
-def matrix_cases(args):
+def matrix_cases(args) -> list[Case]:
     """The selected cases of --matrix, with --device/--only/--limit applied."""
-    from validate.matrices import get_matrix
-
     if args.model or args.hf_config:
         raise SpecError("matrix", "--matrix cannot be combined with --model/--hf-config",
                         "give one of them")
@@ -153,13 +142,11 @@ def matrix_cases(args):
             pattern = re.compile(args.only)
         except re.error as err:
             raise SpecError("only", f"bad regex ({err})", "give a Python regular expression") from None
-        from validate.compare import label
-
-        cases = [c for c in cases if pattern.search(label(c))]
+        cases = [c for c in cases if pattern.search(c.label)]
     return cases[: args.limit] if args.limit is not None else cases
 
 
-def check_case(case) -> None:
+def check_case(case: Case) -> None:
     """Fail early, as bad input, on what cannot run (before anything is measured)."""
     from validate.step import check_runnable
 
@@ -176,13 +163,11 @@ def check_case(case) -> None:
 
 
 def _require(module: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         raise MemcalcError(module, "is not installed", "pip install 'memcalc[validate]'")
 
 
-def _backend(args, case) -> str:
+def _backend(args, case: Case) -> str:
     if args.backend != "auto":
         return args.backend
     return "cuda" if case.training.device == "cuda" else "cpu"
@@ -214,29 +199,28 @@ def _progress(total: int):
     return step, close
 
 
-def _default_out(args, cases) -> Path | None:
+def _default_out(args, cases: list[Case], distributed: bool) -> Path | None:
+    """--out, else validate/results/DEVICE-MATRIX.jsonl (distributed: MATRIX.jsonl, the
+    matrix names its kind) for a matrix, else None."""
     if args.out:
         return Path(args.out)
-    if args.matrix:
-        return Path("validate/results") / f"{cases[0].training.device if cases else 'cpu'}-{args.matrix}.jsonl"
-    return None
+    if not args.matrix:
+        return None
+    if distributed:
+        return Path("validate/results") / f"{args.matrix}.jsonl"
+    device = cases[0].training.device if cases else "cpu"
+    return Path("validate/results") / f"{device}-{args.matrix}.jsonl"
 
 
 def cmd_run(args) -> int:
     """Run a matrix or one configuration; exit 1 if any is outside the tolerance."""
-    import tempfile
-
-    from validate.compare import markdown_table, run_cases, verdict
-    from validate.dist_compare import cmd_run_distributed, wants_distributed
-
-    if wants_distributed(args):
-        return cmd_run_distributed(args)
     cases = matrix_cases(args) if args.matrix else [single_case(args)]
     for case in cases:
         check_case(case)
     if args.steps < 2:
         raise SpecError("steps", f"need >= 2, got {args.steps}", "pass --steps 3")
-    out = _default_out(args, cases)
+    distributed = any(c.distributed for c in cases)
+    out = _default_out(args, cases, distributed)
     target = out or Path(tempfile.mkdtemp(prefix="validate-")) / "run.jsonl"
     step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
     with _exclusive(target):
@@ -244,15 +228,16 @@ def cmd_run(args) -> int:
                          steps=args.steps, with_prediction=not args.no_predict)
     close()
     if out is not None:
-        out.with_suffix(".md").write_text(_md_header(args, rows) + markdown_table(rows, args.tolerance))
+        out.with_suffix(".md").write_text(_md_header(args, rows, distributed)
+                                          + markdown_table(rows, args.tolerance))
     failures = [(r, verdict(r, args.tolerance, not args.no_predict)) for r in rows]
     failures = [(r, why) for r, why in failures if why]
     for row in rows:
         print(json.dumps(row, sort_keys=True) if args.json else _line(row), flush=True)
     if failures:
-        print(f"validate: {len(failures)} of {len(rows)} configurations failed "
-              f"(tolerance {args.tolerance}%): " + "; ".join(f"{r['name']}: {w}" for r, w in failures[:5]),
-              file=sys.stderr)
+        tolerance = "" if distributed else f" (tolerance {args.tolerance}%)"
+        print(f"validate: {len(failures)} of {len(rows)} configurations failed{tolerance}: "
+              + "; ".join(f"{r['name']}: {w}" for r, w in failures[:5]), file=sys.stderr)
         return EXIT_OUT_OF_TOLERANCE
     return 0
 
@@ -275,17 +260,27 @@ def _exclusive(path: Path):
         yield
 
 
-def _md_header(args, rows) -> str:
+def _md_header(args, rows: list[dict], distributed: bool) -> str:
     what = args.matrix or args.model or args.hf_config
+    if distributed:
+        return (f"# validate: {what} (distributed, gloo on CPU)\n\n{len(rows)} configurations, "
+                f"steady-state peak per rank (steps >= 2), MiB; one number when all ranks "
+                f"agree.\n\n")
     return (f"# validate: {what}\n\n{len(rows)} configurations, tolerance +-{args.tolerance}%, "
             f"steady-state peak (steps >= 2), bytes shown in MiB.\n\n")
 
 
 def _line(row: dict) -> str:
+    """One row for the terminal."""
+    if is_distributed_row(row):
+        ranks = ", ".join(mib(x, 3) for x in row.get("measured_rank_peak_bytes") or [])
+        return (f"{row['label']}: ranks [{ranks}] MiB, predicted "
+                f"{mib(row.get('predicted_peak_bytes'), 3)}, {row['status']}"
+                + (f", {row.get('error')}" if row.get("error") else ""))
     meas, pred, err = row.get("measured_peak_bytes"), row.get("predicted_peak_bytes"), row.get("error_pct")
-    mib = lambda x: "-" if x is None else f"{x / 2**20:.2f} MiB"  # noqa: E731
+    in_mib = lambda x: "-" if x is None else f"{x / 2**20:.2f} MiB"  # noqa: E731
     tail = f"error {err:+.2f}%" if err is not None else (row.get("no_prediction") or row.get("error") or "")
-    return f"{row['label']}: measured {mib(meas)}, predicted {mib(pred)}, {row['status']}, {tail}"
+    return f"{row['label']}: measured {in_mib(meas)}, predicted {in_mib(pred)}, {row['status']}, {tail}"
 
 
 def main(argv=None) -> int:

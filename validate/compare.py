@@ -1,48 +1,25 @@
-"""Predicted vs measured: one result row per configuration, JSON lines, resume, markdown table.
+"""Predicted vs measured: one result row per configuration, verdicts, JSON lines with resume,
+markdown tables.
 
-A row's `key` is the canonical JSON of the configuration (model spec, training config, HF config
-dict if one was given); a run skips configurations whose key is already in the output file.
+A row's `key` is validate.case.Case.key; a run skips configurations whose key is already in the
+output file. A distributed row holds every rank's measured peak (`measured_rank_peak_bytes`);
+its `measured_peak_bytes` is the largest. A report's `rank_peak_bytes` (one per rank), when
+present, is compared rank by rank; otherwise its `peak_bytes` is compared with every rank.
 """
 from __future__ import annotations
 
 import json
 import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from memcalc.errors import MemcalcError
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+from validate.case import Case
 
 DEFAULT_TOLERANCE_PCT = 1.0
 MIB = 2**20
-
-
-@dataclass(frozen=True)
-class Case:
-    """One configuration to validate."""
-
-    name: str
-    spec: object  # memcalc.specs.ModelSpec
-    training: object  # memcalc.training.TrainingConfig
-    hf_config: dict | None = None
-
-    @property
-    def key(self) -> str:
-        """Canonical JSON of the configuration (what resume matches on)."""
-        return config_key(self.spec, self.training, self.hf_config)
-
-
-def config_key(spec, training, hf_config: dict | None = None) -> str:
-    """Canonical JSON of a configuration: sorted keys, no spaces.
-
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
-    >>> k = config_key(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
-    >>> k.startswith('{"hf_config":null,"model":{"activation":"gelu_new"')
-    True
-    """
-    return json.dumps({"model": spec.model_dump(mode="json"),
-                       "training": training.model_dump(mode="json"),
-                       "hf_config": hf_config}, sort_keys=True, separators=(",", ":"))
+PHASES = ("forward", "backward", "optimizer")
 
 
 def error_pct(predicted, measured) -> float | None:
@@ -58,49 +35,88 @@ def error_pct(predicted, measured) -> float | None:
     return round((predicted - measured) / measured * 100, 4)
 
 
-def predict(spec, training):
+def predict(spec: ModelSpec, training: TrainingConfig):
     """(report, None) from memcalc.estimate, or (None, reason) when there is no prediction.
 
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> report, why = predict(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
     >>> (report is None) == (why is not None)
     True
     """
     import memcalc
 
-    estimate = getattr(memcalc, "estimate", None)
-    if estimate is None:
-        return None, "memcalc.estimate is not available"
     try:
-        return estimate(spec, training), None
+        return memcalc.estimate(spec, training), None
     except MemcalcError as err:
         return None, f"memcalc.estimate: {err}"
 
 
-def _triple(predicted, measured) -> dict:
-    return {"predicted": predicted, "measured": measured, "error_pct": error_pct(predicted, measured)}
+def predicted_rank_peaks(report, world_size: int) -> list[int] | None:
+    """Per-rank predicted peaks: report.rank_peak_bytes if given, else peak_bytes for each rank.
+
+    >>> class R: peak_bytes = 5
+    >>> predicted_rank_peaks(R(), 2)
+    [5, 5]
+    """
+    if report is None:
+        return None
+    ranks = getattr(report, "rank_peak_bytes", None)
+    if ranks is not None:
+        return [int(x) for x in ranks]
+    peak = getattr(report, "peak_bytes", None)
+    return None if peak is None else [int(peak)] * world_size
 
 
-def result_row(case: Case, report, measurement, why_no_prediction: str | None = None) -> dict:
+# ---- rows --------------------------------------------------------------------------------------
+def result_row(case: Case, report, measured, why_no_prediction: str | None = None) -> dict:
     """The JSON row for one configuration.
 
-    `measurement` is a validate.measure.Measurement (or any object with the same attributes);
-    `report` a memcalc report (peak_bytes, first_step_peak_bytes, phases, components) or None.
+    `report`: a memcalc report (peak_bytes, first_step_peak_bytes, phases, components,
+    rank_peak_bytes) or None. `measured`: for a single-process case a validate.measure.Measurement
+    (or any object with its attributes); for a distributed case the rank dicts of
+    validate.distributed.measure_distributed (per-rank results in the row's 'ranks').
     """
-    m = measurement
+    fields = (_rank_fields(case, report, measured) if case.distributed
+              else _single_fields(report, measured))
+    return {**_config_fields(case), **fields, "no_prediction": why_no_prediction}
+
+
+def error_row(case: Case, err: Exception, backend: str, wall_s: float) -> dict:
+    """A row for a configuration whose measurement raised (a distributed one keeps each rank's
+    error, from validate.launch.RankFailure.errors)."""
+    row = {**_config_fields(case), "status": "error", "backend": backend,
+           "predicted_peak_bytes": None, "measured_peak_bytes": None, "error_pct": None,
+           "wall_s": round(wall_s, 3)}
+    if case.distributed:  # room for one error per rank
+        row.update(world_size=case.world_size, sharding=case.sharding,
+                   error=f"{type(err).__name__}: {err}"[:1500],
+                   rank_errors=getattr(err, "errors", None))
+    else:
+        row["error"] = f"{type(err).__name__}: {err}"[:500]
+    return row
+
+
+def _config_fields(case: Case) -> dict:
+    return {"key": case.key, "name": case.name, "label": case.label,
+            "model": case.spec.model_dump(mode="json"),
+            "training": case.training.model_dump(mode="json"), "hf_config": case.hf_config}
+
+
+def _triple(predicted, measured) -> dict:
+    return {"predicted": predicted, "measured": measured,
+            "error_pct": error_pct(predicted, measured)}
+
+
+def _single_fields(report, m) -> dict:
+    """Prediction and measurement of a single-process case."""
     pred = getattr(report, "peak_bytes", None)
     pred_phases = dict(getattr(report, "phases", None) or {})
-    row = {"key": case.key, "name": case.name, "label": label(case),
-           "model": case.spec.model_dump(mode="json"),
-           "training": case.training.model_dump(mode="json"), "hf_config": case.hf_config,
-           "status": m.status, "predicted_peak_bytes": pred, "measured_peak_bytes": m.peak_bytes,
+    row = {"status": m.status, "predicted_peak_bytes": pred, "measured_peak_bytes": m.peak_bytes,
            "error_pct": error_pct(pred, m.peak_bytes),
            "phases": {p: _triple(pred_phases.get(p), m.phases.get(p)) for p in
                       sorted(set(m.phases) | set(pred_phases))},
            "first_step": _triple(getattr(report, "first_step_peak_bytes", None),
                                  m.first_step_peak_bytes),
-           "predicted_components": dict(getattr(report, "components", None) or {}),
-           "no_prediction": why_no_prediction}
+           "predicted_components": dict(getattr(report, "components", None) or {})}
     row.update({k: getattr(m, k) for k in ("backend", "device", "device_name", "torch_version",
                                            "implementation", "sdpa_backend", "param_dtype",
                                            "extra", "wall_s")})
@@ -108,14 +124,25 @@ def result_row(case: Case, report, measurement, why_no_prediction: str | None = 
     return row
 
 
-def error_row(case: Case, err: Exception, backend: str, wall_s: float) -> dict:
-    """A row for a configuration whose measurement raised."""
-    return {"key": case.key, "name": case.name, "label": label(case),
-            "model": case.spec.model_dump(mode="json"),
-            "training": case.training.model_dump(mode="json"), "hf_config": case.hf_config,
-            "status": "error", "error": f"{type(err).__name__}: {err}"[:500], "backend": backend,
-            "predicted_peak_bytes": None, "measured_peak_bytes": None, "error_pct": None,
-            "wall_s": round(wall_s, 3)}
+def _rank_fields(case: Case, report, ranks: list[dict]) -> dict:
+    """Prediction and per-rank measurements of a distributed case; the worst rank's error."""
+    measured = [r["peak_bytes"] for r in ranks]
+    predicted = predicted_rank_peaks(report, case.world_size)
+    rank_errors = ([error_pct(p, m) for p, m in zip(predicted, measured)]
+                   if predicted is not None else None)
+    pred_phases = dict(getattr(report, "phases", None) or {})
+    return {"world_size": case.world_size, "sharding": case.sharding, "status": "ok",
+            "measured_peak_bytes": max(measured), "measured_rank_peak_bytes": measured,
+            "measured_first_step_rank_peak_bytes": [r["first_step_peak_bytes"] for r in ranks],
+            "predicted_peak_bytes": max(predicted) if predicted else None,
+            "predicted_rank_peak_bytes": predicted, "rank_error_pct": rank_errors,
+            "error_pct": max(rank_errors, key=abs) if rank_errors else None,
+            "phases": {p: {"predicted": pred_phases.get(p),
+                           "measured": max(r["phases"].get(p, 0) for r in ranks)} for p in PHASES},
+            "backend": ranks[0]["backend"], "implementation": ranks[0]["implementation"],
+            "torch_version": ranks[0]["torch_version"],
+            "ranks": [{k: v for k, v in r.items() if k != "events"} for r in ranks],
+            "wall_s": ranks[0].get("launch_wall_s")}
 
 
 def _transformers_version() -> str | None:
@@ -126,22 +153,13 @@ def _transformers_version() -> str | None:
     return transformers.__version__
 
 
-def label(case: Case) -> str:
-    """A short human label for tables.
+def is_distributed_row(row: dict) -> bool:
+    """Whether a row comes from a distributed case (it then names its world size).
 
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
-    >>> label(Case("x", ModelSpec.preset("gpt2").with_(num_layers=2),
-    ...            TrainingConfig(micro_batch=1, seq_len=8)))
-    'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none sdpa ga1'
-    >>> label(Case("y", ModelSpec.preset("qwen2-0.5b").with_(num_layers=2),
-    ...            TrainingConfig(micro_batch=1, seq_len=8))).split("|")[0]
-    'y: hf qwen2-0.5b L2 h896 V151936 '
+    >>> is_distributed_row({"world_size": 2}), is_distributed_row({"training": {"world_size": 1}})
+    (True, False)
     """
-    s, t = case.spec, case.training
-    ck = t.checkpointing + (f"/{t.checkpoint_every}" if t.checkpoint_every else "")
-    return (f"{case.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
-            f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
-            f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} ga{t.grad_accum}")
+    return "world_size" in row
 
 
 # ---- verdicts ----------------------------------------------------------------------------------
@@ -207,55 +225,57 @@ def done_keys(path) -> set[str]:
     return {r["key"] for r in read_jsonl(path) if r.get("status") != "error"}
 
 
-def _mib(x) -> str:
-    return "-" if x is None else f"{x / MIB:,.2f}"
+# ---- markdown ----------------------------------------------------------------------------------
+def mib(x, digits: int = 2) -> str:
+    """Bytes as MiB with thousands separators, '-' for None.
+
+    >>> mib(3 * 2**20), mib(2**19, 3), mib(None)
+    ('3.00', '0.500', '-')
+    """
+    return "-" if x is None else f"{x / MIB:,.{digits}f}"
 
 
 def markdown_table(rows: list[dict], tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> str:
-    """Markdown table: configuration, predicted, measured (MiB), error, verdict.
+    """Markdown table: configuration, predicted and measured (MiB), error, verdict; for
+    distributed rows the measured peak of each rank (one number when all ranks agree) and no
+    verdict on a missing prediction.
 
     >>> print(markdown_table([{"label": "a", "status": "ok", "predicted_peak_bytes": 2**20,
     ...     "measured_peak_bytes": 2**20, "error_pct": 0.0}]).splitlines()[2])
     | a | 1.00 | 1.00 | +0.00% | ok |
+    >>> print(markdown_table([{"label": "b", "status": "ok", "world_size": 2, "error_pct": None,
+    ...     "measured_rank_peak_bytes": [2**20, 2**21]}]).splitlines()[2])
+    | b | 1.000 / 2.000 | - | - | ok |
     """
-    lines = ["| configuration | predicted (MiB) | measured (MiB) | error | status |",
-             "|---|---:|---:|---:|---|"]
+    distributed = any(is_distributed_row(r) for r in rows)
+    if distributed:
+        lines = ["| configuration | measured per rank (MiB) | predicted (MiB) | error | status |",
+                 "|---|---|---|---:|---|"]
+    else:
+        lines = ["| configuration | predicted (MiB) | measured (MiB) | error | status |",
+                 "|---|---:|---:|---:|---|"]
     for r in rows:
         err = r.get("error_pct")
-        bad = verdict(r, tolerance_pct)
+        bad = verdict(r, tolerance_pct, require_prediction=not distributed)
         status = r.get("status", "?") if bad is None else f"FAIL: {bad}"
-        lines.append(f"| {r.get('label', r.get('name'))} | {_mib(r.get('predicted_peak_bytes'))} | "
-                     f"{_mib(r.get('measured_peak_bytes'))} | "
-                     f"{'-' if err is None else f'{err:+.2f}%'} | {status} |")
+        if distributed:
+            peaks = [_rank_peaks(r), mib(r.get("predicted_peak_bytes"), 3)]
+        else:
+            peaks = [mib(r.get("predicted_peak_bytes")), mib(r.get("measured_peak_bytes"))]
+        cells = [r.get("label", r.get("name")), *peaks,
+                 "-" if err is None else f"{err:+.2f}%", status]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def run_cases(cases, out_path, backend: str, progress=None, steps: int = 3,
-              with_prediction: bool = True) -> list[dict]:
-    """Measure (and predict) each case not yet in `out_path`, appending rows as they finish.
+def _rank_peaks(row: dict) -> str:
+    """Each rank's measured peak in MiB, or one number when all ranks agree."""
+    measured = row.get("measured_rank_peak_bytes") or []
+    if len(set(measured)) > 1:
+        return " / ".join(mib(x, 3) for x in measured)
+    return mib(measured[0] if measured else None, 3)
 
-    Returns all rows of the file for the given cases (old and new), in case order.
-    """
-    from validate.measure import measure
 
-    done = done_keys(out_path)
-    for case in cases:
-        if progress is not None:
-            progress(case)
-        if case.key in done:
-            continue
-        start = time.perf_counter()
-        try:
-            m = measure(case.spec, case.training, backend, case.hf_config, steps=steps)
-        except Exception as err:  # record and go on: one broken config must not stop a matrix
-            append_jsonl(out_path, error_row(case, err, backend, time.perf_counter() - start))
-            continue
-        report, why = None, "skipped"
-        if with_prediction:
-            try:
-                report, why = predict(case.spec, case.training)
-            except Exception as err:  # an engine bug: keep it in the row, it fails the verdict
-                report, why = None, f"memcalc.estimate raised {type(err).__name__}: {err}"
-        append_jsonl(out_path, result_row(case, report, m, why))
-    latest = {r["key"]: r for r in read_jsonl(out_path)}
-    return [latest[c.key] for c in cases if c.key in latest]
+__all__ = ["error_pct", "predict", "predicted_rank_peaks", "result_row", "error_row",
+           "is_distributed_row", "verdict", "append_jsonl", "read_jsonl", "done_keys", "mib",
+           "markdown_table", "MIB", "DEFAULT_TOLERANCE_PCT"]

@@ -60,7 +60,7 @@ class Layout:
     group per decoder layer, then the root (everything else, tied weights once)."""
 
     def __init__(self, spec, training, hf_config=None):
-        from validate.distributed import decoder_layers
+        from validate.layers import decoder_layers
         from validate.step import build_trainee
 
         model = build_trainee(spec, training, hf_config).model

@@ -8,6 +8,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from memcalc.errors import MemcalcError
+from validate.layers import decoder_layers, replace_decoder_layers
 from validate.models import RMS_EPS, ROPE_THETA, segment_size
 
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
@@ -107,12 +108,6 @@ def build_hf(spec, training, config: dict | None = None):
 
 
 # ---- checkpointing -----------------------------------------------------------------------------
-def _layer_list(model):
-    base = getattr(model, model.base_model_prefix)
-    name = "h" if hasattr(base, "h") else "layers"
-    return base, name
-
-
 def _apply_checkpointing(model, spec, training) -> None:
     kind = training.checkpointing
     if kind == "per-layer":
@@ -123,9 +118,8 @@ def _apply_checkpointing(model, spec, training) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     elif kind in ("every-k", "sqrt"):
         k = segment_size(spec, training)
-        base, name = _layer_list(model)
-        layers = list(getattr(base, name))
-        setattr(base, name, torch.nn.ModuleList(_group_layers(layers, k)))
+        layers = _group_layers(decoder_layers(model), k)
+        replace_decoder_layers(model, torch.nn.ModuleList(layers))
 
 
 class _Group:

@@ -1,4 +1,6 @@
 """Named validation matrices: lists of Cases (model spec, training config, optional HF config).
+`get_matrix` serves every matrix: ci, gpu-quick, gpu-full and the distributed dist-ci
+(validate/dist_matrices.py).
 
 `ci` (CPU) and `gpu-full` are covering designs: every value of every axis appears and every pair of
 values of any two axes appears in some row (greedy pairwise construction, deterministic), far
@@ -13,7 +15,8 @@ import random
 from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
-from validate.compare import Case
+from validate.case import Case
+from validate.dist_matrices import dist_ci_matrix
 
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
 CHECKPOINTING = ("none", "per-layer", "sqrt", "every-k", "selective")
@@ -259,17 +262,19 @@ def gpu_full_matrix(device: str = "cuda") -> list[Case]:
     return cases
 
 
-MATRICES = {"ci": ci_matrix, "gpu-quick": gpu_quick_matrix, "gpu-full": gpu_full_matrix}
+# name -> (builder, the device it runs on unless --device says otherwise)
+MATRICES = {"ci": (ci_matrix, "cpu"), "gpu-quick": (gpu_quick_matrix, "cuda"),
+            "gpu-full": (gpu_full_matrix, "cuda"), "dist-ci": (dist_ci_matrix, "cpu")}
 
 
 def get_matrix(name: str, device: str | None = None) -> list[Case]:
     """A named matrix; `device` overrides the matrix's own.
 
-    >>> len(get_matrix("gpu-quick")) > 5
-    True
+    >>> len(get_matrix("gpu-quick")) > 5, get_matrix("dist-ci")[0].distributed
+    (True, True)
     """
     if name not in MATRICES:
         raise UnknownNameError("matrix", f"unknown matrix {name!r}",
                                f"use one of: {closest_names(name, list(MATRICES))}")
-    default = "cpu" if name == "ci" else "cuda"
-    return MATRICES[name](device or default)
+    build, default = MATRICES[name]
+    return build(device or default)

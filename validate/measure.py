@@ -178,7 +178,7 @@ def _run_under(meter, spec, training, hf_config, steps, seed):
 def _measure_tracker(spec, training, hf_config, steps, seed) -> Measurement:
     with LiveTensorTracker() as tracker:
         trainee, run = _run_under(TrackerMeter(tracker), spec, training, hf_config, steps, seed)
-    result = Measurement(status="ok", backend="cpu", device="cpu", device_name=_cpu_name(),
+    result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
                          sdpa_backend=sdpa_backend(spec, training))
     result.extra["untracked_tensors"] = tracker.untracked
     return _fill(result, trainee, run)
@@ -241,7 +241,8 @@ def memtracker_peaks(spec, training, hf_config: dict | None = None, steps: int =
 
 
 # ---- environment facts -------------------------------------------------------------------------
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's name as platform reports it (for result rows)."""
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -279,4 +280,4 @@ def sdpa_backend(spec, training) -> str | None:
     return names.get(int(choice), str(choice))
 
 
-__all__ = ["Measurement", "measure", "memtracker_peaks", "sdpa_backend", "PHASES"]
+__all__ = ["Measurement", "measure", "memtracker_peaks", "sdpa_backend", "cpu_name", "PHASES"]

@@ -21,6 +21,8 @@ all-gathered before the final norm.
 """
 from __future__ import annotations
 
+from validate.layers import decoder_layers
+
 
 def llama_plan(sequence_parallel: bool) -> dict:
     """Per-block plan of validate.models.LlamaBlock (keys relative to the block)."""
@@ -85,10 +87,6 @@ def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool, mesh=No
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-
-    from memcalc.errors import MemcalcError
-
-    from validate.distributed import decoder_layers
 
     mesh = mesh if mesh is not None else init_device_mesh("cpu", (tp,))
     plan = (gpt2_plan if spec.family == "gpt2" else llama_plan)(sequence_parallel)

@@ -1,0 +1,105 @@
+"""One configuration to validate: a model spec, a TrainingConfig and, optionally, the HF config
+dict it came from. The TrainingConfig says everything, parallelism included (world_size,
+sharding, tensor_parallel): a case with more than one rank, or with a sharding, is measured on
+gloo ranks (validate.distributed), any other in this process (validate.measure).
+
+No torch here: matrices and the CLI build cases before anything is measured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+
+def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None = None) -> str:
+    """Canonical JSON of a configuration: sorted keys, no spaces.
+
+    >>> k = config_key(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
+    >>> k.startswith('{"hf_config":null,"model":{"activation":"gelu_new"')
+    True
+    """
+    return json.dumps(_key_fields(spec, training, hf_config), sort_keys=True,
+                      separators=(",", ":"))
+
+
+def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None) -> dict:
+    return {"model": spec.model_dump(mode="json"), "training": training.model_dump(mode="json"),
+            "hf_config": hf_config}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration to validate.
+
+    >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
+    >>> Case("x", ModelSpec.preset("gpt2"), tc).distributed
+    False
+    >>> Case("x", ModelSpec.preset("gpt2"), tc.with_(world_size=2)).distributed
+    True
+    """
+
+    name: str
+    spec: ModelSpec
+    training: TrainingConfig
+    hf_config: dict | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the case runs on gloo ranks: more than one rank, or a sharding."""
+        return self.training.world_size > 1 or self.training.sharding != "none"
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (processes) the case runs on."""
+        return self.training.world_size
+
+    @property
+    def sharding(self) -> str:
+        """Data-parallel sharding: none, zero1, zero2 or zero3."""
+        return self.training.sharding
+
+    @property
+    def key(self) -> str:
+        """Canonical JSON of the configuration (what resume matches on). A distributed case's key
+        also holds its parallelism under 'parallel' (as recorded since the first dist-ci run).
+
+        >>> tc = TrainingConfig(micro_batch=1, seq_len=8, world_size=2, sharding="zero3")
+        >>> Case("x", ModelSpec.preset("gpt2"), tc).key.count('"world_size":2')
+        2
+        """
+        fields = _key_fields(self.spec, self.training, self.hf_config)
+        if self.distributed:
+            fields["parallel"] = {"world_size": self.world_size, "sharding": self.sharding}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def label(self) -> str:
+        """A short human label for tables.
+
+        >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
+        >>> Case("x", ModelSpec.preset("gpt2").with_(num_layers=2), tc).label
+        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none sdpa ga1'
+        >>> Case("y", ModelSpec.preset("qwen2-0.5b").with_(num_layers=2), tc).label.split("|")[0]
+        'y: hf qwen2-0.5b L2 h896 V151936 '
+        >>> Case("z", ModelSpec.preset("gpt2").with_(num_layers=2),
+        ...      tc.with_(world_size=4, tensor_parallel=2, sharding="zero3")).label
+        'z: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw | W4 zero3 TP2'
+        """
+        s, t = self.spec, self.training
+        if self.distributed:
+            return (f"{self.name}: {s.implementation} {s.family} L{s.num_layers} "
+                    f"h{s.hidden_size} V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} "
+                    f"{t.precision} {t.optimizer} | W{t.world_size} {t.sharding}"
+                    + (f" TP{t.tensor_parallel}" if t.tensor_parallel > 1 else "")
+                    + ("+SP" if t.sequence_parallel else ""))
+        ck = t.checkpointing + (f"/{t.checkpoint_every}" if t.checkpoint_every else "")
+        return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
+                f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
+                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
+                f"ga{t.grad_accum}")
+
+
+__all__ = ["Case", "config_key"]
