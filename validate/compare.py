@@ -15,10 +15,10 @@ from pathlib import Path
 from memcalc.errors import MemcalcError
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from memcalc.units import MIB
 from validate.case import Case
 
 DEFAULT_TOLERANCE_PCT = 1.0
-MIB = 2**20
 PHASES = ("forward", "backward", "optimizer")
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from memcalc.units import MIB
 from validate.compare import error_pct, predict
 from validate.measure import measure
 
-MIB = 2**20
 SMALL = ModelSpec.make(name="small-gpt2", family="gpt2", vocab_size=8192, hidden_size=256,
                        num_layers=4, num_heads=4, max_position_embeddings=256,
                        embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1)

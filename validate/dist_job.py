@@ -15,9 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.training import SHARDINGS, TrainingConfig  # noqa: F401 (SHARDINGS: re-exported)
 
-SHARDINGS = ("none", "zero1", "zero2", "zero3")
 BACKEND = "cpu-gloo"  # the backend named in results: gloo processes on CPU
 # None = torch's default: 25 MiB buckets, but (torch 2.13, find_unused_parameters=False) all
 # parameters in one bucket until the first backward, then rebuilt in gradient-ready order with a

@@ -81,7 +81,7 @@ def check_distributed(spec: ModelSpec, training: TrainingConfig, world_size: int
                            "(aten._fused_sgd_), so tensor-parallel SGD cannot run fused",
                            "use --optimizer-impl foreach or for-loop")
     if tp > 1:  # what the engine refuses (uneven splits, SP on HF models, HF GPT-2's Conv1D)
-        from memcalc.tensor_parallel import check_tensor_parallel
+        from memcalc.parallel.tensor import check_tensor_parallel
 
         check_tensor_parallel(spec, training)
     if training.device != "cpu":

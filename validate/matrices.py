@@ -14,14 +14,12 @@ import random
 
 from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
+from memcalc.training import OPTIMIZER_IMPLS as IMPLS
+from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
 from validate.case import Case
 from validate.dist_matrices import dist_ci_matrix
 
-PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
-CHECKPOINTING = ("none", "per-layer", "sqrt", "every-k", "selective")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
-IMPLS = ("foreach", "fused", "for-loop")
 
 
 def pairwise(axes: dict[str, tuple], seed: int = 0, candidates: int = 40) -> list[dict]:

@@ -64,9 +64,17 @@ def make_optimizer(params, training) -> torch.optim.Optimizer:
     >>> type(opt).__name__, opt.defaults["foreach"], opt.defaults["fused"]
     ('Adam', False, False)
     """
-    cls = {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD,
-           "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[training.optimizer]
-    return cls(params, **optimizer_kwargs(training))
+    return optimizer_class(training.optimizer)(params, **optimizer_kwargs(training))
+
+
+def optimizer_class(name: str) -> type:
+    """The torch.optim class of a memcalc optimizer name (SGD with or without momentum).
+
+    >>> optimizer_class("sgd-momentum").__name__
+    'SGD'
+    """
+    return {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD,
+            "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
 
 
 def check_runnable(spec, training) -> None:

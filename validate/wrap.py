@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from validate.dist_job import DistJob
 from validate.layers import decoder_layers
-from validate.step import Trainee, make_optimizer, optimizer_kwargs
+from validate.step import Trainee, make_optimizer, optimizer_class, optimizer_kwargs
 from validate.tensor_parallel import apply_tensor_parallel
 
 
@@ -133,9 +133,7 @@ def _zero_optimizer(ddp, job: DistJob) -> tuple[object, dict]:
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    cls = {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD, "adam": torch.optim.Adam,
-           "adamw": torch.optim.AdamW}[job.training.optimizer]
-    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=cls,
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=optimizer_class(job.training.optimizer),
                                   parameters_as_bucket_view=False,
                                   **optimizer_kwargs(job.training))
     parts = opt._partition_parameters()  # private, read only: which parameters each rank steps
