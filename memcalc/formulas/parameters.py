@@ -16,13 +16,13 @@ def block_param_shapes(spec) -> list[tuple[str, int]]:
     """
     h, f = spec.hidden_size, spec.ffn_size
     q, kv = spec.num_heads * spec.head_size, spec.kv_heads * spec.head_size
-    if spec.family == "gpt2":
-        return [("ln_1.weight", h), ("ln_1.bias", h),
-                ("attn.c_attn.weight", h * (q + 2 * kv)), ("attn.c_attn.bias", q + 2 * kv),
-                ("attn.c_proj.weight", q * h), ("attn.c_proj.bias", h),
-                ("ln_2.weight", h), ("ln_2.bias", h),
-                ("mlp.c_fc.weight", h * f), ("mlp.c_fc.bias", f),
-                ("mlp.c_proj.weight", f * h), ("mlp.c_proj.bias", h)]
+    if spec.family == "gpt2":  # biases as the spec configures them (the reference model's flags)
+        return [("ln_1.weight", h), ("ln_1.bias", h), ("attn.c_attn.weight", h * (q + 2 * kv))] \
+            + [("attn.c_attn.bias", q + 2 * kv)] * spec.qkv_bias \
+            + [("attn.c_proj.weight", q * h)] + [("attn.c_proj.bias", h)] * spec.out_bias \
+            + [("ln_2.weight", h), ("ln_2.bias", h), ("mlp.c_fc.weight", h * f)] \
+            + [("mlp.c_fc.bias", f)] * spec.mlp_bias + [("mlp.c_proj.weight", f * h)] \
+            + [("mlp.c_proj.bias", h)] * spec.mlp_bias
     shapes = [("input_layernorm.weight", h), ("q_proj.weight", h * q), ("k_proj.weight", h * kv),
               ("v_proj.weight", h * kv), ("o_proj.weight", q * h)]
     if spec.qkv_bias:
