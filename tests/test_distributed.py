@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-import strategies  # noqa: F401  (registers the hypothesis profiles)
+import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.distributed import rank_optimizer_bytes_all, zero1_partition
 from memcalc.formulas.model_states import zero_model_state_bytes

@@ -2,7 +2,7 @@
 against the unpruned maximum, the fast evaluator against Poly.eval."""
 import sympy
 
-import strategies  # noqa: F401  (registers the hypothesis profiles)
+import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from hypothesis import given, strategies as st
 
 from memcalc.estimate import MomentSet
