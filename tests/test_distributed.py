@@ -98,7 +98,7 @@ def test_recorded_gloo_runs_match_rank_by_rank(row):
     measured = row["measured_rank_peak_bytes"]
     assert len(predicted) == len(measured)
     for p, m in zip(predicted, measured):
-        assert abs(p - m) <= 0.03 * m
+        assert abs(p - m) <= 0.01 * m  # the 1% CI holds the engine to (.ci/run)
 
 
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])
