@@ -13,12 +13,13 @@ collect_ignore = ["validate/__main__.py"]
 if importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["validate/*.py"]
 
-# Doctests that run real training steps (or spawn gloo processes): seconds each.
-SLOW_DOCTEST_MODULES = ("validate.distributed", "validate.dist_tracker", "validate.hf",
-                        "validate.measure", "validate.step")
+# Doctests that run real training steps (or spawn gloo processes), or plan over many
+# simulations: seconds each.
+SLOW_DOCTESTS = ("validate.distributed", "validate.dist_tracker", "validate.hf", "validate.measure",
+                 "validate.step", "memcalc.planner.plan", "memcalc.capacity.min_world_size")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if isinstance(item, pytest.DoctestItem) and item.name.startswith(SLOW_DOCTEST_MODULES):
+        if isinstance(item, pytest.DoctestItem) and item.name.startswith(SLOW_DOCTESTS):
             item.add_marker(pytest.mark.slow)

@@ -48,6 +48,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,fields", CASES, ids=[f"{s.implementation}-{s.family}-{f}" for s, f in CASES])
 def test_prediction_within_one_percent_of_measured_cpu_peak(spec, fields):
     pytest.importorskip("torch")
@@ -82,6 +83,7 @@ def test_optimal_segment_size_beats_its_neighbours():
     assert peak(k) < estimate(model, step).peak_bytes  # any checkpointing beats none here
 
 
+@pytest.mark.slow
 def test_allocator_rounding_matches_a_512_byte_tracker():
     """The CUDA caching allocator's 512-byte rounding, checked on CPU: the live-tensor tracker
     rounding every storage up to 512 B against the engine's rounded candidates."""

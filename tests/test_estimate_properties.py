@@ -57,7 +57,7 @@ def test_checkpointing_never_increases_activations(case, mode):
 
 
 @settings(max_examples=6)  # sympy.Max over every candidate is slow to build
-@given(cases(max_layers=2), st.integers(1, 64), st.integers(1, 512))
+@given(cases(max_layers=1), st.integers(1, 64), st.integers(1, 512))
 def test_symbolic_equals_numeric(case, b, s):
     model, t = case
     r = estimate(model, t.with_(micro_batch=b, seq_len=s, device="cpu"))  # cuda adds rounding

@@ -3,6 +3,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # every test here runs real training steps
+
 from memcalc.specs import ModelSpec  # noqa: E402
 from memcalc.training import TrainingConfig  # noqa: E402
 from validate.measure import measure  # noqa: E402
@@ -94,7 +96,7 @@ def test_optimizer_state_exists_in_steady_state():
 
 @pytest.mark.parametrize("spec,backend", [
     (REF_GPT2, "cpu"), (REF_LLAMA, "fake"),
-    pytest.param(REF_LLAMA.with_(implementation="hf"), "cpu", marks=pytest.mark.slow)],
+    pytest.param(REF_LLAMA.with_(implementation="hf"), "cpu")],
     ids=["ref-gpt2", "ref-llama-fake", "hf-llama"])
 def test_checkpointing_reduces_measured_memory(spec, backend):
     base = TrainingConfig(micro_batch=2, seq_len=64, device="cpu", attention="eager")
