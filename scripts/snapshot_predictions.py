@@ -83,7 +83,8 @@ def _sampled(n: int) -> dict:
                       weight_decay=rng.choice([None, 0.0, 0.1]),
                       checkpointing=ckpt, checkpoint_every=rng.choice([1, 2, 3]) if ckpt == "every-k" else None,
                       attention=rng.choice(["eager", "sdpa"]), device=rng.choice(["cuda", "cpu"]),
-                      world_size=world, sharding=rng.choice(["none", "zero1", "zero2", "zero3"]) if world > 1 else "none",
+                      world_size=world,
+                      sharding=rng.choice(["none", "zero1", "zero2", "zero3"]) if world > 1 else "none",
                       tensor_parallel=tp)
         if tp > 1 and model.implementation == "reference" and rng.random() < 0.3:
             fields["sequence_parallel"] = True

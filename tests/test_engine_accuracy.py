@@ -78,7 +78,10 @@ def test_optimal_segment_size_beats_its_neighbours():
     model = ModelSpec.preset("gpt2").with_(num_layers=16)
     step = TrainingConfig(micro_batch=2, seq_len=512, device="cpu")
     k = __import__("memcalc").optimal_segment_size(model, step)
-    peak = lambda n: estimate(model, step.with_(checkpointing="every-k", checkpoint_every=n)).peak_bytes
+
+    def peak(n):
+        return estimate(model, step.with_(checkpointing="every-k", checkpoint_every=n)).peak_bytes
+
     assert all(peak(k) <= peak(n) for n in (k - 1, k + 1) if 1 <= n <= 16)
     assert peak(k) < estimate(model, step).peak_bytes  # any checkpointing beats none here
 

@@ -13,7 +13,7 @@ def test_render_is_deterministic_and_complete():
     assert "| gpt2 | fp32 Adam | none | 1024 |" in first["breakdown.md"]
 
 
-def test_check_detects_a_difference(tmp_path, capsys):
+def test_check_detects_a_difference(tmp_path):
     tables.write(tmp_path, ["gpt2"], plots=False)
     assert tables.check(tmp_path, ["gpt2"]) == []
     (tmp_path / "breakdown.csv").write_text("stale\n")

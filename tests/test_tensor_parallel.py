@@ -9,7 +9,6 @@ import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.estimate import candidates
-from memcalc.tensor_parallel import local_spec
 
 from tests.closed_form import closed_form_rank_params
 

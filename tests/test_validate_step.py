@@ -61,7 +61,7 @@ def test_autocast_runs_the_matmuls_in_low_precision():
     seen = []
     training = TrainingConfig(micro_batch=2, seq_len=32, device="cpu", precision="bf16-amp")
     trainee = build_trainee(REF_LLAMA, training)
-    trainee.model.blocks[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    trainee.model.blocks[0].mlp.up_proj.register_forward_hook(lambda _mod, _inp, out: seen.append(out.dtype))
     run_steps(trainee, training, Spy(), REF_LLAMA.vocab_size, steps=2)
     assert seen == [torch.bfloat16, torch.bfloat16]
 
