@@ -71,7 +71,7 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
     return ModelSpec.make(**fields)
 
 
-def _tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
+def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
     none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
     if model is None or (model.family, model.implementation) == ("gpt2", "hf"):
@@ -97,7 +97,7 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         attention=draw(st.sampled_from(["eager", "sdpa"])),
         device=draw(st.sampled_from(["cpu", "cuda"])))
     if parallel:
-        tp = draw(st.sampled_from(_tensor_parallel_degrees(model)))
+        tp = draw(st.sampled_from(tensor_parallel_degrees(model)))
         dp = draw(st.sampled_from([1, 2, 3, 4] if tp == 1 else [1, 2]))
         # data parallelism across tensor-parallel groups is modelled with FSDP2 only
         sharding = draw(st.sampled_from(SHARDINGS if tp == 1 or dp == 1 else ["zero2", "zero3"]))

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.distributed import rank_optimizer_bytes_all, zero1_partition
 from memcalc.formulas.model_states import zero_model_state_bytes
 from memcalc.tape.fsdp import rank_elements, shard_rows
+
+from tests.strategies import cases
 
 RESULTS = Path(__file__).resolve().parent.parent / "validate" / "results" / "dist-ci.jsonl"
 
@@ -38,17 +39,6 @@ def test_fsdp_shards_cover_the_parameter(rows, cols, world):
     assert all(p <= shard_rows(rows, world) * cols for p in parts)
 
 
-def _small(impl, family):
-    if family == "gpt2":
-        return ModelSpec.make(family="gpt2", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
-                              max_position_embeddings=64, embd_dropout=0, attn_dropout=0,
-                              resid_dropout=0, implementation=impl)
-    return ModelSpec.make(family="llama", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
-                          num_kv_heads=2, intermediate_size=160, max_position_embeddings=64,
-                          qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu",
-                          tie_embeddings=False, implementation=impl)
-
-
 def _states_per_rank(model, t):
     from memcalc.estimate import candidates
 
@@ -56,23 +46,26 @@ def _states_per_rank(model, t):
     return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, t))
 
 
-@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]),
-       st.sampled_from(["zero1", "zero2", "zero3"]), st.sampled_from([2, 3, 4]))
-def test_per_rank_memory_falls_as_world_size_grows(impl, family, sharding, world):
-    model = _small(impl, family)
-    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", sharding=sharding, world_size=world)
+@given(cases(), st.sampled_from(["zero1", "zero2", "zero3"]), st.sampled_from([2, 3, 4]))
+def test_per_rank_memory_falls_as_world_size_grows(case, sharding, world):
+    model, t = case
+    t = t.with_(sharding=sharding, world_size=world)
     assert _states_per_rank(model, t.with_(world_size=2 * world)) <= _states_per_rank(model, t)
     assert estimate(model, t.with_(world_size=2 * world)).peak_bytes <= estimate(model, t).peak_bytes
 
 
-@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]), st.sampled_from([2, 4]))
-def test_sharding_orders_the_per_rank_peak(impl, family, world):
-    model = _small(impl, family)
-    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", world_size=world)
+@given(cases(), st.sampled_from([2, 4]))
+def test_sharding_orders_the_per_rank_peak(case, world):
+    model, t = case
+    t = t.with_(world_size=world)
     peak = {s: estimate(model, t.with_(sharding=s)).peak_bytes for s in ("none", "zero1", "zero2", "zero3")}
-    assert peak["zero3"] <= peak["zero2"] <= peak["zero1"] <= peak["none"]
-    largest_layer = max(v for k, v in _unsharded_groups(model, t.with_(sharding="zero3")).items())
+    assert peak["zero2"] <= peak["zero1"] <= peak["none"]
+    largest_layer = max(_unsharded_groups(model, t.with_(sharding="zero3")).values())
     assert peak["zero3"] >= largest_layer  # a whole layer is unsharded while it runs
+    # zero3 holds less between forward and backward but gathers each layer again for backward:
+    # on tiny steps (one layer, AMP, seq_len 1) that second gather can top zero2's peak, by less
+    # than one layer
+    assert peak["zero3"] <= peak["zero2"] + largest_layer
 
 
 def _unsharded_groups(model, t):

@@ -5,34 +5,22 @@ gloo runs are checked rank by rank in test_distributed.test_recorded_gloo_runs_m
 import pytest
 from hypothesis import given, strategies as st
 
-import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.estimate import candidates
 
 from tests.closed_form import closed_form_rank_params
+from tests.strategies import PROGRAMS, small_models, tensor_parallel_degrees, trainings
 
 
 @st.composite
 def tp_cases(draw):
-    family = draw(st.sampled_from(["gpt2", "llama"]))
-    t = draw(st.sampled_from([1, 2, 4]))
-    kv = draw(st.sampled_from([4, 8]))
-    heads = 8
-    spec = ModelSpec.make(
-        family=family, implementation="reference", vocab_size=draw(st.integers(16, 300)),
-        hidden_size=heads * 8, num_heads=heads, num_layers=draw(st.integers(1, 3)),
-        max_position_embeddings=128,
-        **({"num_kv_heads": kv, "intermediate_size": 4 * draw(st.integers(4, 32)),
-            "tie_embeddings": draw(st.booleans()), "qkv_bias": draw(st.booleans()),
-            "mlp_bias": draw(st.booleans())} if family == "llama" else
-           {"tie_embeddings": draw(st.booleans())}))
-    training = TrainingConfig(
-        micro_batch=draw(st.integers(1, 4)), seq_len=draw(st.integers(1, 64)),
-        precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
-        checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-        device=draw(st.sampled_from(["cpu", "cuda"])), world_size=t, tensor_parallel=t)
-    return spec, training
+    """Any program the engine splits (not HF GPT-2), on a single-device step it then splits
+    over every rank (world_size = tensor_parallel: no data parallelism)."""
+    spec = draw(small_models(max_layers=3, programs=[p for p in PROGRAMS if p != ("gpt2", "hf")]))
+    t = draw(st.sampled_from(tensor_parallel_degrees(spec)))
+    training = draw(trainings())
+    return spec, training.with_(world_size=t, tensor_parallel=t)
 
 
 @given(tp_cases())
