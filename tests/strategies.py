@@ -4,7 +4,9 @@ Every program the engine has is drawn: both families (gpt2, llama) in both imple
 reference), with multi-head, grouped-query and multi-query attention, tied or untied embeddings,
 biases on or off, dropouts, every precision, optimizer and checkpointing mode, and, where asked
 for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
-Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds.
+Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
+1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
+than its position table has rows).
 
 Profiles: 'quick' (default, 25 examples) and 'long' (500); pick one with
 MEMCALC_HYPOTHESIS_PROFILE=long pytest.
@@ -58,7 +60,7 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
     heads = draw(st.sampled_from([h for h in (1, 2, 4, 8) if 32 <= h * head_dim <= 128]))
     fields = dict(family=family, implementation=impl, vocab_size=draw(st.integers(16, 256)),
                   hidden_size=heads * head_dim, num_heads=heads, num_layers=draw(st.integers(1, max_layers)),
-                  max_position_embeddings=256, tie_embeddings=draw(st.booleans()),
+                  max_position_embeddings=1024, tie_embeddings=draw(st.booleans()),
                   **dict(zip(("qkv_bias", "out_bias", "mlp_bias"), draw(st.sampled_from(BIASES[family, impl])))),
                   activation=draw(st.sampled_from(ACTIVATIONS[family, impl])),
                   attn_dropout=draw(st.sampled_from(DROPOUTS)))
