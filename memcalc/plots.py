@@ -22,10 +22,8 @@ def _pyplot():
 
 def write_plots(out: Path) -> list[str]:
     """breakdown.png (stacked components per GPT-2 preset) and depth.png (activations vs depth,
-    none vs sqrt checkpointing); nothing when matplotlib is missing.
-
-    >>> isinstance(write_plots.__doc__, str)
-    True
+    none vs sqrt checkpointing); nothing when matplotlib is missing (tests/test_tables.py
+    checks both files).
     """
     plt = _pyplot()
     if plt is None:

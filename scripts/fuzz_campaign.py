@@ -127,8 +127,9 @@ def _estimate(model, training):
 
 
 def _grid_values(rng):
-    return rng.choice([np.arange(1, rng.randint(1, 6)), [[1, 2], [3]], [1.5, 2.0], np.array([2 ** 63 + 1], np.uint64),
-                       [-1, 2], [0], rng.randint(-2, 300), ["fp32", "bf16"], [True], [None], [[]], np.arange(1, 4)[:, None],
+    return rng.choice([np.arange(1, rng.randint(1, 6)), [[1, 2], [3]], [1.5, 2.0],
+                       np.array([2 ** 63 + 1], np.uint64), [-1, 2], [0], rng.randint(-2, 300),
+                       ["fp32", "bf16"], [True], [None], [[]], np.arange(1, 4)[:, None],
                        [10 ** 9], [2, 3], np.arange(1, 100), [{}], "sdpa", [10 ** 13]])
 
 
@@ -191,9 +192,12 @@ def _odd_file(rng, tmp: str):
         os.mkdir(f"{tmp}/dir")
         for name, text in {"deep": "[" * 100000 + "]" * 100000, "bigint": '{"n_layer": ' + "9" * 5000 + "}",
                            "list": "[]", "null": "null", "number": "5", "bad": "{", "latin": "\udcff",
-                           "huge": " " * (2 ** 20 + 10), "empty": "", "ok": json.dumps(dict(model_type="gpt2", n_layer=1, n_embd=16, n_head=2, vocab_size=64)),
-                           "bool": json.dumps(dict(model_type="llama", vocab_size=8, hidden_size=8, num_hidden_layers=1,
-                                                   num_attention_heads=2, intermediate_size=8, attention_bias="false"))}.items():
+                           "huge": " " * (2 ** 20 + 10), "empty": "",
+                           "ok": json.dumps(dict(model_type="gpt2", n_layer=1, n_embd=16, n_head=2,
+                                                 vocab_size=64)),
+                           "bool": json.dumps(dict(model_type="llama", vocab_size=8, hidden_size=8,
+                                                   num_hidden_layers=1, num_attention_heads=2,
+                                                   intermediate_size=8, attention_bias="false"))}.items():
             with open(f"{tmp}/{name}.json", "w", encoding="utf-8", errors="surrogateescape") as fh:
                 fh.write(text)
         _FILES["paths"] = [f"{tmp}/{n}" for n in ("fifo", "loop", "dir", "deep.json", "bigint.json", "list.json",

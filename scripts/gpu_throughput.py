@@ -129,7 +129,7 @@ def time_variant(spec, args, precision: str, checkpointing: str, tf32: bool) -> 
                       error=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
-        del trainee
+        trainee = None  # free the model (and the step's closure over it) before the next variant
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()

@@ -83,7 +83,8 @@ def _sampled(n: int) -> dict:
                       weight_decay=rng.choice([None, 0.0, 0.1]),
                       checkpointing=ckpt, checkpoint_every=rng.choice([1, 2, 3]) if ckpt == "every-k" else None,
                       attention=rng.choice(["eager", "sdpa"]), device=rng.choice(["cuda", "cpu"]),
-                      world_size=world, sharding=rng.choice(["none", "zero1", "zero2", "zero3"]) if world > 1 else "none",
+                      world_size=world,
+                      sharding=rng.choice(["none", "zero1", "zero2", "zero3"]) if world > 1 else "none",
                       tensor_parallel=tp)
         if tp > 1 and model.implementation == "reference" and rng.random() < 0.3:
             fields["sequence_parallel"] = True
@@ -112,8 +113,8 @@ def _consumers() -> dict:
         for model in (gpt2, llama):
             t = TrainingConfig(micro_batch=2, seq_len=1024, precision="bf16-amp",
                                checkpointing="per-layer", device=device)
-            grid = memcalc.estimate_grid(model, t, micro_batch=np.arange(1, 40)[:, None],
-                                         seq_len=np.array([128, 500, 1024, 2048, 4095][:3 if model.family == "gpt2" else 5]))
+            lengths = [128, 500, 1024, 2048, 4095][:3 if model.family == "gpt2" else 5]
+            grid = memcalc.estimate_grid(model, t, micro_batch=np.arange(1, 40)[:, None], seq_len=np.array(lengths))
             # GPT-2 runs at most 1024 tokens (max_position_embeddings): estimate() refuses more
             out[f"grid {device} {model.name}"] = grid.tolist()
             grid2 = memcalc.estimate_grid(model, t, micro_batch=np.array([1, 2, 4]),

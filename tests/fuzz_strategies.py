@@ -143,7 +143,7 @@ WALL_FACTOR = 6  # a blocked read uses no CPU: the wall-clock limit catches it
 def time_limit(seconds: float):
     """Raise Hang past `seconds` of CPU time (independent of the machine's load; CI runners and
     this 2-core box run several suites at once) or WALL_FACTOR x `seconds` of wall time."""
-    def _alarm(signum, frame):
+    def _alarm(_signum, _frame):
         raise Hang(f"over {seconds} s of CPU time or {WALL_FACTOR * seconds} s of wall time")
 
     old = {sig: signal.signal(sig, _alarm) for sig in (signal.SIGALRM, signal.SIGPROF)}
@@ -158,7 +158,7 @@ def time_limit(seconds: float):
             signal.signal(sig, handler)
 
 
-def outcome(call, sane=lambda result: None, seconds: float = CALL_SECONDS):
+def outcome(call, sane=lambda _result: None, seconds: float = CALL_SECONDS):
     """('ok', result) after `sane(result)` passes, or ('error', MemcalcError); anything else
     (another exception, a hang, an insane result) raises AssertionError."""
     start = time.monotonic()

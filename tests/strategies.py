@@ -1,5 +1,13 @@
 """Shared hypothesis strategies: small random ModelSpecs and TrainingConfigs (fast to simulate).
 
+Every program the engine has is drawn: both families (gpt2, llama) in both implementations (hf,
+reference), with multi-head, grouped-query and multi-query attention, tied or untied embeddings,
+biases on or off, dropouts, every precision, optimizer and checkpointing mode, and, where asked
+for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
+Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
+1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
+than its position table has rows).
+
 Profiles: 'quick' (default, 25 examples) and 'long' (500); pick one with
 MEMCALC_HYPOTHESIS_PROFILE=long pytest.
 """
@@ -19,38 +27,93 @@ settings.register_profile("long", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("MEMCALC_HYPOTHESIS_PROFILE", "quick"))
 
+FAMILIES = ["gpt2", "llama"]
+IMPLEMENTATIONS = ["hf", "reference"]
+PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
-CHECKPOINTING = ["none", "per-layer", "sqrt", "selective"]
+CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
+SHARDINGS = ["none", "zero1", "zero2", "zero3"]
+# what each program runs as its MLP activation (hf_gpt2.activation; the reference GPT-2 is
+# nn.GELU(approximate='tanh'); both Llama programs are SwiGLU)
+ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "reference"): ["gelu_tanh"],
+               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"]}
+DROPOUTS = [0.0, 0.1]
+# (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
+# biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
+# (attention_bias) and/or MLP (mlp_bias) biases (validate.hf._llama_model_type); the reference
+# models take any combination (validate.models)
+ANY_BIASES = [(q, o, m) for q in (False, True) for o in (False, True) for m in (False, True)]
+BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASES,
+          ("llama", "hf"): [(False, False, False), (True, False, False), (True, True, False),
+                            (False, False, True), (True, True, True)],
+          ("llama", "reference"): ANY_BIASES}
 
 
 @st.composite
-def small_models(draw, max_layers: int = 4) -> ModelSpec:
-    """A GPT-2 family, HF implementation model of at most a few hundred thousand parameters."""
-    heads = draw(st.sampled_from([1, 2, 4]))
-    head_dim = draw(st.sampled_from([8, 16]))
-    return ModelSpec.make(
-        family="gpt2", implementation="hf", vocab_size=draw(st.integers(16, 256)),
-        hidden_size=heads * head_dim, num_heads=heads, num_layers=draw(st.integers(1, max_layers)),
-        max_position_embeddings=256,
-        embd_dropout=draw(st.sampled_from([0.0, 0.1])), attn_dropout=draw(st.sampled_from([0.0, 0.1])),
-        resid_dropout=draw(st.sampled_from([0.0, 0.1])))
+def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
+    """Any program (family x implementation) at hidden 32-128 and 1..max_layers layers, with
+    multi-head, grouped-query (llama) or multi-query attention, tied or untied embeddings, each
+    bias on or off, and dropouts where the family has them."""
+    family, impl = draw(st.sampled_from(list(programs)))
+    head_dim = draw(st.sampled_from([8, 16, 32]))
+    heads = draw(st.sampled_from([h for h in (1, 2, 4, 8) if 32 <= h * head_dim <= 128]))
+    fields = dict(family=family, implementation=impl, vocab_size=draw(st.integers(16, 256)),
+                  hidden_size=heads * head_dim, num_heads=heads, num_layers=draw(st.integers(1, max_layers)),
+                  max_position_embeddings=1024, tie_embeddings=draw(st.booleans()),
+                  **dict(zip(("qkv_bias", "out_bias", "mlp_bias"), draw(st.sampled_from(BIASES[family, impl])))),
+                  activation=draw(st.sampled_from(ACTIVATIONS[family, impl])),
+                  attn_dropout=draw(st.sampled_from(DROPOUTS)))
+    if family == "gpt2":
+        fields.update(embd_dropout=draw(st.sampled_from(DROPOUTS)),
+                      resid_dropout=draw(st.sampled_from(DROPOUTS)))
+    else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
+        fields.update(num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
+                      intermediate_size=draw(st.sampled_from([64, 96, 128, 192, 256])))
+    return ModelSpec.make(**fields)
+
+
+def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
+    """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
+    none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
+    if model is None or (model.family, model.implementation) == ("gpt2", "hf"):
+        return [1]
+    return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 
 
 @st.composite
-def trainings(draw, checkpointing=CHECKPOINTING) -> TrainingConfig:
-    """A training step with small shapes and any precision, optimizer and checkpointing."""
-    return TrainingConfig(
+def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
+              model: ModelSpec | None = None) -> TrainingConfig:
+    """A training step with small shapes and any precision, optimizer and checkpointing; with
+    `parallel`, also a world size up to 8 with any sharding, a tensor-parallel degree `model`
+    can be split by, sequence parallelism and FSDP2 mixed precision, within what the engine
+    models (memcalc.estimate._check_parallelism and tensor_parallel.check_tensor_parallel
+    refuse the rest with a MemcalcError; the properties would fail on a refusal)."""
+    mode = draw(st.sampled_from(list(checkpointing)))
+    fields = dict(
         micro_batch=draw(st.integers(1, 8)), seq_len=draw(st.integers(1, 128)),
         grad_accum=draw(st.integers(1, 3)), precision=draw(st.sampled_from(PRECISIONS)),
         optimizer=draw(st.sampled_from(OPTIMIZERS)),
         optimizer_impl=draw(st.sampled_from([None, "foreach", "for-loop", "fused"])),
-        checkpointing=draw(st.sampled_from(list(checkpointing))),
+        checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
         attention=draw(st.sampled_from(["eager", "sdpa"])),
         device=draw(st.sampled_from(["cpu", "cuda"])))
+    if parallel:
+        tp = draw(st.sampled_from(tensor_parallel_degrees(model)))
+        dp = draw(st.sampled_from([1, 2, 3, 4] if tp == 1 else [1, 2]))
+        # data parallelism across tensor-parallel groups is modelled with FSDP2 only
+        sharding = draw(st.sampled_from(SHARDINGS if tp == 1 or dp == 1 else ["zero2", "zero3"]))
+        fields.update(tensor_parallel=tp, world_size=tp * dp, sharding=sharding)
+        if tp > 1 and model.implementation == "reference" and draw(st.booleans()):
+            fields.update(sequence_parallel=True, seq_len=tp * draw(st.integers(1, 32)))  # whole tokens a rank
+        if sharding in ("zero2", "zero3") and dp > 1 and draw(st.booleans()):
+            fields.update(fsdp_mixed_precision=True, precision="fp32")
+    return TrainingConfig(**fields)
 
 
 @st.composite
-def cases(draw, max_layers: int = 4, checkpointing=CHECKPOINTING) -> tuple[ModelSpec, TrainingConfig]:
-    """A (model, training) pair."""
-    return draw(small_models(max_layers)), draw(trainings(checkpointing))
+def cases(draw, max_layers: int = 4, checkpointing=CHECKPOINTING, parallel: bool = False,
+          programs=PROGRAMS) -> tuple[ModelSpec, TrainingConfig]:
+    """A (model, training) pair over every program; with `parallel`, a per-rank one."""
+    model = draw(small_models(max_layers, programs))
+    return model, draw(trainings(checkpointing, parallel, model))

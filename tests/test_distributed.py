@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-import strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.parallel.data import rank_optimizer_bytes_all, zero1_partition
 from memcalc.formulas.model_states import zero_model_state_bytes
-from memcalc.tape.fsdp import rank_elements, shard_rows
+from memcalc.parallel.fsdp import rank_elements, shard_rows
+
+from tests.strategies import cases
 
 RESULTS = Path(__file__).resolve().parent.parent / "validate" / "results" / "dist-ci.jsonl"
 
@@ -38,6 +39,21 @@ def test_fsdp_shards_cover_the_parameter(rows, cols, world):
     assert all(p <= shard_rows(rows, world) * cols for p in parts)
 
 
+def _states_per_rank(model, t):
+    from memcalc.estimate import candidates
+
+    c = candidates(model, t)
+    return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, c.regime))
+
+
+@given(cases(), st.sampled_from(["zero1", "zero2", "zero3"]), st.sampled_from([2, 3, 4]))
+def test_per_rank_memory_falls_as_world_size_grows(case, sharding, world):
+    model, t = case
+    t = t.with_(sharding=sharding, world_size=world)
+    assert _states_per_rank(model, t.with_(world_size=2 * world)) <= _states_per_rank(model, t)
+    assert estimate(model, t.with_(world_size=2 * world)).peak_bytes <= estimate(model, t).peak_bytes
+
+
 def _small(impl, family):
     if family == "gpt2":
         return ModelSpec.make(family="gpt2", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4,
@@ -49,29 +65,32 @@ def _small(impl, family):
                           tie_embeddings=False, implementation=impl)
 
 
-def _states_per_rank(model, t):
-    from memcalc.estimate import candidates
-
-    c = candidates(model, t)
-    return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, c.regime))
+def _peaks_by_sharding(model, t):
+    return {s: estimate(model, t.with_(sharding=s)).peak_bytes for s in ("none", "zero1", "zero2", "zero3")}
 
 
-@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]),
-       st.sampled_from(["zero1", "zero2", "zero3"]), st.sampled_from([2, 3, 4]))
-def test_per_rank_memory_falls_as_world_size_grows(impl, family, sharding, world):
-    model = _small(impl, family)
-    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", sharding=sharding, world_size=world)
-    assert _states_per_rank(model, t.with_(world_size=2 * world)) <= _states_per_rank(model, t)
-    assert estimate(model, t.with_(world_size=2 * world)).peak_bytes <= estimate(model, t).peak_bytes
-
-
-@given(st.sampled_from(["hf", "reference"]), st.sampled_from(["gpt2", "llama"]), st.sampled_from([2, 4]))
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("impl,family", [("hf", "gpt2"), ("reference", "gpt2"), ("hf", "llama"),
+                                         ("reference", "llama")])
 def test_sharding_orders_the_per_rank_peak(impl, family, world):
     model = _small(impl, family)
     t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", world_size=world)
-    peak = {s: estimate(model, t.with_(sharding=s)).peak_bytes for s in ("none", "zero1", "zero2", "zero3")}
+    peak = _peaks_by_sharding(model, t)
     assert peak["zero3"] <= peak["zero2"] <= peak["zero1"] <= peak["none"]
-    largest_layer = max(v for k, v in _unsharded_groups(model, t.with_(sharding="zero3")).items())
+
+
+@given(cases(), st.sampled_from([2, 4]))
+def test_more_sharding_costs_at_most_one_gathered_layer_more(case, world):
+    # ZeRO's order is about model states; the per-rank peak of a step also holds FSDP2's
+    # all-gathered layers, whose transients can top the less sharded stage on tiny steps (one
+    # layer, AMP, SGD without states), by less than one layer
+    model, t = case
+    t = t.with_(world_size=world)
+    peak = _peaks_by_sharding(model, t)
+    largest_layer = max(_unsharded_groups(model, t.with_(sharding="zero3")).values())
+    assert peak["zero1"] <= peak["none"]  # the optimizer states are all ZeRO-1 changes
+    assert peak["zero2"] <= peak["zero1"] + largest_layer
+    assert peak["zero3"] <= peak["zero2"] + largest_layer
     assert peak["zero3"] >= largest_layer  # a whole layer is unsharded while it runs
 
 
@@ -99,7 +118,7 @@ def test_recorded_gloo_runs_match_rank_by_rank(row):
     measured = row["measured_rank_peak_bytes"]
     assert len(predicted) == len(measured)
     for p, m in zip(predicted, measured):
-        assert abs(p - m) <= 0.03 * m
+        assert abs(p - m) <= 0.01 * m  # the 1% CI holds the engine to (.ci/run)
 
 
 @pytest.mark.parametrize("sharding", ["zero2", "zero3"])

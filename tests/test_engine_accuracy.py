@@ -48,6 +48,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,fields", CASES, ids=[f"{s.implementation}-{s.family}-{f}" for s, f in CASES])
 def test_prediction_within_one_percent_of_measured_cpu_peak(spec, fields):
     pytest.importorskip("torch")
@@ -77,11 +78,15 @@ def test_optimal_segment_size_beats_its_neighbours():
     model = ModelSpec.preset("gpt2").with_(num_layers=16)
     step = TrainingConfig(micro_batch=2, seq_len=512, device="cpu")
     k = __import__("memcalc").optimal_segment_size(model, step)
-    peak = lambda n: estimate(model, step.with_(checkpointing="every-k", checkpoint_every=n)).peak_bytes
+
+    def peak(n):
+        return estimate(model, step.with_(checkpointing="every-k", checkpoint_every=n)).peak_bytes
+
     assert all(peak(k) <= peak(n) for n in (k - 1, k + 1) if 1 <= n <= 16)
     assert peak(k) < estimate(model, step).peak_bytes  # any checkpointing beats none here
 
 
+@pytest.mark.slow
 def test_allocator_rounding_matches_a_512_byte_tracker():
     """The CUDA caching allocator's 512-byte rounding, checked on CPU: the live-tensor tracker
     rounding every storage up to 512 B against the engine's rounded candidates."""

@@ -112,6 +112,7 @@ def test_summary_of_cuda_rows(tmp_path):
     assert "amp_speedup_bf16_vs_fp32 = 4.0" in proc.stdout
 
 
+@pytest.mark.slow
 # ---- check_recorded --------------------------------------------------------------------------
 def test_check_recorded_on_the_cpu_results_within_1pct():
     _cpu_rows()
@@ -120,6 +121,7 @@ def test_check_recorded_on_the_cpu_results_within_1pct():
     assert "0 outside" in proc.stdout
 
 
+@pytest.mark.slow
 def test_check_recorded_flags_drift_ooms_and_skips_errors(tmp_path):
     a, b, c, d = _cpu_rows(4)
     rows = [
@@ -222,6 +224,7 @@ def test_signal_stops_the_run_and_leaves_its_files(tmp_path):
     assert str(tmp_path / "work") not in ps  # the validator was stopped too
 
 
+@pytest.mark.slow
 def test_throughput_refuses_missing_cuda(tmp_path):
     pytest.importorskip("torch")
     import torch

@@ -7,6 +7,7 @@ from memcalc import ModelSpec, TrainingConfig
 from memcalc.errors import MemcalcError, SpecError, UnknownNameError
 
 
+@pytest.mark.slow  # builds each transformers model
 def test_hf_config_of_each_family_matches_the_transformers_parameter_count(tmp_path):
     transformers = pytest.importorskip("transformers")
     configs = [

@@ -1,4 +1,6 @@
 """Tables are deterministic and --check notices a stale file."""
+import pytest
+
 from memcalc import tables
 from memcalc.cli import main
 
@@ -11,7 +13,7 @@ def test_render_is_deterministic_and_complete():
     assert "| gpt2 | fp32 Adam | none | 1024 |" in first["breakdown.md"]
 
 
-def test_check_detects_a_difference(tmp_path, capsys):
+def test_check_detects_a_difference(tmp_path):
     tables.write(tmp_path, ["gpt2"], plots=False)
     assert tables.check(tmp_path, ["gpt2"]) == []
     (tmp_path / "breakdown.csv").write_text("stale\n")
@@ -24,9 +26,13 @@ def test_check_detects_a_difference(tmp_path, capsys):
         raise AssertionError("--check must exit 1 on a stale table")
 
 
+@pytest.mark.slow
 def test_plots_when_matplotlib_is_there(tmp_path):
+    pytest.importorskip("matplotlib")
     from memcalc.plots import write_plots
 
     names = write_plots(tmp_path)
+    assert names == ["breakdown.png", "depth.png"]
     for name in names:
-        assert (tmp_path / name).stat().st_size > 1000
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000

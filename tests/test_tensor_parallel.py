@@ -5,54 +5,22 @@ gloo runs are checked rank by rank in test_distributed.test_recorded_gloo_runs_m
 import pytest
 from hypothesis import given, strategies as st
 
-import strategies  # noqa: F401  (registers the hypothesis profiles)
 from memcalc import ModelSpec, TrainingConfig, estimate
 from memcalc.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.estimate import candidates
-from memcalc.tensor_parallel import local_spec
 
-
-def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
-    """Parameters one rank holds: embeddings, norms and LM head whole; attention and MLP
-    weights (and column biases) divided by t; row-parallel biases whole (Shoeybi et al. 2019,
-    section 3)."""
-    h, L, V, a, kv, d, f = (spec.hidden_size, spec.num_layers, spec.vocab_size, spec.num_heads,
-                            spec.kv_heads, spec.head_size, spec.ffn_size)
-    embed = V * h * (1 if spec.tie_embeddings else 2)
-    if spec.family == "gpt2":
-        embed += spec.max_position_embeddings * h
-        norms = (2 * L + 1) * 2 * h
-        attn = h * 3 * a * d // t + (3 * a * d // t if spec.qkv_bias else 0) + a * d * h // t \
-            + (h if spec.out_bias else 0)
-        mlp = 2 * h * f // t + ((f // t + h) if spec.mlp_bias else 0)
-    else:
-        norms = (2 * L + 1) * h
-        attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
-            + a * d * h // t + (h if spec.out_bias else 0)
-        mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)
-    return embed + norms + L * (attn + mlp)
+from tests.closed_form import closed_form_rank_params
+from tests.strategies import PROGRAMS, small_models, tensor_parallel_degrees, trainings
 
 
 @st.composite
 def tp_cases(draw):
-    family = draw(st.sampled_from(["gpt2", "llama"]))
-    t = draw(st.sampled_from([1, 2, 4]))
-    kv = draw(st.sampled_from([4, 8]))
-    heads = 8
-    spec = ModelSpec.make(
-        family=family, implementation="reference", vocab_size=draw(st.integers(16, 300)),
-        hidden_size=heads * 8, num_heads=heads, num_layers=draw(st.integers(1, 3)),
-        max_position_embeddings=128,
-        **({"num_kv_heads": kv, "intermediate_size": 4 * draw(st.integers(4, 32)),
-            "tie_embeddings": draw(st.booleans()), "qkv_bias": draw(st.booleans()),
-            "mlp_bias": draw(st.booleans())} if family == "llama" else
-           {"tie_embeddings": draw(st.booleans())}))
-    training = TrainingConfig(
-        micro_batch=draw(st.integers(1, 4)), seq_len=draw(st.integers(1, 64)),
-        precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
-        checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-        device=draw(st.sampled_from(["cpu", "cuda"])), world_size=t, tensor_parallel=t)
-    return spec, training
+    """Any program the engine splits (not HF GPT-2), on a single-device step it then splits
+    over every rank (world_size = tensor_parallel: no data parallelism)."""
+    spec = draw(small_models(max_layers=3, programs=[p for p in PROGRAMS if p != ("gpt2", "hf")]))
+    t = draw(st.sampled_from(tensor_parallel_degrees(spec)))
+    training = draw(trainings())
+    return spec, training.with_(world_size=t, tensor_parallel=t)
 
 
 @given(tp_cases())
@@ -77,7 +45,7 @@ def test_splitting_costs_at_most_one_residual_sized_buffer(case):
 @pytest.mark.parametrize("preset", ["llama-2-7b", "llama-2-13b"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-amp"])
 def test_per_rank_peak_falls_as_the_degree_grows(preset, precision):
-    spec = ModelSpec.preset(preset)
+    spec = ModelSpec.preset(preset).with_(num_layers=4)  # the published widths; depth is time
     peaks = [estimate(spec, TrainingConfig(micro_batch=1, seq_len=2048, precision=precision,
                                            checkpointing="per-layer", world_size=t,
                                            tensor_parallel=t)).peak_bytes for t in (1, 2, 4, 8)]

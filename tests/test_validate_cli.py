@@ -40,6 +40,7 @@ def test_config_not_json(tmp_path):
     _one_line_error(_run(*COMMON, "--hf-config", str(cfg)), "hf_config", "JSON")
 
 
+@pytest.mark.slow
 def test_shape_that_cannot_run():
     _one_line_error(_run(*COMMON[:-4], "--model", "gpt2", "--micro-batch", "1", "--seq-len",
                          "4096", "--device", "cpu"), "seq_len", "max_position_embeddings")

@@ -3,7 +3,6 @@ import itertools
 import json
 from types import SimpleNamespace
 
-import pytest
 
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
@@ -59,12 +58,12 @@ def test_verdict_tolerance_oom_and_missing_prediction():
 def test_jsonl_append_resume_and_torn_line(tmp_path, monkeypatch):
     calls = []
 
-    def fake_measure(spec, training, backend, hf_config, steps):
+    def fake_measure(_spec, training, *_backend_hf_config, **_steps):
         calls.append(training.micro_batch)
         return _measurement(peak=1000 * training.micro_batch)
 
     monkeypatch.setattr("validate.measure.measure", fake_measure)
-    monkeypatch.setattr(runner, "predict", lambda spec, training: (_report(), None))
+    monkeypatch.setattr(runner, "predict", lambda *_case: (_report(), None))
     out = tmp_path / "r.jsonl"
     cases = [Case(f"c{b}", SPEC, TC.with_(micro_batch=b)) for b in (1, 2, 3)]
     runner.run_cases(cases[:2], out, "cpu")

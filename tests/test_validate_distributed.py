@@ -69,6 +69,7 @@ def test_parallelism_from_arguments_or_training_config():
             resolve_parallelism(own, 4, None)
 
 
+@pytest.mark.slow
 # ---- launcher ----------------------------------------------------------------------------------
 def test_failing_rank_is_reported_with_its_error_and_all_ranks_end():
     with pytest.raises(RankFailure) as info:
@@ -81,6 +82,7 @@ def test_failing_rank_is_reported_with_its_error_and_all_ranks_end():
     assert all(_gone(pid) for pid in err.pids)
 
 
+@pytest.mark.slow
 def test_hanging_rank_is_killed_at_the_timeout_never_a_hang():
     with pytest.raises(RankFailure) as info:
         measure_distributed(SPEC, TRAIN, 2, "none", hang_rank=1, timeout_s=8,
@@ -91,6 +93,7 @@ def test_hanging_rank_is_killed_at_the_timeout_never_a_hang():
     assert all(_gone(pid) for pid in err.pids)
 
 
+@pytest.mark.slow
 # ---- peaks -------------------------------------------------------------------------------------
 def test_zero3_per_rank_peak_falls_as_world_size_grows_and_breakdown_adds_up():
     # the dist-ci GPT-2 (h=128, L=3, V=1000, s=64): its forward peak is at the loss, where the
@@ -119,6 +122,7 @@ def test_zero3_per_rank_peak_falls_as_world_size_grows_and_breakdown_adds_up():
         assert ranks[0]["phases"]["backward"] >= want["backward_floor"]
 
 
+@pytest.mark.slow
 def test_ddp_peak_is_single_process_peak_plus_one_bucket_copy_of_the_parameters():
     single = measure(SPEC, TRAIN)
     ranks = measure_distributed(SPEC, TRAIN, 2, "none")
@@ -168,6 +172,7 @@ def _tp_losses(rank, world, port, sequence_parallel, queue):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_tensor_parallel_plans_compute_the_single_device_loss(sequence_parallel):
     # a second method for the runner: the sharded models (GPT-2's fused QKV rows reordered per

@@ -17,6 +17,7 @@ LLAMA = ModelSpec.make(family="llama", vocab_size=1000, hidden_size=64, num_laye
                        activation="silu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [GPT2, LLAMA], ids=["gpt2", "llama"])
 @pytest.mark.parametrize("training", [
     TrainingConfig(micro_batch=2, seq_len=64, device="cpu", attention="eager"),
@@ -33,6 +34,7 @@ def test_tracker_agrees_with_memtracker_on_hf_models(spec, training):
         assert value == pytest.approx(theirs["phases"][phase], rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", ["none", "sqrt"])
 def test_fake_mode_is_exact_on_reference_models(checkpointing):
     training = TrainingConfig(micro_batch=2, seq_len=64, device="cpu", optimizer="adam",

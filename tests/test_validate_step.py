@@ -3,6 +3,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # every test here runs real training steps
+
 from memcalc.specs import ModelSpec  # noqa: E402
 from memcalc.training import TrainingConfig  # noqa: E402
 from validate.measure import measure  # noqa: E402
@@ -59,7 +61,7 @@ def test_autocast_runs_the_matmuls_in_low_precision():
     seen = []
     training = TrainingConfig(micro_batch=2, seq_len=32, device="cpu", precision="bf16-amp")
     trainee = build_trainee(REF_LLAMA, training)
-    trainee.model.blocks[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    trainee.model.blocks[0].mlp.up_proj.register_forward_hook(lambda _mod, _inp, out: seen.append(out.dtype))
     run_steps(trainee, training, Spy(), REF_LLAMA.vocab_size, steps=2)
     assert seen == [torch.bfloat16, torch.bfloat16]
 
@@ -94,7 +96,7 @@ def test_optimizer_state_exists_in_steady_state():
 
 @pytest.mark.parametrize("spec,backend", [
     (REF_GPT2, "cpu"), (REF_LLAMA, "fake"),
-    pytest.param(REF_LLAMA.with_(implementation="hf"), "cpu", marks=pytest.mark.slow)],
+    pytest.param(REF_LLAMA.with_(implementation="hf"), "cpu")],
     ids=["ref-gpt2", "ref-llama-fake", "hf-llama"])
 def test_checkpointing_reduces_measured_memory(spec, backend):
     base = TrainingConfig(micro_batch=2, seq_len=64, device="cpu", attention="eager")

@@ -56,7 +56,7 @@ from validate.tracker import LiveTensorTracker
 try:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 except ImportError:  # very old torch: no wrapper subclasses to unwrap
-    def is_traceable_wrapper_subclass(t) -> bool:  # type: ignore[misc]
+    def is_traceable_wrapper_subclass(_t) -> bool:  # type: ignore[misc]
         return False
 
 

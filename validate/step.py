@@ -84,7 +84,7 @@ def check_runnable(spec, training) -> None:
     >>> check_runnable(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=4096))
     Traceback (most recent call last):
     ...
-    memcalc.errors.MemcalcError: seq_len: 4096 exceeds max_position_embeddings=1024; fix: lower --seq-len or raise --max-position-embeddings
+    memcalc.errors.MemcalcError: seq_len: 4096 exceeds max_position_embeddings=1024; fix: ...
     """
     if training.seq_len > spec.max_position_embeddings:
         raise MemcalcError("seq_len", f"{training.seq_len} exceeds max_position_embeddings="
@@ -154,8 +154,10 @@ def train_step(trainee: Trainee, training, meter, vocab_size: int) -> StepPeaks:
                         device=training.device)
     peaks = {"inputs": meter.peak()}
     for _ in range(training.grad_accum):
-        loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids))
-        _phase(meter, "backward", peaks, lambda: _backward(trainee, loss))
+        # the closures read `ids` and `loss` as cells, so `del loss` frees the loss (ruff's F821
+        # does not see the names through the later `del`)
+        loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids))  # noqa: F821
+        _phase(meter, "backward", peaks, lambda: _backward(trainee, loss))  # noqa: F821
         del loss
     _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee))
     del ids

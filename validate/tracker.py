@@ -31,9 +31,11 @@ class LiveTensorTracker(TorchDispatchMode):
 
     >>> with LiveTensorTracker() as tr:
     ...     y = torch.ones(1000) * 2
-    >>> tr.peak
+    >>> tr.peak  # the ones and their product, 1000 fp32 each, alive together
     8000
-    >>> tr.live
+    >>> tr.live  # y is still alive; deleting it frees its storage
+    4000
+    >>> del y; tr.live
     0
     """
 

@@ -129,7 +129,6 @@ def _local_param_bytes(model) -> int:
 
 
 def _zero_optimizer(ddp, job: DistJob) -> tuple[object, dict]:
-    import torch
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
 

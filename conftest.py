@@ -1,0 +1,25 @@
+"""Repository-wide pytest setup: the docstring examples in memcalc/ and validate/ run as tests
+(pyproject: --doctest-modules, testpaths), the validator's only where torch is installed, and
+those that run real training steps join the `slow` lane."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+# validate/ imports torch at module top; without it (an engine-only install) skip its doctests
+# rather than fail collection. __main__.py is the `python -m validate` entry point, no examples.
+collect_ignore = ["validate/__main__.py"]
+if importlib.util.find_spec("torch") is None:
+    collect_ignore_glob = ["validate/*.py"]
+
+# Doctests that run real training steps (or spawn gloo processes), or plan over many
+# simulations: seconds each.
+SLOW_DOCTESTS = ("validate.distributed", "validate.dist_tracker", "validate.hf", "validate.measure",
+                 "validate.step", "memcalc.planner.plan", "memcalc.capacity.min_world_size")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if isinstance(item, pytest.DoctestItem) and item.name.startswith(SLOW_DOCTESTS):
+            item.add_marker(pytest.mark.slow)

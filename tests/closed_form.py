@@ -1,0 +1,25 @@
+"""Second methods the tests check the engine against, written apart from memcalc's own code."""
+from __future__ import annotations
+
+from memcalc.specs import ModelSpec
+
+
+def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
+    """Parameters one rank holds: embeddings, norms and LM head whole; attention and MLP
+    weights (and column biases) divided by t; row-parallel biases whole (Shoeybi et al. 2019,
+    section 3)."""
+    h, L, V, a, kv, d, f = (spec.hidden_size, spec.num_layers, spec.vocab_size, spec.num_heads,
+                            spec.kv_heads, spec.head_size, spec.ffn_size)
+    embed = V * h * (1 if spec.tie_embeddings else 2)
+    if spec.family == "gpt2":
+        embed += spec.max_position_embeddings * h
+        norms = (2 * L + 1) * 2 * h
+        attn = h * 3 * a * d // t + (3 * a * d // t if spec.qkv_bias else 0) + a * d * h // t \
+            + (h if spec.out_bias else 0)
+        mlp = 2 * h * f // t + ((f // t + h) if spec.mlp_bias else 0)
+    else:
+        norms = (2 * L + 1) * h
+        attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
+            + a * d * h // t + (h if spec.out_bias else 0)
+        mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)
+    return embed + norms + L * (attn + mlp)
