@@ -33,13 +33,23 @@ def _candidates(model, training) -> tuple[Candidates, int]:
     return found, found.regime.granularity
 
 
-def _residues(np, size: Poly, b, s, g: int):
-    """(-size(b, s)) mod g at every point, in int64 modular arithmetic (every factor < g)."""
-    out = np.zeros(b.shape, dtype=np.int64)
-    bg, sg = b % g, s % g
-    for (i, j), c in size.terms.items():
-        out = (out + (c % g) * (bg ** i % g) % g * (sg ** j % g)) % g
-    return (-out) % g
+def _residue_source(np, b, s, g: int):
+    """residue(size) -> (-size(b, s)) mod g at every point, in int64 modular arithmetic (every
+    factor < g), with the powers of b and s mod g computed once."""
+    bg, sg, powers = b % g, s % g, {}
+
+    def power(x, name: str, k: int):
+        if (name, k) not in powers:
+            powers[name, k] = np.ones_like(x) if k == 0 else power(x, name, k - 1) * x % g
+        return powers[name, k]
+
+    def residue(size: Poly):
+        out = np.zeros(b.shape, dtype=np.int64)
+        for (i, j), c in size.terms.items():
+            out = (out + (c % g) * power(bg, "b", i) % g * power(sg, "s", j)) % g
+        return (-out) % g
+
+    return residue
 
 
 def _rounding_matrix(np, cands: Candidates, g: int):
@@ -47,30 +57,44 @@ def _rounding_matrix(np, cands: Candidates, g: int):
     found = _ROUNDING.get(cands)
     if found is None:
         consts, sizes, per_moment = cands.steady_set.rounding_parts(g)
-        counts = np.zeros((len(sizes), len(consts)), dtype=np.float64)
+        counts = np.zeros((len(sizes), len(consts)), dtype=np.int64)
         for m, mine in enumerate(per_moment):
             for k, n in mine.items():
                 counts[k, m] = n
-        found = _ROUNDING[cands] = (np.array(consts, dtype=np.int64), sizes, counts)
+        found = _ROUNDING[cands] = (consts, sizes, counts)
     return found
 
 
+def _may_win(moments, consts, counts, g: int, box) -> list[int]:
+    """Moments whose rounded total can be the largest somewhere on the box: a moment is
+    dropped when, on the whole box, even its most rounded total (every varying storage g - 1
+    bytes over) stays at or under the least rounded total of a moment largest at a corner."""
+    lows = [m.total + Poly.const(c) for m, c in zip(moments, consts)]
+    highs = [lo + Poly.const((g - 1) * int(counts[:, i].sum())) for i, lo in enumerate(lows)]
+    b0, b1, s0, s1 = box
+    tops = {max(range(len(lows)), key=lambda i: lows[i].eval(x, y)) for x in (b0, b1) for y in (s0, s1)}
+    return [i for i in range(len(moments))
+            if i in tops or not any(_upper_bound(highs[i] - lows[q], box) <= 0 for q in tops)]
+
+
 def _eval_rounded(np, cands, b, s, g: int):
-    """Exact rounded peaks: every moment's total (float64-exact below 2**53) plus the
-    allocator's rounding of its live storages, grouped by size (MomentSet.rounding_parts)."""
+    """Exact rounded peaks: every moment's total plus the allocator's rounding of its live
+    storages, grouped by size (MomentSet.rounding_parts), as one float64 product (exact below
+    2**53) over the moments that can win on the box of the points."""
     moments = cands.steady
     consts, sizes, counts = _rounding_matrix(np, cands, g)
-    monos = sorted({m for mo in moments for m in mo.total.terms})
-    coeffs = np.array([[mo.total.terms.get(m, 0) for mo in moments] for m in monos], dtype=np.float64)
+    keep = _may_win(moments, consts, counts, g, (int(b.min()), int(b.max()), int(s.min()), int(s.max())))
+    monos = sorted({m for i in keep for m in moments[i].total.terms} | {(0, 0)})
+    used = [k for k in range(len(sizes)) if counts[k, keep].any()]
+    coeffs = np.array([[moments[i].total.terms.get(m, 0) + (consts[i] if m == (0, 0) else 0) for i in keep]
+                       for m in monos] + [counts[k, keep].tolist() for k in used], dtype=np.float64)
     out = np.empty(b.shape, dtype=np.int64)
     for start in range(0, b.size, _CHUNK):
         bb, ss = b[start:start + _CHUNK], s[start:start + _CHUNK]
-        mat = np.stack([bb.astype(np.float64) ** i * ss.astype(np.float64) ** j for i, j in monos], 1)
-        totals = (mat @ coeffs).astype(np.int64) + consts
-        if sizes:
-            residues = np.stack([_residues(np, size, bb, ss, g) for size in sizes], 1).astype(np.float64)
-            totals += (residues @ counts).astype(np.int64)
-        out[start:start + _CHUNK] = totals.max(axis=1)
+        bf, sf = bb.astype(np.float64), ss.astype(np.float64)
+        residue = _residue_source(np, bb, ss, g)
+        mat = np.stack([bf ** i * sf ** j for i, j in monos] + [residue(sizes[k]) for k in used], 1)
+        out[start:start + _CHUNK] = (mat @ coeffs).max(axis=1)
     return out
 
 
