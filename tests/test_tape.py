@@ -54,7 +54,7 @@ def test_symbolic_peak_is_the_peak_at_every_shape():
     model, t = _small_gpt2(), TrainingConfig(micro_batch=3, seq_len=700, device="cpu")
     expr = estimate(model, t).expr
     assert expr.free_symbols == {b, s}
-    for bv, sv in [(3, 700), (1, 1), (8, 64), (2, 1500)]:
+    for bv, sv in [(3, 700), (1, 1), (8, 64), (2, 1024)]:
         peak = estimate(model, t.with_(micro_batch=bv, seq_len=sv)).peak_bytes
         assert int(expr.xreplace({b: bv, s: sv})) == peak
 
