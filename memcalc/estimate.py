@@ -118,12 +118,13 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     if training.data_parallel > 1:
         return _estimate_ranks(model, training, cands, b, s)
     steady = cands.steady_set.rounded_totals(b, s)
-    top = max(range(len(steady)), key=steady.__getitem__)
+    peak = max(steady)
+    top = steady.index(peak)  # the first moment at the peak
     moment = cands.steady[top]
     by_phase = cands.steady_set.by_phase
     return MemoryReport(
-        steady[top], moment.phase, moment.label, model, training, cands,
-        [steady[top]] * training.world_size,  # TP ranks are alike
+        peak, moment.phase, moment.label, model, training, cands,
+        [peak] * training.world_size,  # TP ranks are alike
         first_step_peak_bytes=lambda: max(cands.first_set.rounded_totals(b, s)),
         phases=lambda: {p: max((steady[i] for i in idx), default=0) for p, idx in by_phase.items()},
         components=lambda: _components(moment, b, s, steady[top]))
