@@ -10,10 +10,11 @@ until it returns).
 """
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
-from memcalc.regime import Regime
 from typing import Any, Callable
+
 from memcalc.programs.base import size
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops, numel
 

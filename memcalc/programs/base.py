@@ -9,12 +9,12 @@ family means one file of what differs, one registry line (memcalc.programs), one
 """
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from memcalc.poly import Poly
 from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Value
 from memcalc.tape.ops import Ops
 

@@ -6,12 +6,12 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
-from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, gpt2_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import gelu_new
 from memcalc.programs.loss import hf_causal_lm_loss
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 

@@ -9,14 +9,14 @@ materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is n
 """
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
-from memcalc.regime import Regime
 from typing import Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
-from memcalc.programs.layers import rms_norm, rotary, rotary_tables, swiglu_mlp
+from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 
@@ -25,13 +25,8 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
               p: Callable[..., Value]) -> tuple[Value, Value]:
     """LlamaAttention with the configured attention interface; returns (output, weights)."""
     a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
-    bias, N = spec.qkv_bias, TOKENS
-    q = ops.col_linear(x, p("self_attn.q_proj.weight", h * a * d, a * d),
-                       p("self_attn.q_proj.bias", a * d) if bias else None, N, a * d, "q_proj")
-    k = ops.col_linear(x, p("self_attn.k_proj.weight", h * kv * d, kv * d),
-                       p("self_attn.k_proj.bias", kv * d) if bias else None, N, kv * d, "k_proj")
-    v = ops.col_linear(x, p("self_attn.v_proj.weight", h * kv * d, kv * d),
-                       p("self_attn.v_proj.bias", kv * d) if bias else None, N, kv * d, "v_proj")
+    N = TOKENS
+    q, k, v = qkv_projections(ops, spec, x, p)
     cos, sin = context["cos"], context["sin"]
     q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
     q_local, k_local, v_local = q, k, v

@@ -2,10 +2,10 @@
 SwiGLU MLP, GPT-2's gelu_new. (LayerNorm is one aten op: memcalc.tape.ops.Ops.layer_norm.)"""
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
 from typing import Callable
 
-from memcalc.programs.base import size
+from memcalc.programs.base import TOKENS, size
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops, numel
 
@@ -61,6 +61,18 @@ def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
         t = g.op(f"{name}*scaling", [t], size("s d", 4, d=d), requires_grad=False)
         out.append(ops.to(t, elt, f"{name}.to(dtype)"))
     return out
+
+
+def qkv_projections(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
+    """self_attn.q_proj, k_proj, v_proj (column-parallel under tensor parallelism): a*d query and
+    kv*d key and value features per token, biases when the spec has them."""
+    a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
+    out = []
+    for name, width in (("q_proj", a * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+        weight = p(f"self_attn.{name}.weight", h * width, width)  # created before the bias,
+        bias = p(f"self_attn.{name}.bias", width) if spec.qkv_bias else None  # as torch registers
+        out.append(ops.col_linear(x, weight, bias, TOKENS, width, name))
+    return out[0], out[1], out[2]
 
 
 def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens, p: Callable[..., Value]) -> Value:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from memcalc.poly import Poly
 from memcalc.programs.base import size
-from memcalc.tape.ops import Ops
 from memcalc.tape.graph import Grad, Value
+from memcalc.tape.ops import Ops
 
 
 def cross_entropy_fp32(ops: Ops, logits32: Value, target: Value) -> Value:

@@ -3,11 +3,11 @@ lingering locals, F.cross_entropy on the logits directly (autocast runs it in fp
 tensor- and sequence-parallel plans of validate.tensor_parallel apply."""
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
-from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, reference_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.loss import reference_cross_entropy
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 

@@ -4,12 +4,12 @@ every attention call, SDPA with enable_gqa, eager with repeat_interleave; the te
 sequence-parallel plans of validate.tensor_parallel apply."""
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
-from memcalc.regime import Regime
 from memcalc.programs.attention import attention_core, reference_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
-from memcalc.programs.layers import rms_norm, rotary, swiglu_mlp
+from memcalc.programs.layers import qkv_projections, rms_norm, rotary, swiglu_mlp
 from memcalc.programs.loss import reference_cross_entropy
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 
@@ -41,15 +41,10 @@ class ReferenceLlama(DecoderProgram):
         block_input = x  # the caller's loop variable holds it until the block returns
         h, a, kv, d = spec.hidden_size, spec.num_heads, spec.kv_heads, spec.head_size
         p = param_maker(ops, f"blocks.{layer}.")
-        qb, N, Ns = spec.qkv_bias, TOKENS, ops.seq_tokens(TOKENS)  # Ns: b*s/t under SP
+        N, Ns = TOKENS, ops.seq_tokens(TOKENS)  # Ns: b*s/t under SP
         n1 = rms_norm(ops, x, p("input_layernorm.weight", h), Ns, weight_in_fp32=True)
         xin = ops.sp_gather(n1)
-        q = ops.col_linear(xin, p("self_attn.q_proj.weight", h * a * d, a * d),
-                           p("self_attn.q_proj.bias", a * d) if qb else None, N, a * d, "q_proj")
-        k = ops.col_linear(xin, p("self_attn.k_proj.weight", h * kv * d, kv * d),
-                           p("self_attn.k_proj.bias", kv * d) if qb else None, N, kv * d, "k_proj")
-        v = ops.col_linear(xin, p("self_attn.v_proj.weight", h * kv * d, kv * d),
-                           p("self_attn.v_proj.bias", kv * d) if qb else None, N, kv * d, "v_proj")
+        q, k, v = qkv_projections(ops, spec, xin, p)
         c, s_ = ops.to(context["cos"], q.elt, "cos.to(q.dtype)"), ops.to(context["sin"], q.elt, "sin.to(q.dtype)")
         q, k = rotary(ops, q, c, s_, a, d), rotary(ops, k, c, s_, kv, d)
         q_local, k_local = q, k
