@@ -88,6 +88,9 @@ def spec_fields_from_hf(config) -> dict:
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")
+    from memcalc.hf_keys import check_config_keys
+
+    check_config_keys(cfg, model_type)  # every key modelled, known inert, or refused by name
     fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}

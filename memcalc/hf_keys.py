@@ -1,0 +1,128 @@
+"""Every key of a Hugging Face config.json, accounted for: read into the ModelSpec (modelled),
+known not to change a training step's memory (with why), or refused with the key and the fix
+when its value is not the one memcalc models. A key in none of these is refused too, so a new
+transformers release that adds a memory-relevant key is an error, not a silently wrong number
+(tests/test_hf_keys.py walks each supported config class's to_dict()).
+
+Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
+modeling_mistral.py / modeling_qwen2.py, masking_utils.py.
+"""
+from __future__ import annotations
+
+from memcalc.errors import NotModelledError
+
+MODELLED = {
+    "gpt2": {"model_type", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
+             "tie_word_embeddings", "activation_function", "embd_pdrop", "attn_pdrop", "resid_pdrop",
+             "_name_or_path"},
+    "llama": {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
+              "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
+              "_name_or_path"},
+}
+MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
+
+_METADATA = "metadata: names and versions, read by no op"
+_TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
+_NUMERIC = "a numeric constant inside an op (epsilon, init scale, rotary frequencies): no tensor changes size"
+_HEADS = "used by other heads (sequence classification, double heads), not by ForCausalLM"
+_GENERATION = "generation settings (legacy config keys): generate() only, not a training step"
+_DTYPE = ("the dtype weights are loaded in; the step's dtypes are TrainingConfig.precision's "
+          "(parameters cast as the precision regime says)")
+_PATH = ("the modelled call path passes use_cache=False and labels, and TrainingConfig.attention "
+         "chooses the attention implementation")
+
+INERT: dict[str, str] = {
+    **{k: _METADATA for k in ("architectures", "transformers_version", "_commit_hash", "tokenizer_class",
+                              "finetuning_task", "prefix", "task_specific_params", "torchscript",
+                              "tf_legacy_loss", "use_bfloat16", "_attn_implementation_autoset")},
+    **{k: _TOKENS for k in ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+                            "decoder_start_token_id")},
+    **{k: _NUMERIC for k in ("initializer_range", "layer_norm_epsilon", "rms_norm_eps", "rope_theta")},
+    **{k: _HEADS for k in ("id2label", "label2id", "problem_type", "summary_activation",
+                           "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+                           "summary_use_proj", "num_labels")},
+    **{k: _GENERATION for k in ("max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+                                "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p",
+                                "typical_p", "repetition_penalty", "length_penalty",
+                                "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+                                "num_return_sequences", "output_scores", "return_dict_in_generate",
+                                "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+                                "exponential_decay_length_penalty", "suppress_tokens",
+                                "begin_suppress_tokens")},
+    **{k: _DTYPE for k in ("dtype", "torch_dtype")},
+    **{k: _PATH for k in ("use_cache", "return_dict", "attn_implementation", "_attn_implementation")},
+    "n_ctx": "GPT-2's legacy copy of n_positions; modeling_gpt2.py reads n_positions",
+    "chunk_size_feed_forward": "not read by modeling_gpt2.py or modeling_llama.py in transformers 5.x",
+    "pretraining_tp": "not read by modeling_llama.py in transformers 5.x (sliced matmuls were removed)",
+    "rope_parameters": ("rotary type and scaling: the cos/sin tables are (s, head_dim) for every "
+                        "rope_type, the scaling multiplies them in place of the modelled `*scaling`"),
+    "rope_scaling": "older name of rope_parameters (same tables)",
+    "is_decoder": "a decoder-only causal LM runs the same program with either value",
+    "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+}
+
+# key -> (the values memcalc models, why another value matters, the fix)
+REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
+    "reorder_and_upcast_attn": ((False, None), "GPT-2's upcast attention path allocates fp32 scores "
+                                "through baddbmm (measured -1.5% under bf16 autocast)", "set it to false"),
+    "scale_attn_by_inverse_layer_idx": ((False, None), "scales the scores by 1/(layer+1) in another "
+                                        "(b, heads, s, s) op under eager attention", "set it to false"),
+    "scale_attn_weights": ((True, None), "leaves out the modelled scaling op of eager attention",
+                           "set it to true"),
+    "add_cross_attention": ((False, None), "adds cross-attention layers", "set it to false"),
+    "is_encoder_decoder": ((False, None), "an encoder-decoder model", "use a decoder-only config"),
+    "tie_encoder_decoder": ((False, None), "an encoder-decoder model", "use a decoder-only config"),
+    "output_attentions": ((False, None), "keeps every layer's attention weights until the step "
+                          "ends", "set it to false"),
+    "output_hidden_states": ((False, None), "keeps every layer's hidden states in the outputs",
+                             "set it to false"),
+    "sliding_window": ((None,), "sliding-window attention is not modelled yet (it changes the "
+                       "mask and kernel when seq_len exceeds the window)",
+                       "set it to null: memcalc then predicts full causal attention, the same "
+                       "memory as the window for seq_len <= the window (the mask is then causal)"),
+    "use_sliding_window": ((False, None), "sliding-window attention is not modelled yet",
+                           "set it to false"),
+    "layer_types": ((None, "full_attention"), "sliding-attention layers are not modelled yet",
+                    "list only full_attention layers"),
+    "pruned_heads": ((None, "empty"), "pruned heads change the projections' widths",
+                     "use the unpruned config"),
+    "cross_attention_hidden_size": ((None,), "cross-attention is not modelled", "remove it"),
+    "quantization_config": ((None,), "quantized base weights are not modelled yet", "remove it"),
+    "auto_map": ((None,), "the model runs custom code memcalc has no program for",
+                 "use a transformers model type"),
+}
+
+
+def _allowed(key: str, value, allowed: tuple) -> bool:
+    if key == "layer_types":
+        return value is None or (isinstance(value, list) and all(v == "full_attention" for v in value))
+    if key == "pruned_heads":
+        return value is None or value == {} or value == []
+    return any(value is a if a in (None, True, False) else value == a for a in allowed)
+
+
+def check_config_keys(cfg: dict, family_type: str) -> None:
+    """Refuse any key of `cfg` that is not modelled, not known to leave memory unchanged, or has a
+    value memcalc does not model.
+
+    >>> check_config_keys({"model_type": "gpt2", "n_layer": 2, "bos_token_id": 1}, "gpt2")
+    >>> check_config_keys({"model_type": "gpt2", "reorder_and_upcast_attn": True}, "gpt2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: hf_config.reorder_and_upcast_attn: True is not modelled ...
+    """
+    modelled = MODELLED[family_type]
+    for key, value in cfg.items():
+        if key in modelled or key in INERT:
+            continue
+        if key == "sliding_window" and family_type == "qwen2":
+            continue  # Qwen2 reads it only with use_sliding_window (refused when true)
+        if key in REFUSED_UNLESS:
+            allowed, why, fix = REFUSED_UNLESS[key]
+            if not _allowed(key, value, allowed):
+                raise NotModelledError(f"hf_config.{key}", f"{str(value)[:40]} is not modelled ({why})", fix)
+            continue
+        raise NotModelledError(f"hf_config.{key}", "is a key memcalc does not know (neither modelled "
+                               "nor known to leave memory unchanged)",
+                               "remove it if it does not change the model's computation, or report it")

@@ -1,0 +1,88 @@
+"""HF config reading that cannot be silently wrong: every key of each supported transformers
+config class is modelled, known inert or refused by name; real published config.json files
+load and give their published parameter counts; memory-relevant settings are refused."""
+import pytest
+
+from memcalc.errors import MemcalcError, NotModelledError
+from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS
+from memcalc.specs import ModelSpec
+
+CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+
+# Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
+# counts on their model cards.
+GPT2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+        "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": 50257}
+LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+              "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+              "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+              "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+              "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+              "tie_word_embeddings": False, "torch_dtype": "float16",
+              "transformers_version": "4.31.0.dev0", "use_cache": True, "vocab_size": 32000}
+QWEN2_05B = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+             "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+             "intermediate_size": 4864, "max_position_embeddings": 131072, "max_window_layers": 24,
+             "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+             "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+             "sliding_window": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+             "transformers_version": "4.40.1", "use_cache": True, "use_sliding_window": False,
+             "vocab_size": 151936}
+MISTRAL_7B_V03 = {"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+                  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+                  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+                  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                  "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 32768}
+PUBLISHED = [(GPT2, 124_439_808), (LLAMA_2_7B, 6_738_415_616), (QWEN2_05B, 494_032_768),
+             (MISTRAL_7B_V03, 7_248_023_552)]
+
+
+@pytest.mark.parametrize("model_type", sorted(CLASSES))
+def test_every_key_of_the_transformers_config_is_accounted_for(model_type):
+    transformers = pytest.importorskip("transformers")
+    keys = set(getattr(transformers, CLASSES[model_type])().to_dict())
+    unknown = keys - MODELLED[model_type] - set(INERT) - set(REFUSED_UNLESS)
+    assert not unknown, f"{model_type}: classify {sorted(unknown)} in memcalc/hf_keys.py"
+
+
+@pytest.mark.parametrize("config,published", PUBLISHED, ids=lambda c: str(c)[:20])
+def test_published_configs_load_with_their_published_parameter_counts(config, published):
+    assert ModelSpec.from_hf_config(config).param_count == published
+
+
+@pytest.mark.parametrize("key,value", [("reorder_and_upcast_attn", True),
+                                       ("scale_attn_by_inverse_layer_idx", True),
+                                       ("output_attentions", True), ("brand_new_key", 1)])
+def test_gpt2_settings_that_change_memory_are_refused_by_name(key, value):
+    with pytest.raises(NotModelledError, match=f"hf_config.{key}"):
+        ModelSpec.from_hf_config({**GPT2, key: value})
+
+
+@pytest.mark.parametrize("config,key,value", [(MISTRAL_7B_V03, "sliding_window", 4096),
+                                              (QWEN2_05B, "use_sliding_window", True),
+                                              (QWEN2_05B, "layer_types", ["sliding_attention"] * 24)])
+def test_sliding_windows_are_refused_not_ignored(config, key, value):
+    with pytest.raises(MemcalcError, match=f"hf_config.{key}"):
+        ModelSpec.from_hf_config({**config, key: value})
+
+
+def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path, capsys):
+    import json
+
+    from memcalc.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**MISTRAL_7B_V03, "sliding_window": 4096}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "--hf-config", str(path), "--micro-batch", "1", "--seq-len", "8192"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "hf_config.sliding_window" in err
