@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from memcalc.step_checks import check_shape, check_supported  # noqa: F401 (API)
+from memcalc.step_checks import check_shape
 from memcalc.engine import Candidates, MomentSet, candidates  # noqa: F401 (API)
 from memcalc.parallel.data import rank_optimizer_bytes_all
-from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (API)
+from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (sqrt_segment_size: API)
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 from memcalc.units import GIB

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from memcalc.errors import MemcalcError, UnknownNameError, closest_names
-from memcalc.units import GIB, MIB  # noqa: F401 (GIB: re-exported for callers)
+from memcalc.units import MIB
 
 CONTEXT_MIB = 500
 
