@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from memcalc.checks import check_int
 from memcalc.engine import steady_polys
 from memcalc.estimate import estimate
-from memcalc.checks import check_int
-from memcalc.step_checks import check_search, learned_positions
 from memcalc.gpus import parse_budget
 from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS
+from memcalc.step_checks import check_search, learned_positions
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from memcalc.poly import Poly
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
 
 NO_LIMIT = 2 ** 40  # answers are capped here when no candidate grows with the unknown
 
@@ -53,7 +61,7 @@ class Capacity:
         return None if self.peak_bytes is None else self.budget_bytes - self.peak_bytes
 
 
-def _peak(model, training) -> int:
+def _peak(model: ModelSpec, training: TrainingConfig) -> int:
     return estimate(model, training).peak_bytes
 
 
@@ -83,7 +91,7 @@ def largest_root(coeffs: dict[int, int], budget: int, cap: int = NO_LIMIT) -> in
     return x
 
 
-def _in_unknown(poly, unknown: str, other: int) -> dict[int, int]:
+def _in_unknown(poly: Poly, unknown: str, other: int) -> dict[int, int]:
     """Coefficients of a Poly in b or s, with the other symbol set to `other`."""
     out: dict[int, int] = {}
     for (i, j), c in poly.terms.items():
@@ -92,13 +100,13 @@ def _in_unknown(poly, unknown: str, other: int) -> dict[int, int]:
     return out
 
 
-def _symbolic_guess(model, training, field: str, budget: int) -> int:
+def _symbolic_guess(model: ModelSpec, training: TrainingConfig, field: str, budget: int) -> int:
     other = training.seq_len if field == "micro_batch" else training.micro_batch
     return min(largest_root(_in_unknown(p, field, other), budget)
                for p in steady_polys(model, training))
 
 
-def _confirm(peak_at, guess: int, budget: int, cap: int = NO_LIMIT) -> int:
+def _confirm(peak_at: Callable[[int], int | None], guess: int, budget: int, cap: int = NO_LIMIT) -> int:
     """Move the guess until peak_at(n) <= budget < peak_at(n + 1) (galloping when far off)."""
     n = min(max(guess, 0), cap)
     if n > 0 and peak_at(n) > budget:
@@ -113,7 +121,7 @@ def _confirm(peak_at, guess: int, budget: int, cap: int = NO_LIMIT) -> int:
     return n
 
 
-def _bisect(peak_at, lo: int, hi: int, budget: int) -> int:
+def _bisect(peak_at: Callable[[int], int | None], lo: int, hi: int, budget: int) -> int:
     """Largest n in [lo, hi] with peak_at(n) <= budget, given peak_at(lo) <= budget."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -121,12 +129,13 @@ def _bisect(peak_at, lo: int, hi: int, budget: int) -> int:
     return lo
 
 
-def _result(field, budget, n, peak_at, cap: int = NO_LIMIT) -> Capacity:
+def _result(field: str, budget: int | float | str, n: int, peak_at: Callable[[int], int | None],
+            cap: int = NO_LIMIT) -> Capacity:
     return Capacity(field, budget, n, peak_at(n) if n else None,
                     peak_at(n + 1) if n < cap else None)
 
 
-def max_micro_batch(model, training, budget) -> Capacity:
+def max_micro_batch(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Capacity:
     """The largest micro_batch whose steady-state peak fits `budget` (training's other fields kept).
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
@@ -136,7 +145,7 @@ def max_micro_batch(model, training, budget) -> Capacity:
     return _solve_shape(model, training, "micro_batch", budget)
 
 
-def max_seq_len(model, training, budget) -> Capacity:
+def max_seq_len(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Capacity:
     """The largest seq_len whose steady-state peak fits `budget`, at most
     model.max_position_embeddings for a model with a fixed position table (GPT-2, reference).
 
@@ -148,7 +157,7 @@ def max_seq_len(model, training, budget) -> Capacity:
     return _solve_shape(model, training, "seq_len", budget)
 
 
-def _shape_cap(model, field: str) -> int:
+def _shape_cap(model: ModelSpec, field: str) -> int:
     """The largest value the search may try: max_position_embeddings for seq_len on a model
     with a fixed position table (memcalc.step_checks.learned_positions), else NO_LIMIT."""
     if field == "seq_len" and learned_positions(model):
@@ -156,7 +165,7 @@ def _shape_cap(model, field: str) -> int:
     return NO_LIMIT
 
 
-def _solve_shape(model, training, field: str, budget) -> Capacity:
+def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget: int | float | str) -> Capacity:
     check_search(model, training, field)
     nbytes = parse_budget(budget)
     cap = _shape_cap(model, field)
@@ -168,7 +177,8 @@ def _solve_shape(model, training, field: str, budget) -> Capacity:
     return _result(field, nbytes, _confirm(peak_at, guess, nbytes, cap), peak_at, cap)
 
 
-def max_layers(model, training, budget, cap: int = MAX_LAYERS) -> Capacity:
+def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
+               cap: int = MAX_LAYERS) -> Capacity:
     """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers, at most
     memcalc.limits.MAX_LAYERS).
 
@@ -198,7 +208,7 @@ def max_layers(model, training, budget, cap: int = MAX_LAYERS) -> Capacity:
     return Capacity("num_layers", nbytes, n, peak_at(n), peak_at(n + 1) if n < cap else None)
 
 
-def _interpolation_search(peak_at, seen: dict, budget: int, cap: int) -> int:
+def _interpolation_search(peak_at: Callable[[int], int | None], seen: dict, budget: int, cap: int) -> int:
     """Largest n in [1, cap] with peak_at(n) <= budget, given peak_at(1) <= budget."""
     lo, hi = 1, None  # peak_at(lo) <= budget; hi: the smallest depth known not to fit
     while hi is None or hi - lo > 1:
@@ -212,7 +222,8 @@ def _interpolation_search(peak_at, seen: dict, budget: int, cap: int) -> int:
     return lo
 
 
-def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: int) -> int:
+def _next_probe(peak_at: Callable[[int], int | None], seen: dict, lo: int, hi: int | None, budget: int,
+                cap: int) -> int:
     """The secant's predicted answer, kept strictly inside the bracket; without an upper end,
     at most double lo (a simulation costs about L**2, so overshooting far is expensive)."""
     below = [k for k in seen if k < lo]
@@ -229,7 +240,8 @@ def _next_probe(peak_at, seen: dict, lo: int, hi: int | None, budget: int, cap: 
     return min(max(guess, lo + 1), top)
 
 
-def min_world_size(model, training, budget, cap: int = MAX_DATA_PARALLEL) -> Capacity:
+def min_world_size(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
+                   cap: int = MAX_DATA_PARALLEL) -> Capacity:
     """The fewest ranks (GPUs) whose per-rank peak fits `budget` under training.sharding:
     doubling to bracket, then bisection over the data-parallel degree (per-rank memory falls
     with it under zero1..3; under DDP it does not). With tensor_parallel t, `value` counts every
@@ -264,7 +276,7 @@ def min_world_size(model, training, budget, cap: int = MAX_DATA_PARALLEL) -> Cap
                     peak_at(lo) if lo >= first else None)
 
 
-def fits(model, training, budget) -> bool:
+def fits(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> bool:
     """Whether the step's steady-state peak fits `budget` (bytes, '80GB', a GPU name or 'local').
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig

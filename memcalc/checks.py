@@ -9,12 +9,12 @@ from memcalc import limits
 from memcalc.errors import MemcalcError
 
 
-def _short(value, n: int = 60) -> str:
+def _short(value: object, n: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= n else text[:n] + "..."
 
 
-def check_int(field: str, value, lo: int = 1, hi: int | None = None) -> int:
+def check_int(field: str, value: object, lo: int = 1, hi: int | None = None) -> int:
     """`value` as a Python int in [lo, hi]: an int or numpy integer, never a bool, float or string.
 
     >>> check_int("top", 3), check_int("top", 0, lo=0)
@@ -33,7 +33,7 @@ def check_int(field: str, value, lo: int = 1, hi: int | None = None) -> int:
     return value
 
 
-def check_fraction(field: str, value, fix: str) -> float:
+def check_fraction(field: str, value: object, fix: str) -> float:
     """A finite real number in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise MemcalcError(field, f"{_short(value)} is not a number", fix)
@@ -43,7 +43,7 @@ def check_fraction(field: str, value, fix: str) -> float:
     return value
 
 
-def check_name(field: str, value, example: str) -> str:
+def check_name(field: str, value: object, example: str) -> str:
     """A non-empty string of reasonable length (preset and GPU names)."""
     if not isinstance(value, str) or not value.strip() or len(value) > 200:
         raise MemcalcError(field, f"{_short(value)} is not a name", f"pass a name, e.g. {example!r}")

@@ -11,8 +11,12 @@ import json
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from memcalc.units import GIB
+
+if TYPE_CHECKING:
+    from memcalc.planner import Plan
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                    "head_dim", "intermediate_size", "max_position_embeddings")
@@ -107,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---- building specs ---------------------------------------------------------------------------
-def model_from_args(args):
+def model_from_args(args: argparse.Namespace):
     """The ModelSpec named by --model / --hf-config plus overrides."""
     from memcalc.specs import ModelSpec
 
@@ -123,7 +127,7 @@ def model_from_args(args):
     return model.with_(**changes) if changes else model
 
 
-def _from_hf(path: str, args):
+def _from_hf(path: str, args: argparse.Namespace):
     from memcalc.files import read_json_object
     from memcalc.specs import ModelSpec
 
@@ -131,7 +135,7 @@ def _from_hf(path: str, args):
     return ModelSpec.from_hf_config(config, implementation=args.implementation or "hf")
 
 
-def training_from_args(args, **fixed):
+def training_from_args(args: argparse.Namespace, **fixed):
     """The TrainingConfig of the training flags (plus `fixed` fields)."""
     from memcalc.training import TrainingConfig
 
@@ -145,7 +149,7 @@ def training_from_args(args, **fixed):
 
 
 # ---- commands ---------------------------------------------------------------------------------
-def cmd_estimate(args) -> dict:
+def cmd_estimate(args: argparse.Namespace) -> dict:
     """Run `estimate`; return the JSON payload (printed as text unless --json)."""
     from memcalc.estimate import estimate
 
@@ -177,7 +181,7 @@ def _print_estimate(out: dict) -> None:
         print(f"  peak(b, s) = {out['formula']}")
 
 
-def cmd_capacity(args) -> dict:
+def cmd_capacity(args: argparse.Namespace) -> dict:
     """Run `capacity`."""
     from memcalc import capacity
     from memcalc.gpus import gpu, parse_budget
@@ -211,7 +215,7 @@ def cmd_capacity(args) -> dict:
     return out
 
 
-def cmd_plan(args) -> dict:
+def cmd_plan(args: argparse.Namespace) -> dict:
     """Run `plan`."""
     from memcalc.checks import check_int
     from memcalc.planner import plan
@@ -228,7 +232,7 @@ def cmd_plan(args) -> dict:
     return out
 
 
-def _print_plans(plans, total: int, args) -> None:
+def _print_plans(plans: list[Plan], total: int, args: argparse.Namespace) -> None:
     if not plans:
         print(f"no plan fits {args.gpu} (global batch {args.global_batch}, seq_len {args.seq_len})")
         return
@@ -240,7 +244,7 @@ def _print_plans(plans, total: int, args) -> None:
               f"{p.peak_bytes / GIB:>9.2f} {p.headroom_bytes / GIB:>9.2f} {p.step_seconds:>9.2f}")
 
 
-def cmd_gpus(args) -> dict:
+def cmd_gpus(args: argparse.Namespace) -> dict:
     """Run `gpus`."""
     from memcalc.gpus import CONTEXT_MIB, GPUS, local_gpus
 
@@ -264,7 +268,7 @@ def cmd_gpus(args) -> dict:
     return out
 
 
-def cmd_tables(args) -> dict:
+def cmd_tables(args: argparse.Namespace) -> dict:
     """Run `tables` (write, or --check and exit 1 on a difference)."""
     from memcalc import tables
     from memcalc.checks import check_out_dir

@@ -12,13 +12,13 @@ from operator import attrgetter
 from typing import Callable
 
 from memcalc.allocator import device_constants
-from memcalc.step_checks import check_step, check_supported
 from memcalc.parallel.fsdp import Fsdp
 from memcalc.parallel.tensor import local_spec
 from memcalc.poly import ZERO, Poly
 from memcalc.programs import program_for
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
+from memcalc.step_checks import check_step, check_supported
 from memcalc.tape.graph import Graph
 from memcalc.tape.ops import Ops
 from memcalc.tape.simulate import Moment

@@ -1,6 +1,11 @@
 """The project's one family of errors: each message names the field and says how to fix it."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class MemcalcError(ValueError):
     """Base error: bad input to memcalc. The CLI prints `str(err)` on one line and exits 2.
@@ -39,7 +44,7 @@ def closest_names(name: str, known: list[str], n: int = 3) -> str:
     return ", ".join(close or sorted(known)[:n])
 
 
-def from_pydantic(err, model_name: str) -> SpecError:
+def from_pydantic(err: ValidationError, model_name: str) -> SpecError:
     """Turn a pydantic ValidationError into one SpecError naming the first bad field."""
     import re
 

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from memcalc.step_checks import check_shape
 from memcalc.engine import Candidates, MomentSet, candidates  # noqa: F401 (API)
 from memcalc.parallel.data import rank_optimizer_bytes_all
 from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (sqrt_segment_size: API)
 from memcalc.specs import ModelSpec
+from memcalc.step_checks import check_shape
 from memcalc.training import TrainingConfig
 from memcalc.units import GIB
+
+if TYPE_CHECKING:
+    from memcalc.tape.simulate import Moment
 
 
 def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
@@ -89,8 +92,9 @@ class MemoryReport:
     def expr(self):
         """The steady-state peak as a sympy Max over the candidate moments, in b and s (before
         the CUDA allocator's 512-byte rounding, which `peak_bytes` includes on device cuda)."""
-        from memcalc.symbols import b, s
         import sympy
+
+        from memcalc.symbols import b, s
 
         return sympy.Max(*[m.total.to_sympy(b, s) for m in self._candidates])
 
@@ -137,7 +141,7 @@ def allocator_granularity(training: TrainingConfig) -> int:
     return granularity(training.device)
 
 
-def _components(moment, b: int, s: int, total: int) -> dict[str, int]:
+def _components(moment: Moment, b: int, s: int, total: int) -> dict[str, int]:
     """Bytes per category at a moment, with the allocator's rounding as its own component."""
     parts = {k: int(-(-v.eval(b, s) // 1)) for k, v in moment.by_category.items()}
     rounding = total - sum(parts.values())
@@ -146,7 +150,7 @@ def _components(moment, b: int, s: int, total: int) -> dict[str, int]:
     return parts
 
 
-def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
+def _phase_max(moment_set: MomentSet, totals: list[int]) -> dict[str, tuple[int, int]]:
     out = {}
     for phase, idx in moment_set.by_phase.items():
         if idx:
@@ -155,7 +159,7 @@ def _phase_max(moment_set, totals: list[int]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _estimate_ranks(model, training, cands, b: int, s: int) -> MemoryReport:
+def _estimate_ranks(model: ModelSpec, training: TrainingConfig, cands: Candidates, b: int, s: int) -> MemoryReport:
     """Data-parallel ranks: one simulation without the optimizer, then each rank's own
     optimizer states (alive throughout the steady state) and step temporaries."""
     steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s))

@@ -19,7 +19,7 @@ from memcalc.errors import SpecError
 _FIX = "give the path of a Hugging Face config.json"
 
 
-def config_path(path, field: str = "hf_config") -> str:
+def config_path(path: str, field: str = "hf_config") -> str:
     """A path given as str or os.PathLike, of sane length, without NUL bytes; a folder means
     its config.json."""
     if isinstance(path, os.PathLike):
@@ -80,12 +80,12 @@ def parse_json_object(data: bytes | str, where: str, field: str = "hf_config") -
     return value
 
 
-def _json_type(value) -> str:
+def _json_type(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(value), "number")
 
 
-def read_json_object(path, field: str = "hf_config") -> dict:
+def read_json_object(path: str, field: str = "hf_config") -> dict:
     """The JSON object in a config file (bounded read, see the module docstring)."""
     path = config_path(path, field)
     shown = repr(path if len(path) <= 80 else path[:80] + "...")

@@ -63,7 +63,7 @@ class GPU:
                 "bf16-amp": self.tflops_bf16, "bf16": self.tflops_bf16}[precision]
 
 
-def _gpu(name, total_mib, bf16, fp16, fp32, source) -> tuple[str, GPU]:
+def _gpu(name: str, total_mib: int, bf16: float, fp16: float, fp32: float, source: str) -> tuple[str, GPU]:
     return name, GPU(name, total_mib, bf16, fp16, fp32, source)
 
 
@@ -146,7 +146,7 @@ _SIZE = re.compile(r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]{1,4})?)\s
 _BUDGET_FIX = "pass bytes (80000000000), a size ('80GB', '24GiB'), a GPU name ('H100-80GB') or 'local'"
 
 
-def parse_budget(budget) -> int:
+def parse_budget(budget: int | float | str) -> int:
     """Bytes from an int, a size string, a catalogue GPU (its usable memory) or 'local' (the free
     memory of this machine's GPU 0). Sizes are exact decimals (1e-3GB is 10**6 bytes), floored
     to whole bytes, in [0, memcalc.limits.MAX_BUDGET].
@@ -185,7 +185,7 @@ def parse_budget(budget) -> int:
                            f"{_BUDGET_FIX}; GPUs: {err.fix.removeprefix('use one of: ')}") from None
 
 
-def _in_range(nbytes, given) -> int:
+def _in_range(nbytes: int, given: str) -> int:
     from memcalc.limits import MAX_BUDGET
 
     if nbytes < 0:

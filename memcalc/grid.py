@@ -8,11 +8,21 @@ Needs numpy (extra 'grid').
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
 from memcalc.engine import Candidates, candidates
 from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.poly import Poly
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import numpy
+
+    from memcalc.specs import ModelSpec
+    from memcalc.tape.simulate import Moment
+    from memcalc.training import TrainingConfig
 
 SHAPE_FIELDS = ("micro_batch", "seq_len")
 _EXACT_FLOAT = 2 ** 53  # float64 holds every integer below this exactly
@@ -22,7 +32,7 @@ _CHUNK = 1 << 16  # points per matrix product (bounds the temporary to ~CHUNK x 
 _ROUNDING: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> _rounding_matrix
 
 
-def _candidates(model, training) -> tuple[Candidates, int]:
+def _candidates(model: ModelSpec, training: TrainingConfig) -> tuple[Candidates, int]:
     if training.sequence_parallel:
         raise NotModelledError("sequence_parallel", "estimate_grid works on whole-token sizes; "
                                "sequence-parallel sizes are b*s/t", "call estimate() per point")
@@ -33,12 +43,12 @@ def _candidates(model, training) -> tuple[Candidates, int]:
     return found, found.regime.granularity
 
 
-def _residue_source(np, b, s, g: int):
+def _residue_source(np: ModuleType, b: numpy.ndarray, s: numpy.ndarray, g: int):
     """residue(size) -> (-size(b, s)) mod g at every point, in int64 modular arithmetic (every
     factor < g), with the powers of b and s mod g computed once."""
     bg, sg, powers = b % g, s % g, {}
 
-    def power(x, name: str, k: int):
+    def power(x: numpy.ndarray, name: str, k: int):
         if (name, k) not in powers:
             powers[name, k] = np.ones_like(x) if k == 0 else power(x, name, k - 1) * x % g
         return powers[name, k]
@@ -52,7 +62,7 @@ def _residue_source(np, b, s, g: int):
     return residue
 
 
-def _rounding_matrix(np, cands: Candidates, g: int):
+def _rounding_matrix(np: ModuleType, cands: Candidates, g: int):
     """(constant rounding per moment, sizes whose residue varies, counts (sizes x moments))."""
     found = _ROUNDING.get(cands)
     if found is None:
@@ -65,7 +75,8 @@ def _rounding_matrix(np, cands: Candidates, g: int):
     return found
 
 
-def _may_win(moments, consts, counts, g: int, box) -> list[int]:
+def _may_win(moments: list[Moment], consts: list[int], counts: numpy.ndarray, g: int,
+             box: tuple[int, int, int, int]) -> list[int]:
     """Moments whose rounded total can be the largest somewhere on the box: a moment is
     dropped when, on the whole box, even its most rounded total (every varying storage g - 1
     bytes over) stays at or under the least rounded total of a moment largest at a corner."""
@@ -77,7 +88,7 @@ def _may_win(moments, consts, counts, g: int, box) -> list[int]:
             if i in tops or not any(_upper_bound(highs[i] - lows[q], box) <= 0 for q in tops)]
 
 
-def _eval_rounded(np, cands, b, s, g: int):
+def _eval_rounded(np: ModuleType, cands: Candidates, b: numpy.ndarray, s: numpy.ndarray, g: int):
     """Exact rounded peaks: every moment's total plus the allocator's rounding of its live
     storages, grouped by size (MomentSet.rounding_parts), as one float64 product (exact below
     2**53) over the moments that can win on the box of the points."""
@@ -98,7 +109,7 @@ def _eval_rounded(np, cands, b, s, g: int):
     return out
 
 
-def eval_candidates(model, training, b, s):
+def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray, s: numpy.ndarray):
     """Peaks at every (b, s): the polynomial envelope on CPU, with the allocator's rounding
     (exact, per live storage) on CUDA."""
     from memcalc.grid_checks import check_grid_variant
@@ -148,7 +159,7 @@ def prune(polys: list[Poly], box: tuple[int, int, int, int]) -> list[Poly]:
             or not any(_upper_bound(p - q, box) <= 0 for q in tops)]
 
 
-def eval_polys(polys: list[Poly], b, s):
+def eval_polys(polys: list[Poly], b: numpy.ndarray, s: numpy.ndarray):
     """max over polys at every (b, s) pair of two equal-shape int64 arrays; exact int64 result.
 
     When every candidate is linear in b and s takes few distinct values, each distinct s gets the
@@ -173,7 +184,7 @@ def eval_polys(polys: list[Poly], b, s):
     return _eval_dense(np, polys, b.ravel(), s.ravel()).reshape(b.shape)
 
 
-def _eval_dense(np, polys, b, s):
+def _eval_dense(np: ModuleType, polys: list[Poly], b: numpy.ndarray, s: numpy.ndarray):
     monos = sorted({m for p in polys for m in p.terms})
     coeffs = np.array([[p.terms.get(m, 0) for p in polys] for m in monos], dtype=np.float64)
     out = np.empty(b.shape, dtype=np.int64)
@@ -185,7 +196,7 @@ def _eval_dense(np, polys, b, s):
     return out
 
 
-def _line_coeffs(np, polys, s_values):
+def _line_coeffs(np: ModuleType, polys: list[Poly], s_values: numpy.ndarray):
     """A[k, u], B[k, u]: candidate k at s = s_values[u] is A + B * b (int64; callers bound it)."""
     a = np.zeros((len(polys), s_values.size), dtype=np.int64)
     c = np.zeros((len(polys), s_values.size), dtype=np.int64)
@@ -195,7 +206,7 @@ def _line_coeffs(np, polys, s_values):
     return a, c
 
 
-def _survivors(np, a, c, lo: int, hi: int):
+def _survivors(np: ModuleType, a: numpy.ndarray, c: numpy.ndarray, lo: int, hi: int):
     """mask[k, u]: line k is not below one of the two lines on top at b = lo and b = hi (a line
     below another at both ends of [lo, hi] is below it on the whole interval)."""
     at_lo, at_hi = a + c * lo, a + c * hi
@@ -234,7 +245,8 @@ def upper_envelope(lines: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     return hull, takeover
 
 
-def _eval_envelopes(np, polys, b, s_values, s_index):
+def _eval_envelopes(np: ModuleType, polys: list[Poly], b: numpy.ndarray, s_values: numpy.ndarray,
+                    s_index: numpy.ndarray):
     a, c = _line_coeffs(np, polys, s_values)
     keep = _survivors(np, a, c, int(b.min()), int(b.max()))
     out = np.empty(b.shape, dtype=np.int64)
@@ -254,7 +266,7 @@ def _eval_envelopes(np, polys, b, s_values, s_index):
     return out
 
 
-def estimate_grid(model, training, **arrays):
+def estimate_grid(model: ModelSpec, training: TrainingConfig, **arrays):
     """Steady-state peak bytes for every point of broadcast arrays of shapes (and other fields).
 
     `micro_batch` and `seq_len` are evaluated on the cached polynomials; any other TrainingConfig
@@ -277,7 +289,8 @@ def estimate_grid(model, training, **arrays):
     return _grid_over_fields(np, model, training, fields, b, s)
 
 
-def _grid_over_fields(np, model, training, fields: dict, b, s):
+def _grid_over_fields(np: ModuleType, model: ModelSpec, training: TrainingConfig, fields: dict,
+                      b: numpy.ndarray, s: numpy.ndarray):
     model_fields = set(type(model).model_fields)
     train_fields = set(type(training).model_fields)
     for name in fields:

@@ -3,16 +3,25 @@ estimate()'s checks for every variant. Each failure is one MemcalcError naming t
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from memcalc import limits
 from memcalc.checks import _short
 from memcalc.errors import MemcalcError
 from memcalc.step_checks import check_estimate, check_step
 
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import numpy
+
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
+
 _SCALARS = (int, float, str, bool, type(None))
 
 
-def _rectangular(np, name: str, values):
+def _rectangular(np: ModuleType, name: str, values: object):
     try:
         return np.asarray(values)
     except (ValueError, TypeError) as err:  # ragged nested lists
@@ -20,7 +29,7 @@ def _rectangular(np, name: str, values):
                            "pass a numpy array or equal-length nested lists") from None
 
 
-def _shape_values(np, name: str, arr):
+def _shape_values(np: ModuleType, name: str, arr: numpy.ndarray):
     """An int64 array of integers in [1, MAX_SHAPE], checked in Python ints (uint64 included)."""
     fix = f"pass integers in [1, {limits.MAX_SHAPE:,}], e.g. {name}=np.arange(1, 65)"
     if arr.dtype.kind == "O":
@@ -39,7 +48,7 @@ def _shape_values(np, name: str, arr):
     return arr.astype(np.int64)
 
 
-def grid_arrays(np, model, training, arrays: dict):
+def grid_arrays(np: ModuleType, model: ModelSpec, training: TrainingConfig, arrays: dict):
     """estimate_grid's arrays, checked and broadcast: (other fields, micro_batch, seq_len)."""
     check_step(model, training)
     known = set(type(model).model_fields) | set(type(training).model_fields)
@@ -76,7 +85,7 @@ def grid_arrays(np, model, training, arrays: dict):
     return fields, np.broadcast_to(b, shape), np.broadcast_to(s, shape)
 
 
-def check_grid_variant(model, training, b, s) -> None:
+def check_grid_variant(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray, s: numpy.ndarray) -> None:
     """estimate()'s checks for one variant of a grid, at its largest shape."""
     if getattr(b, "size", 0):
         training = training.with_(micro_batch=int(b.max()), seq_len=int(s.max()))

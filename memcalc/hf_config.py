@@ -6,12 +6,17 @@ with those classes' defaults for absent optional fields.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memcalc.errors import SpecError
+
+if TYPE_CHECKING:
+    import os
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
 
 
-def load_config(config) -> dict:
+def load_config(config: dict | str | os.PathLike) -> dict:
     """A config dict from a dict, or from a path to a config.json.
 
     >>> load_config({"model_type": "gpt2"})["model_type"]
@@ -24,7 +29,7 @@ def load_config(config) -> dict:
     return read_json_object(config)
 
 
-def _get(cfg: dict, key: str, default=None, required: bool = False):
+def _get(cfg: dict, key: str, default: object=None, required: bool = False):
     if key in cfg and cfg[key] is not None:
         return cfg[key]
     if required:
@@ -74,7 +79,7 @@ def _llama_fields(cfg: dict, model_type: str) -> dict:
                 attn_dropout=_get(cfg, "attention_dropout", 0.0))
 
 
-def spec_fields_from_hf(config) -> dict:
+def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     """ModelSpec fields from a HF config.
 
     >>> spec_fields_from_hf({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
@@ -110,7 +115,7 @@ CONFIG_KEYS = {
 }
 
 
-def spec_from_hf(cls, config, implementation):
+def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: str):
     """cls.make(...) of a HF config, with errors naming the config's key (hf_config.n_layer).
 
     >>> from memcalc.specs import ModelSpec

@@ -94,7 +94,7 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
 }
 
 
-def _allowed(key: str, value, allowed: tuple) -> bool:
+def _allowed(key: str, value: object, allowed: tuple) -> bool:
     if key == "layer_types":
         return value is None or (isinstance(value, list) and all(v == "full_attention" for v in value))
     if key == "pruned_heads":

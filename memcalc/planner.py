@@ -14,13 +14,21 @@ a tied output layer counts once as the lm_head matmul); h_attn = num_heads * hea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from memcalc.checks import _short
 from memcalc.engine import estimate_peak, steady_polys
 from memcalc.errors import MemcalcError
-from memcalc.checks import _short
-from memcalc.gpus import GPU, gpu as lookup_gpu
+from memcalc.gpus import GPU
+from memcalc.gpus import gpu as lookup_gpu
 from memcalc.step_checks import check_estimate, check_step
 from memcalc.training import PRECISIONS
+
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
 CHECKPOINTING = ("none", "per-layer", "sqrt", "selective")
 DEFAULT_UTILISATION = 0.4
 # The engine simulates min(grad_accum, 2) micro-steps: every grad_accum >= 2 has the same memory
@@ -50,7 +58,7 @@ class Plan:
         return dict(self.__dict__)
 
 
-def matmul_params(model) -> int:
+def matmul_params(model: ModelSpec) -> int:
     """Parameters used in matrix multiplies: all but the embedding tables, plus the output layer.
 
     >>> from memcalc.specs import ModelSpec
@@ -65,7 +73,7 @@ def matmul_params(model) -> int:
     return model.param_count - lookups + (lm_head if model.tie_embeddings else 0)
 
 
-def step_flops(model, global_batch: int, seq_len: int, checkpointing: str) -> int:
+def step_flops(model: ModelSpec, global_batch: int, seq_len: int, checkpointing: str) -> int:
     """FLOPs of one optimizer step (module docstring: Kaplan et al. 2020; Korthikanti et al. 2022).
 
     >>> from memcalc.specs import ModelSpec
@@ -81,9 +89,9 @@ def step_flops(model, global_batch: int, seq_len: int, checkpointing: str) -> in
     return 3 * (dense + attention) + recompute
 
 
-def plan(model, device, global_batch: int, seq_len: int, training=None,
-         utilisation: float = DEFAULT_UTILISATION, precisions=PRECISIONS,
-         checkpointing=CHECKPOINTING) -> list[Plan]:
+def plan(model: ModelSpec, device: str | GPU, global_batch: int, seq_len: int, training: TrainingConfig=None,
+         utilisation: float = DEFAULT_UTILISATION, precisions: Sequence[str]=PRECISIONS,
+         checkpointing: Sequence[str]=CHECKPOINTING) -> list[Plan]:
     """Every (precision, checkpointing, micro_batch dividing global_batch) that fits `device`
     (a catalogue GPU or its name), fastest first.
 
@@ -113,7 +121,7 @@ def plan(model, device, global_batch: int, seq_len: int, training=None,
     return sorted(plans, key=lambda p: (p.step_seconds, -p.micro_batch, -p.headroom_bytes))
 
 
-def _states_alone_exceed(model, training, precision: str, card: GPU) -> bool:
+def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, precision: str, card: GPU) -> bool:
     """Weights + gradients + optimizer states, all alive at optimizer.step(), exceed the GPU: no
     plan of this precision can fit, and its simulations are skipped."""
     from memcalc.formulas.model_states import model_state_bytes
@@ -121,7 +129,7 @@ def _states_alone_exceed(model, training, precision: str, card: GPU) -> bool:
     return model_state_bytes(model.param_count, precision, training.optimizer) > card.usable_bytes
 
 
-def _peaks(model, training, global_batch: int, card: GPU) -> dict[int, int]:
+def _peaks(model: ModelSpec, training: TrainingConfig, global_batch: int, card: GPU) -> dict[int, int]:
     """Steady-state peak per micro-batch dividing global_batch, from two cached simulations:
     grad_accum 1 (micro = global_batch) and ACCUM_EQUIVALENT (all others)."""
 
@@ -136,7 +144,8 @@ def _peaks(model, training, global_batch: int, card: GPU) -> dict[int, int]:
     return peaks
 
 
-def _fitting(model, training, card: GPU, global_batch: int, flops_per_s: float) -> list[Plan]:
+def _fitting(model: ModelSpec, training: TrainingConfig, card: GPU, global_batch: int,
+             flops_per_s: float) -> list[Plan]:
     flops = step_flops(model, global_batch, training.seq_len, training.checkpointing)
     out = []
     for micro, peak in _peaks(model, training, global_batch, card).items():
@@ -164,7 +173,8 @@ def _check(global_batch: int, seq_len: int, utilisation: float) -> None:
                            "pass the fraction of peak FLOPS reached, e.g. 0.4")
 
 
-def check_plan(model, training, global_batch: int, seq_len: int, precisions, checkpointing) -> None:
+def check_plan(model: ModelSpec, training: TrainingConfig, global_batch: int, seq_len: int,
+               precisions: Sequence[str], checkpointing: Sequence[str]) -> None:
     """plan()'s arguments: estimate()'s checks on every variant it will evaluate."""
     for field, given, known in (("precisions", precisions, PRECISIONS),
                                 ("checkpointing", checkpointing, CHECKPOINTING)):

@@ -3,9 +3,13 @@ the same matplotlib give the same bytes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memcalc.engine import activation_peak_bytes
 from memcalc.units import GIB
+
+if TYPE_CHECKING:
+    from types import ModuleType
 _META = {"Software": None}  # no matplotlib version string (PNG has no timestamp by default)
 
 
@@ -33,7 +37,7 @@ def write_plots(out: Path) -> list[str]:
     return ["breakdown.png", "depth.png"]
 
 
-def _breakdown_plot(plt, path: Path) -> None:
+def _breakdown_plot(plt: ModuleType, path: Path) -> None:
     from memcalc.estimate import estimate
     from memcalc.specs import ModelSpec
     from memcalc.training import TrainingConfig
@@ -64,7 +68,7 @@ def activation_bytes_at_depth(layers: int, mode: str) -> int:
     return activation_peak_bytes(model, TrainingConfig(micro_batch=1, seq_len=1024, checkpointing=mode))
 
 
-def _depth_plot(plt, path: Path) -> None:
+def _depth_plot(plt: ModuleType, path: Path) -> None:
     activation_bytes_at_peak = activation_bytes_at_depth
     depths = [4, 8, 16, 32, 48]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -7,6 +7,11 @@ converts to a sympy expression for display and solving.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import sympy
+
 Monomial = tuple[int, int]  # (power of b, power of s)
 
 
@@ -66,7 +71,7 @@ class Poly:
         """No bytes at any shape."""
         return not self.terms
 
-    def to_sympy(self, b, s):
+    def to_sympy(self, b: sympy.Symbol, s: sympy.Symbol):
         """The sympy expression over symbols b and s."""
         import sympy
 

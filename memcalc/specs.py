@@ -6,11 +6,14 @@ Mistral and Qwen2 are Llama style with other sizes, Qwen2 with q/k/v biases).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memcalc.errors import UnknownNameError, closest_names, from_pydantic
+
+if TYPE_CHECKING:
+    import os
 
 Family = Literal["gpt2", "llama"]
 Implementation = Literal["hf", "reference"]
@@ -145,7 +148,7 @@ class ModelSpec(BaseModel):
         return cls.make(name=key, **PRESETS[key])
 
     @classmethod
-    def from_hf_config(cls, config, implementation: Implementation = "hf") -> "ModelSpec":
+    def from_hf_config(cls, config: dict | str | os.PathLike, implementation: Implementation = "hf") -> "ModelSpec":
         """A spec from a Hugging Face config.json path or its dict; nothing is downloaded.
 
         >>> ModelSpec.from_hf_config({"model_type": "gpt2", "n_layer": 2}).num_layers

@@ -17,7 +17,7 @@ from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
 
-def check_model(model) -> None:
+def check_model(model: ModelSpec) -> None:
     """A ModelSpec within the ceilings of memcalc.limits."""
     if not isinstance(model, ModelSpec):
         fix = (f"pass ModelSpec.preset({model!r})" if isinstance(model, str) and len(model) < 60
@@ -30,7 +30,7 @@ def check_model(model) -> None:
                             f"use {field} <= {ceiling:,} (memcalc.limits: {_why(field)})")
 
 
-def check_training(training) -> None:
+def check_training(training: TrainingConfig) -> None:
     """A TrainingConfig within the ceilings of memcalc.limits."""
     if not isinstance(training, TrainingConfig):
         raise SpecError("training", f"expected a TrainingConfig, got {type(training).__name__}",
@@ -52,14 +52,14 @@ def _why(field: str) -> str:
             "tensor_parallel": "past any NVLink domain"}.get(field, "past any model in use")
 
 
-def learned_positions(model) -> bool:
+def learned_positions(model: ModelSpec) -> bool:
     """Whether the model cannot run sequences longer than max_position_embeddings: GPT-2's learned
     position table (and causal-mask buffer), and the reference models' precomputed tables
     (validate/models.py: causal_mask, Rotary). HF Llama computes rotary angles per call."""
     return model.family == "gpt2" or model.implementation == "reference"
 
 
-def check_runnable(model, training) -> None:
+def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
     """What the implementation can run: seq_len within a fixed position table."""
     if learned_positions(model) and training.seq_len > model.max_position_embeddings:
         p = model.max_position_embeddings
@@ -70,14 +70,14 @@ def check_runnable(model, training) -> None:
                         f"use seq_len <= {p}, or raise max_position_embeddings")
 
 
-def check_step(model, training) -> None:
+def check_step(model: ModelSpec, training: TrainingConfig) -> None:
     """Types, ceilings and runnability of one (model, training) step: the top of estimate()."""
     check_model(model)
     check_training(training)
     check_runnable(model, training)
 
 
-def check_shape(model, training) -> None:
+def check_shape(model: ModelSpec, training: TrainingConfig) -> None:
     """The checks that depend on micro_batch and seq_len alone, for a (model, training) whose
     other fields were checked (estimate() on a cached simulation)."""
     for field in ("micro_batch", "seq_len"):
@@ -86,7 +86,7 @@ def check_shape(model, training) -> None:
     check_runnable(model, training)
 
 
-def check_estimate(model, training) -> None:
+def check_estimate(model: ModelSpec, training: TrainingConfig) -> None:
     """Exactly what estimate() checks, for callers that evaluate the engine another way."""
     check_step(model, training)
     check_supported(model, training)
@@ -112,7 +112,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
 
 
-def check_search(model, training, field: str) -> None:
+def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:
     """check_estimate for a capacity search over `field`: the caller's own value of that field
     is replaced, so it is checked at the search's first probe instead."""
     from memcalc.specs import ModelSpec

@@ -30,7 +30,7 @@ def standard_seq_len(preset: str) -> int:
     return 1024 if preset.startswith("gpt2") else 4096
 
 
-def configs(presets=None):
+def configs(presets: list[str]=None):
     """(preset, regime, checkpointing, ModelSpec, TrainingConfig) of every table row, in order."""
     from memcalc.presets import PRESETS
     from memcalc.specs import ModelSpec
@@ -48,7 +48,7 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.3f}"
 
 
-def breakdown_rows(presets=None) -> list[list[str]]:
+def breakdown_rows(presets: list[str]=None) -> list[list[str]]:
     """One row per (preset, regime, checkpointing): peak, phase and components in GiB."""
     from memcalc.estimate import estimate
 
@@ -71,7 +71,7 @@ BREAKDOWN_HEADER = ["model", "regime", "checkpointing", "seq_len", "peak GiB", "
     f"{c} GiB" for c in COMPONENTS]
 
 
-def capacity_rows(presets=None) -> list[list[str]]:
+def capacity_rows(presets: list[str]=None) -> list[list[str]]:
     """One row per (preset, regime, checkpointing): the largest micro-batch on each GPU."""
     from memcalc.capacity import max_micro_batch
     from memcalc.gpus import GPUS
@@ -136,7 +136,7 @@ MULTI_GPU_TITLE = ("Fewest ranks that train the model (pure bf16 AdamW, per-laye
                    f"zero3 across groups of {MULTI_GPU_TP} tensor-parallel GPUs, every GPU counted")
 
 
-def multi_gpu_rows(presets=None) -> list[list[str]]:
+def multi_gpu_rows(presets: list[str]=None) -> list[list[str]]:
     """One row per (preset, GPU): the fewest ranks under each sharding, then under zero3 across
     tensor-parallel groups."""
     from memcalc.capacity import min_world_size
@@ -161,7 +161,7 @@ def multi_gpu_rows(presets=None) -> list[list[str]]:
     return rows
 
 
-def render(presets=None) -> dict[str, str]:
+def render(presets: list[str]=None) -> dict[str, str]:
     """File name -> text of every checked table."""
     b_rows, c_rows, m_rows = breakdown_rows(presets), capacity_rows(presets), multi_gpu_rows(presets)
     return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
@@ -172,7 +172,7 @@ def render(presets=None) -> dict[str, str]:
             "multi_gpu.csv": to_csv(MULTI_GPU_HEADER, m_rows)}
 
 
-def write(out: Path, presets=None, plots: bool = True) -> list[str]:
+def write(out: Path, presets: list[str]=None, plots: bool = True) -> list[str]:
     """Write the tables (and the plots when matplotlib is importable); return the file names."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +187,7 @@ def write(out: Path, presets=None, plots: bool = True) -> list[str]:
     return names
 
 
-def check(out: Path, presets=None) -> list[str]:
+def check(out: Path, presets: list[str]=None) -> list[str]:
     """Names of the checked tables under `out` that differ from what the code generates."""
     out = Path(out)
     return [name for name, text in render(presets).items()

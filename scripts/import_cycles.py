@@ -1,5 +1,6 @@
 """List import circles among the project's own modules (imports at any depth: module level and
-inside functions), so that every arrow of the layout points one way.
+inside functions; not those under `if TYPE_CHECKING:`, which only annotations read), so that every
+arrow of the layout points one way.
 
     python scripts/import_cycles.py            # memcalc and validate; exit 1 if any circle
 
@@ -26,7 +27,13 @@ def module_name(path: Path) -> str:
 def imports(path: Path, known: set[str]) -> set[str]:
     """Project modules that `path` imports anywhere in its body."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}  # annotations, never run
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

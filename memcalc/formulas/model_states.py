@@ -24,7 +24,7 @@ PARAM_BYTES = {p: param_element_size(p) for p in PRECISIONS}
 ZERO_PAPER_BYTES_PER_PARAM = 2 + 2 + 12
 
 
-def _check_params(params) -> int:
+def _check_params(params: int) -> int:
     if isinstance(params, bool) or not isinstance(params, int) or params < 0:
         raise MemcalcError("params", f"must be a non-negative int, got {params!r}",
                            "pass the parameter count, e.g. ModelSpec.preset('gpt2').param_count")

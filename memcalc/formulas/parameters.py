@@ -6,8 +6,13 @@ registers the same tensors.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def block_param_shapes(spec) -> list[tuple[str, int]]:
+if TYPE_CHECKING:
+    from memcalc.specs import ModelSpec
+
+
+def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     """(name, numel) of one block's parameters, in registration order.
 
     >>> from memcalc.specs import ModelSpec
@@ -36,7 +41,7 @@ def block_param_shapes(spec) -> list[tuple[str, int]]:
     return shapes
 
 
-def outer_param_shapes(spec) -> list[tuple[str, int]]:
+def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     """(name, numel) of the parameters outside the blocks: embeddings, final norm, output layer.
 
     >>> from memcalc.specs import ModelSpec
@@ -54,7 +59,7 @@ def outer_param_shapes(spec) -> list[tuple[str, int]]:
     return shapes
 
 
-def parameter_count(spec) -> int:
+def parameter_count(spec: ModelSpec) -> int:
     """All trainable parameters.
 
     >>> from memcalc.specs import ModelSpec

@@ -17,9 +17,15 @@ torch/distributed/fsdp/_fully_shard/ (validate/DISTRIBUTED_MEMORY.md sections 5-
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from memcalc.poly import Poly
 from memcalc.tape.graph import Storage
+
+if TYPE_CHECKING:
+    from memcalc.regime import Regime
+    from memcalc.tape.graph import Graph
+    from memcalc.tape.simulate import Memory
 
 __all__ = ["group_of", "shard_rows", "rank_elements", "Fsdp"]
 LAYER = re.compile(r"(?:^|\.)(?:h|layers|blocks)\.(\d+)\.")
@@ -53,7 +59,7 @@ def rank_elements(numel: int, rows: int, world: int, rank: int) -> int:
 class Fsdp:
     """Event handlers of FSDP2 for one rank (all ranks allocate the same padded sizes)."""
 
-    def __init__(self, graph, world: int, reshard_after_forward: bool, device: str,
+    def __init__(self, graph: Graph, world: int, reshard_after_forward: bool, device: str,
                  mixed_precision: bool = False):
         self.world, self.reshard = world, reshard_after_forward
         # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the graph's parameters are
@@ -75,19 +81,19 @@ class Fsdp:
         self.sharded_grads: dict[str, Storage] = {}  # group -> its sharded .grad
 
     @classmethod
-    def of(cls, graph, regime) -> "Fsdp":
+    def of(cls, graph: Graph, regime: Regime) -> "Fsdp":
         """FSDP2 as the regime runs it: zero3 reshards after forward, zero2 does not; the
         sharded copies are fp32 under MixedPrecisionPolicy (regime.master_elt)."""
         return cls(graph, regime.data_parallel, regime.sharding == "zero3", regime.device,
                    mixed_precision=regime.master_elt != regime.param_elt)
 
-    def _new(self, mem, size: int, category: str, label: str) -> Storage:
+    def _new(self, mem: Memory, size: int, category: str, label: str) -> Storage:
         st = Storage(Poly.const(size), category, label)
         mem.hold(st)
         return st
 
     # ---- setup ---------------------------------------------------------------------------
-    def setup(self, mem) -> None:
+    def setup(self, mem: Memory) -> None:
         """Sharded parameters (padded) and the mesh table; parameter storages themselves are
         zero-sized in the graph, the unsharded copies are allocated here."""
         self._new(mem, self.master * sum(self.shard.values()), "weights", "sharded parameters")
@@ -95,30 +101,30 @@ class Fsdp:
             self._new(mem, self.mesh_bytes, "fsdp", "device mesh")
 
     # ---- unshard / reshard -----------------------------------------------------------------
-    def _gather(self, mem, g: str) -> None:
+    def _gather(self, mem: Memory, g: str) -> None:
         cast = self._new(mem, self.shard[g], "fsdp", f"all-gather input {g}") if self.mixed else None
         self.flat[g] = self._new(mem, self.world * self.shard[g], "fsdp", f"all-gather output {g}")
         mem.mark(f"fsdp all-gather {g}")
         if cast is not None:
             mem.release(cast)
 
-    def _copy_out(self, mem, g: str) -> None:
+    def _copy_out(self, mem: Memory, g: str) -> None:
         if g not in self.unsharded:
             self.unsharded[g] = self._new(mem, self.world * self.shard[g], "weights", f"unsharded {g}")
             mem.mark(f"fsdp copy-out {g}")
 
-    def _free_flat(self, mem, g: str) -> None:
+    def _free_flat(self, mem: Memory, g: str) -> None:
         st = self.flat.pop(g, None)
         if st is not None:
             mem.release(st)
 
-    def _reshard(self, mem, g: str) -> None:
+    def _reshard(self, mem: Memory, g: str) -> None:
         st = self.unsharded.pop(g, None)
         if st is not None:
             mem.release(st)
 
     # ---- forward ---------------------------------------------------------------------------
-    def pre_forward(self, mem, g: str, previous: str | None) -> None:
+    def pre_forward(self, mem: Memory, g: str, previous: str | None) -> None:
         """Unshard g; the previous group's flat output is freed after g's copy-out."""
         if g in self.unsharded:
             return
@@ -127,19 +133,19 @@ class Fsdp:
         if previous is not None:
             self._free_flat(mem, previous)
 
-    def post_forward(self, mem, g: str) -> None:
+    def post_forward(self, mem: Memory, g: str) -> None:
         """zero3 reshards each layer after its forward."""
         if self.reshard and g != "root":
             self._reshard(mem, g)
 
-    def root_post_forward(self, mem) -> None:
+    def root_post_forward(self, mem: Memory) -> None:
         """After the loss: the last layer's flat output goes; zero3 reshards the root."""
         self._free_flat(mem, self.layers[-1] if self.layers else "root")
         if self.reshard:
             self._reshard(mem, "root")
 
     # ---- backward --------------------------------------------------------------------------
-    def pre_backward(self, mem, g: str) -> None:
+    def pre_backward(self, mem: Memory, g: str) -> None:
         """Unshard g (its flat output freed right after copy-out), prefetch the next group."""
         if g not in self.unsharded:
             if g not in self.flat:
@@ -155,7 +161,7 @@ class Fsdp:
         i = order.index(g)
         return order[i + 1] if i + 1 < len(order) and order[i + 1] != "root" else None
 
-    def post_backward(self, mem, g: str, param_grads: dict) -> None:
+    def post_backward(self, mem: Memory, g: str, param_grads: dict) -> None:
         """Reshard, swap the unsharded gradients for the reduce-scatter input and output."""
         self._reshard(mem, g)
         if self.rs_input is not None:
@@ -176,7 +182,7 @@ class Fsdp:
                                           f"sharded grads {g}")
         mem.mark(f"fsdp sharded grads {g}")
 
-    def end_of_backward(self, mem, param_grads: dict) -> None:
+    def end_of_backward(self, mem: Memory, param_grads: dict) -> None:
         """The root's post-backward runs in the final callback; then its input is freed."""
         self.post_backward(mem, "root", param_grads)
         mem.release(self.rs_input)

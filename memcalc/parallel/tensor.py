@@ -12,13 +12,18 @@ validate.distributed (validate/results/dist-ci.md).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memcalc.errors import NotModelledError, SpecError
 from memcalc.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from memcalc.training import TrainingConfig
 
 __all__ = ["check_tensor_parallel", "local_spec"]
 
 
-def check_tensor_parallel(model: ModelSpec, training) -> None:
+def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse, naming the field, what cannot be split evenly or is not modelled.
 
     >>> from memcalc.training import TrainingConfig

@@ -2,15 +2,18 @@
 SwiGLU MLP, GPT-2's gelu_new. (LayerNorm is one aten op: memcalc.tape.ops.Ops.layer_norm.)"""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.base import TOKENS, size
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops, numel
 
+if TYPE_CHECKING:
+    from memcalc.poly import Poly
 
-def rms_norm(ops: Ops, x: Value, w: Value, tokens, weight_in_fp32: bool) -> Value:
+
+def rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly, weight_in_fp32: bool) -> Value:
     """RMSNorm op by op: upcast to fp32, pow 2 (saves its input; backward makes two
     temporaries), mean, + eps, rsqrt (saves its result), x * rsqrt, then the weight.
     - transformers' LlamaRMSNorm (`weight_in_fp32=False`): casts back to the input dtype first,
@@ -75,7 +78,7 @@ def qkv_projections(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]
     return out[0], out[1], out[2]
 
 
-def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens, p: Callable[..., Value]) -> Value:
+def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens: Poly, p: Callable[..., Value]) -> Value:
     """down_proj(F.silu(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP)."""
     h, f, bias = spec.hidden_size, spec.ffn_size, spec.mlp_bias
     gate = ops.col_linear(x, p("mlp.gate_proj.weight", h * f, f), p("mlp.gate_proj.bias", f) if bias else None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from memcalc.poly import Poly, ZERO
+from memcalc.poly import ZERO, Poly
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ class StepSimulator:
             if node.region is not None and node.region not in started_regions:
                 started_regions.add(node.region)
                 recomputed = self._recompute(node.region, i)
-            def release_saved(node=node, recomputed=recomputed):
+            def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
                 for st in node.saved:
                     mem.release(st if node.region is None else recomputed.get(id(st), st))
 

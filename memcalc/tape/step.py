@@ -6,11 +6,16 @@ ones. First step: no optimizer state until optimizer.step() creates it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memcalc.poly import Poly
 from memcalc.regime import Regime
 from memcalc.tape.graph import Graph, Storage
 from memcalc.tape.optimizer import step_scalar_bytes, transient_bytes
 from memcalc.tape.simulate import Moment, StepSimulator
+
+if TYPE_CHECKING:
+    from memcalc.parallel.fsdp import Fsdp
 
 
 def _param_sizes(graph: Graph) -> list[int]:
@@ -30,7 +35,7 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
 
 
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
-                  with_optimizer: bool = True, fsdp=None) -> list[Moment]:
+                  with_optimizer: bool = True, fsdp: Fsdp | None=None) -> list[Moment]:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
 
