@@ -108,7 +108,7 @@ class MomentSet:
         rounding = g > 1
         if self.fractional:  # sequence parallelism: b*s/t tokens (Fraction coefficients)
             return self._slow(g)
-        names = {mono: _monomial_source(mono) for mono in self.monomials}
+        names = {mono: _monomial_source(mono) for mono in self.monomials if mono != (0, 0)}
         n = len(self.rows)
         consts, sizes, counts = self.rounding_parts(g) if rounding else ([0] * n, [], [{}] * n)
         lines = [f"    r{k} = -({_poly_source(size, names)}) % {g}" for k, size in enumerate(sizes)]
@@ -118,7 +118,7 @@ class MomentSet:
                      for mono, c in zip(self.monomials, row) if c]
             parts += [f"{k_n}*r{k}" for k, k_n in mine.items()] + ([str(const)] if const else [])
             exprs.append(" + ".join(parts) or "0")
-        monos = [f"    {names[mono]} = {_monomial_expr(mono)}" for mono in self.monomials if mono != (0, 0)]
+        monos = [f"    {name} = {_monomial_expr(mono)}" for mono, name in names.items()]
         source = "\n".join(["def totals(b, s):", *monos, *lines,
                              "    return [" + ", ".join(exprs) + "]"])
         namespace: dict = {}
@@ -138,9 +138,10 @@ class MomentSet:
 
 
 def _monomial_source(mono: tuple[int, int]) -> str:
-    """The variable name of b**i * s**j in compiled evaluators (`one` for the constant)."""
+    """The variable name of b**i * s**j (i + j > 0) in compiled evaluators; constants are
+    written as literals."""
     i, j = mono
-    return "one" if mono == (0, 0) else f"b{i}s{j}"
+    return f"b{i}s{j}"
 
 
 def _monomial_expr(mono: tuple[int, int]) -> str:
@@ -209,12 +210,11 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
-    constants = device_constants(regime.device)
-    if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-        constants["ddp_buckets"] = sum(v.size.eval(1, 1) for v in build_graph(model, regime).params)
-
     def run(first_step: bool) -> tuple[list[Moment], list[tuple[int, int]]]:
         graph = build_graph(model, regime)
+        constants = device_constants(regime.device)
+        if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
+            constants["ddp_buckets"] = sum(v.size.eval(1, 1) for v in graph.params)
         shapes = [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.params]
         fsdp = None
         if regime.fsdp:
