@@ -21,6 +21,16 @@ MODELLED = {
               "_name_or_path"},
 }
 MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
+# ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
+MODELLED["olmo2"] = MODELLED["ministral"] = MODELLED["llama"]
+MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor"}
+MODELLED["granite"] = MODELLED["llama"] | {"embedding_multiplier", "residual_multiplier",
+                                           "attention_multiplier", "logits_scaling"}
+MODELLED["smollm3"] = MODELLED["llama"] | {"no_rope_layers", "no_rope_layer_interval"}
+MODELLED["gpt_neox"] = {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+                        "hidden_act", "attention_dropout", "hidden_dropout", "use_parallel_residual",
+                        "rotary_pct", "_name_or_path"}
 
 _METADATA = "metadata: names and versions, read by no op"
 _TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
@@ -60,6 +70,19 @@ INERT: dict[str, str] = {
     "rope_scaling": "older name of rope_parameters (same tables)",
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+    "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
+    "classifier_dropout": _HEADS,
+    "layer_norm_eps": _NUMERIC,
+}
+
+# keys inert for one model type only: model_type -> key -> why
+TYPE_INERT: dict[str, dict[str, str]] = {
+    "phi3": {"embd_pdrop": "not read by modeling_phi3.py in transformers 5.24 (Phi3Model has no "
+                           "embedding dropout)",
+             "original_max_position_embeddings": "read only by the longrope rotary type to pick "
+                                                 "its factors: the cos/sin tables keep their shape",
+             "attention_bias": "modeling_phi3.py builds qkv_proj and o_proj with bias=False whatever "
+                               "its value"},
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)
@@ -114,10 +137,12 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     """
     modelled = MODELLED[family_type]
     for key, value in cfg.items():
-        if key in modelled or key in INERT:
+        if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
             continue
         if key == "sliding_window" and family_type == "qwen2":
             continue  # Qwen2 reads it only with use_sliding_window (refused when true)
+        if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
+            continue  # SmolLM3 reads it only with use_sliding_window (refused when true)
         if key in REFUSED_UNLESS:
             allowed, why, fix = REFUSED_UNLESS[key]
             if not _allowed(key, value, allowed):
