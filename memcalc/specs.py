@@ -120,6 +120,9 @@ class ModelSpec(BaseModel):
             raise ValueError("gpt_neox has no grouped-query attention; drop num_kv_heads")
         if self.family == "gpt_neox" and self.head_size * self.num_heads != self.hidden_size:
             raise ValueError("gpt_neox needs head_dim = hidden_size / num_heads; drop head_dim")
+        if self.family == "gpt_neox" and self.embd_dropout != self.resid_dropout:
+            raise ValueError("gpt_neox's hidden_dropout sets embd_dropout and resid_dropout together; "
+                             "make them equal")
         if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
             raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
                              "make qkv_bias equal out_bias")

@@ -38,14 +38,20 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous_q: bool = False) -> Value:
     """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
     returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
     is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
-    rules out the flash kernel and the math composite runs."""
+    rules out the flash kernel and the math composite runs. `contiguous_q`: q arrives
+    contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary cat); the CPU flash kernel lays
+    its output out like q (measured, torch 2.13), so the caller's transpose(1, 2).contiguous()
+    copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
         return sdpa_math(ops, spec, q, k, v)
-    return sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+    if contiguous_q and ops.device == "cpu":
+        out = copy(ops, out, "transpose(1,2).contiguous()")
+    return out
 
 
 def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int) -> Value:

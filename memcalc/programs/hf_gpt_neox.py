@@ -69,7 +69,7 @@ class HFGPTNeoX(DecoderProgram):
 
         def core():
             if regime.attention == "sdpa":
-                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
+                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
             return llama_eager(ops, spec, q, k, v, context["mask"], contiguous_qk=True)
 
         y, weights = attention_core(ops, regime, core)
