@@ -67,5 +67,5 @@ PRESETS: dict[str, dict] = {
     # Granite 3.0 (ibm-granite/granite-3.0-8b-base)
     "granite-3-8b": dict(_LLAMA, family="granite", vocab_size=49155, hidden_size=4096, num_layers=40,
                          num_heads=32, num_kv_heads=8, intermediate_size=12800, tie_embeddings=True,
-                         max_position_embeddings=4096),
+                         max_position_embeddings=4096, attn_dropout=0.1),
 }
