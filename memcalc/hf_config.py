@@ -60,8 +60,7 @@ def _gpt2_fields(cfg: dict) -> dict:
                 activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
                 embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
                 resid_dropout=_get(cfg, "resid_pdrop", 0.1),
-                reorder_and_upcast_attn=_flag(cfg, "reorder_and_upcast_attn", False),
-                scale_attn_by_inverse_layer_idx=_flag(cfg, "scale_attn_by_inverse_layer_idx", False))
+                reorder_and_upcast_attn=_flag(cfg, "reorder_and_upcast_attn", False))
 
 
 def _llama_fields(cfg: dict, model_type: str) -> dict:

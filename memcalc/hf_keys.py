@@ -14,7 +14,7 @@ from memcalc.errors import NotModelledError
 MODELLED = {
     "gpt2": {"model_type", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
              "tie_word_embeddings", "activation_function", "embd_pdrop", "attn_pdrop", "resid_pdrop",
-             "_name_or_path"},
+             "_name_or_path", "reorder_and_upcast_attn"},
     "llama": {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
               "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
@@ -70,6 +70,8 @@ INERT: dict[str, str] = {
     "rope_scaling": "older name of rope_parameters (same tables)",
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+    "scale_attn_by_inverse_layer_idx": ("GPT-2: transformers 5.x folds 1/(layer_idx+1) into the scaling "
+                                        "constant of the same op (modeling_gpt2.py GPT2Attention.__init__)"),
     "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
     "classifier_dropout": _HEADS,
     "layer_norm_eps": _NUMERIC,
@@ -87,10 +89,6 @@ TYPE_INERT: dict[str, dict[str, str]] = {
 
 # key -> (the values memcalc models, why another value matters, the fix)
 REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
-    "reorder_and_upcast_attn": ((False, None), "GPT-2's upcast attention path allocates fp32 scores "
-                                "through baddbmm (measured -1.5% under bf16 autocast)", "set it to false"),
-    "scale_attn_by_inverse_layer_idx": ((False, None), "scales the scores by 1/(layer+1) in another "
-                                        "(b, heads, s, s) op under eager attention", "set it to false"),
     "scale_attn_weights": ((True, None), "leaves out the modelled scaling op of eager attention",
                            "set it to true"),
     "add_cross_attention": ((False, None), "adds cross-attention layers", "set it to false"),
@@ -130,10 +128,10 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     value memcalc does not model.
 
     >>> check_config_keys({"model_type": "gpt2", "n_layer": 2, "bos_token_id": 1}, "gpt2")
-    >>> check_config_keys({"model_type": "gpt2", "reorder_and_upcast_attn": True}, "gpt2")  # doctest: +ELLIPSIS
+    >>> check_config_keys({"model_type": "gpt2", "output_attentions": True}, "gpt2")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.errors.NotModelledError: hf_config.reorder_and_upcast_attn: True is not modelled ...
+    memcalc.errors.NotModelledError: hf_config.output_attentions: True is not modelled ...
     """
     modelled = MODELLED[family_type]
     for key, value in cfg.items():

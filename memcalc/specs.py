@@ -83,8 +83,6 @@ class ModelSpec(BaseModel):
     """Layers (0-based) whose attention skips rotary embeddings (SmolLM3's NoPE layers)."""
     reorder_and_upcast_attn: bool = False
     """HF GPT-2's upcast attention path (_upcast_and_reordered_attn: baddbmm into an fp32 buffer)."""
-    scale_attn_by_inverse_layer_idx: bool = False
-    """HF GPT-2 scales layer i's attention scores by 1/(i+1) (one more op under eager attention)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -112,10 +110,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"no_rope_layers applies to the llama family, not {self.family}; set it to ()")
         if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
             raise ValueError(f"no_rope_layers must be layer indices in [0, {self.num_layers})")
-        if (self.reorder_and_upcast_attn or self.scale_attn_by_inverse_layer_idx) and \
-                (self.family, self.implementation) != ("gpt2", "hf"):
-            raise ValueError("reorder_and_upcast_attn and scale_attn_by_inverse_layer_idx apply to HF "
-                             "GPT-2 only; set them to false")
+        if self.reorder_and_upcast_attn and (self.family, self.implementation) != ("gpt2", "hf"):
+            raise ValueError("reorder_and_upcast_attn applies to HF GPT-2 only; set it to false")
         if self.family == "gpt_neox" and self.num_kv_heads not in (None, self.num_heads):
             raise ValueError("gpt_neox has no grouped-query attention; drop num_kv_heads")
         if self.family == "gpt_neox" and self.head_size * self.num_heads != self.hidden_size:

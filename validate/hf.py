@@ -34,7 +34,6 @@ def _gpt2_config(spec) -> dict:
                 embd_pdrop=spec.embd_dropout, attn_pdrop=spec.attn_dropout,
                 resid_pdrop=spec.resid_dropout, tie_word_embeddings=spec.tie_embeddings,
                 reorder_and_upcast_attn=spec.reorder_and_upcast_attn,
-                scale_attn_by_inverse_layer_idx=spec.scale_attn_by_inverse_layer_idx,
                 bos_token_id=0, eos_token_id=0)
 
 
