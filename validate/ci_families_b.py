@@ -72,8 +72,42 @@ def ci_families_b(device: str = "cpu", seed: int = 0) -> list[Case]:
         spec = family_spec(r["model"], shape, shape["dropout"] if ck == "none" else 0.0)
         precision = "bf16-amp" if (r["model"], r["precision"]) == ("olmo2", "fp16-amp") else r["precision"]
         training = TrainingConfig.make(
-            micro_batch=shape["b"], seq_len=shape["s"], grad_accum=r["grad_accum"], precision=precision, optimizer=r["optimizer"],
+            micro_batch=shape["b"], seq_len=shape["s"], grad_accum=r["grad_accum"], precision=precision,
+            optimizer=r["optimizer"],
             optimizer_impl=r["impl"], checkpointing=ck, checkpoint_every=2 if ck == "every-k" else None,
             attention=r["attention"], device=device)
         cases.append(Case(f"cifb{i:02d}-{r['model']}", spec, training))
+    return cases + ci_gpt2_upcast(device)
+
+
+# GPT-2 with reorder_and_upcast_attn (GPT2Attention._upcast_and_reordered_attn, eager only; under
+# SDPA the flag is not read): each precision and checkpointing mode once, plus one SDPA row
+UPCAST_ROWS = (
+    ("fp32", "none", "adamw", "foreach", "eager", 0),
+    ("bf16-amp", "selective", "adam", "fused", "eager", 1),
+    ("fp16-amp", "per-layer", "sgd-momentum", "for-loop", "eager", 2),
+    ("bf16", "sqrt", "adamw", "for-loop", "eager", 1),
+    ("bf16-amp", "every-k", "sgd", "foreach", "eager", 0),
+    ("bf16-amp", "none", "adamw", "fused", "sdpa", 2),
+)
+
+
+def ci_gpt2_upcast(device: str = "cpu") -> list[Case]:
+    """HF GPT-2 rows with reorder_and_upcast_attn (named cifb-upcastNN).
+
+    >>> [c.spec.reorder_and_upcast_attn for c in ci_gpt2_upcast()][:2]
+    [True, True]
+    """
+    cases = []
+    for i, (precision, ck, optimizer, impl, attention, k) in enumerate(UPCAST_ROWS):
+        shape = SHAPES[k]
+        p = 0.1 if ck == "none" or attention == "eager" else 0.0
+        spec = ModelSpec.make(name="gpt2-upcast", family="gpt2", vocab_size=shape["V"], hidden_size=shape["h"],
+                              num_layers=shape["L"], num_heads=shape["a"], max_position_embeddings=256,
+                              embd_dropout=p, attn_dropout=p, resid_dropout=p, reorder_and_upcast_attn=True)
+        training = TrainingConfig.make(
+            micro_batch=shape["b"], seq_len=shape["s"], grad_accum=1 + i % 2, precision=precision,
+            optimizer=optimizer, optimizer_impl=impl, checkpointing=ck,
+            checkpoint_every=2 if ck == "every-k" else None, attention=attention, device=device)
+        cases.append(Case(f"cifb-upcast{i:02d}", spec, training))
     return cases

@@ -75,7 +75,7 @@ def parameter_count(spec: ModelSpec) -> int:
 
 
 # ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py)
-def _phi3_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def _phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """Phi3DecoderLayer: self_attn (o_proj registered before the fused qkv_proj), mlp (fused
     gate_up_proj, down_proj), the two RMSNorms; no biases."""
     return [("o_proj.weight", q * h), ("qkv_proj.weight", h * (q + 2 * kv)),

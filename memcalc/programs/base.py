@@ -109,7 +109,7 @@ class DecoderProgram:
         """The causal-LM loss on the logits."""
         raise NotImplementedError
 
-    def head_output(self, ops: Ops, logits: Value) -> Value:
+    def head_output(self, _ops: Ops, logits: Value) -> Value:
         """What the causal LM does to the LM head's output before the loss (`logits` is rebound,
         so the head's own output is freed unless this returns it; Granite divides by
         logits_scaling)."""

@@ -21,7 +21,7 @@ class HFGranite(HFLlama):
         """inputs_embeds * embedding_multiplier."""
         return ops.scale(x, "* embedding_multiplier")
 
-    def residual_branch(self, ops: Ops, spec: ModelSpec, y: Value) -> Value:
+    def residual_branch(self, ops: Ops, _spec: ModelSpec, y: Value) -> Value:
         """hidden_states * residual_multiplier."""
         return ops.scale(y, "* residual_multiplier")
 

@@ -69,11 +69,11 @@ class HFLlama(DecoderProgram):
         """The tables' element size: `.to(x.dtype)` of the hidden states."""
         return x_elt
 
-    def scale_embeddings(self, ops: Ops, x: Value) -> Value:
+    def scale_embeddings(self, _ops: Ops, x: Value) -> Value:
         """What the base model does to inputs_embeds before the layers (nothing in Llama)."""
         return x
 
-    def residual_branch(self, ops: Ops, spec: ModelSpec, y: Value) -> Value:
+    def residual_branch(self, _ops: Ops, _spec: ModelSpec, y: Value) -> Value:
         """What a residual branch's output goes through before `residual + y` (nothing in Llama)."""
         return y
 

@@ -29,7 +29,7 @@ LAYER_ORDER = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 class HFOlmo2(HFLlama):
     """Olmo2ForCausalLM: model.embed_tokens, model.layers.{i}.*, model.norm, lm_head."""
 
-    def rotary_table_elt(self, x_elt: int) -> int:
+    def rotary_table_elt(self, _x_elt: int) -> int:
         """Olmo2RotaryEmbedding.forward returns the fp32 tables."""
         return 4
 
@@ -46,7 +46,8 @@ class HFOlmo2(HFLlama):
             out.append(y)
         return out[0], out[1], out[2]
 
-    def position(self, ops: Ops, spec: ModelSpec, q: Value, k: Value, layer: int, context: dict) -> tuple[Value, Value]:
+    def position(self, ops: Ops, spec: ModelSpec, q: Value, k: Value, _layer: int,
+                 context: dict) -> tuple[Value, Value]:
         """apply_rotary_pos_emb, then q_embed.to(q_type), k_embed.to(k_type)."""
         cos, sin, d = context["cos"], context["sin"], spec.head_size
         q2, k2 = rotary(ops, q, cos, sin, spec.num_heads, d), rotary(ops, k, cos, sin, spec.kv_heads, d)

@@ -78,7 +78,8 @@ class HFPhi3(HFLlama):
         v = ops.g.view("qkv[..., value slice]", qkv, size("b s a d", qkv.elt, a=kv, d=d), backward=[Grad(0)])
         return q, k, v
 
-    def position(self, ops: Ops, spec: ModelSpec, q: Value, k: Value, layer: int, context: dict) -> tuple[Value, Value]:
+    def position(self, ops: Ops, spec: ModelSpec, q: Value, k: Value, _layer: int,
+                 context: dict) -> tuple[Value, Value]:
         """Partial rotary on q and k (layers.partial_rotary)."""
         cos, sin, d, rd = context["cos"], context["sin"], spec.head_size, rotary_width(spec)
         return (partial_rotary(ops, q, cos, sin, spec.num_heads, d, rd),
