@@ -4,7 +4,8 @@ Every program the engine has is drawn: both families (gpt2, llama) in both imple
 reference), the HF-only families (phi3, gpt_neox, olmo2, granite; SmolLM3's NoPE layers on hf
 llama; GPT-2's reorder_and_upcast_attn), with multi-head, grouped-query and multi-query
 attention, tied or untied embeddings, biases on or off, dropouts, every precision, optimizer and
-checkpointing mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
+checkpointing mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor
+parallelism and FSDP2 mixed precision.
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
 1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
 than its position table has rows).
