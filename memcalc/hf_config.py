@@ -13,8 +13,13 @@ from memcalc.errors import SpecError
 if TYPE_CHECKING:
     import os
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gpt_neox", "olmo2", "granite", "smollm3",
-             "ministral")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gpt_neox", "olmo2", "granite", "smollm3")
+# model types read but refused as a whole, with why (transformers 5.24 modeling files)
+REFUSED_TYPES = {
+    "ministral": ("MinistralModel.forward always builds create_sliding_window_causal_mask (it raises "
+                  "without a sliding_window), and sliding-window attention is not modelled yet",
+                  "use model_type mistral for a model without sliding windows"),
+}
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -92,6 +97,11 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if model_type in REFUSED_TYPES:
+        from memcalc.errors import NotModelledError
+
+        why, fix = REFUSED_TYPES[model_type]
+        raise NotModelledError("hf_config.model_type", f"{model_type!r}: {why}", fix)
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")
@@ -128,7 +138,7 @@ CONFIG_KEYS["gpt_neox"] = dict(CONFIG_KEYS["llama"], resid_dropout="hidden_dropo
 
 # ---- families beyond GPT-2 and Llama (transformers 5.24 configuration_phi3.py,
 # configuration_gpt_neox.py, configuration_olmo2.py, configuration_granite.py,
-# configuration_smollm3.py, configuration_ministral.py)
+# configuration_smollm3.py)
 def _partial_rotary_factor(cfg: dict, default: float) -> float:
     """rope_parameters.partial_rotary_factor (5.x), else the legacy top-level key (Phi-3's
     partial_rotary_factor, GPT-NeoX's rotary_pct, which GPTNeoXConfig moves into rope_parameters)."""
@@ -194,11 +204,6 @@ def _smollm3_fields(cfg: dict) -> dict:
                 no_rope_layers=tuple(i for i, f in enumerate(flags) if f == 0))
 
 
-def _ministral_fields(cfg: dict) -> dict:
-    """MinistralConfig: Mistral's program (no biases); sliding windows are refused (hf_keys)."""
-    return dict(_llama_like(cfg, "llama"), qkv_bias=False, out_bias=False, mlp_bias=False)
-
-
 def _gpt_neox_fields(cfg: dict) -> dict:
     """GPTNeoXConfig: LayerNorm, a GELU MLP with biases, attention_bias on query_key_value and
     dense, hidden_dropout on the embeddings and both residual branches, rotary_pct 0.25."""
@@ -221,7 +226,7 @@ def _gpt_neox_fields(cfg: dict) -> dict:
 
 
 FAMILY_READERS = {"phi3": _phi3_fields, "olmo2": _olmo2_fields, "granite": _granite_fields,
-                  "smollm3": _smollm3_fields, "ministral": _ministral_fields, "gpt_neox": _gpt_neox_fields}
+                  "smollm3": _smollm3_fields, "gpt_neox": _gpt_neox_fields}
 
 
 def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: str):

@@ -22,7 +22,7 @@ MODELLED = {
 }
 MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
 # ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
-MODELLED["olmo2"] = MODELLED["ministral"] = MODELLED["llama"]
+MODELLED["olmo2"] = MODELLED["llama"]
 MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor"}
 MODELLED["granite"] = MODELLED["llama"] | {"embedding_multiplier", "residual_multiplier",
                                            "attention_multiplier", "logits_scaling"}

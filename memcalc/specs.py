@@ -35,7 +35,7 @@ class ModelSpec(BaseModel):
     """A label for reports; presets carry their own name."""
     family: Family
     """'gpt2' (LayerNorm, GELU MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also
-    Mistral, Qwen2, SmolLM3, Ministral), or a family with its own HF program: 'phi3' (fused
+    Mistral, Qwen2, SmolLM3), or a family with its own HF program: 'phi3' (fused
     qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
     parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers)."""
     implementation: Implementation = "hf"

@@ -1,4 +1,4 @@
-"""Issue 12, part b: Phi-3/Phi-4, GPT-NeoX (Pythia), OLMo-2, Granite, SmolLM3, Ministral and
+"""Issue 12, part b: Phi-3/Phi-4, GPT-NeoX (Pythia), OLMo-2, Granite, SmolLM3 (Ministral refused) and
 Llama 3.x. Every key of each transformers config class is modelled, known inert or refused;
 published config.json files (written here as data) load to the presets, whose parameter counts
 equal transformers' own num_parameters() of the same config on the meta device and the model
@@ -10,7 +10,7 @@ from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS, TYPE_INERT
 from memcalc.specs import ModelSpec
 
 CLASSES = {"phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig", "olmo2": "Olmo2Config",
-           "granite": "GraniteConfig", "smollm3": "SmolLM3Config", "ministral": "MinistralConfig"}
+           "granite": "GraniteConfig", "smollm3": "SmolLM3Config"}
 
 _LLAMA3 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
            "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "initializer_range": 0.02,
@@ -144,13 +144,13 @@ def test_settings_that_change_memory_are_refused_by_name(model_type, key, value)
         ModelSpec.from_hf_config({**PUBLISHED[model_type][0], key: value})
 
 
-def test_ministral_with_sliding_windows_is_refused_and_without_is_llama():
+def test_ministral_is_refused_by_name():
+    # MinistralModel always builds a sliding-window mask (and raises without a window)
     base = {"model_type": "ministral", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "intermediate_size": 128}
-    with pytest.raises(NotModelledError, match="hf_config.sliding_window"):
-        ModelSpec.from_hf_config({**base, "sliding_window": 4096})
-    spec = ModelSpec.from_hf_config({**base, "sliding_window": None, "layer_types": ["full_attention"] * 2})
-    assert (spec.family, spec.qkv_bias, spec.mlp_bias) == ("llama", False, False)
+    for window in (None, 4096):
+        with pytest.raises(NotModelledError, match="hf_config.model_type.*sliding"):
+            ModelSpec.from_hf_config({**base, "sliding_window": window})
 
 
 def test_smollm3_nope_layers_default_to_every_fourth():

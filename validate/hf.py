@@ -14,7 +14,7 @@ from validate.models import RMS_EPS, ROPE_THETA, segment_size
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
            "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
-               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM", ministral="MinistralForCausalLM")
+               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM")
 
 
 def _gpt2_config(spec) -> dict:

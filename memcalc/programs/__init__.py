@@ -9,7 +9,7 @@ from memcalc.specs import ModelSpec
 
 PROGRAMS: dict[tuple[str, str], Program] = {
     ("hf", "gpt2"): hf_gpt2.PROGRAM,
-    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral, Qwen2, SmolLM3, Ministral (memcalc.hf_config)
+    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral, Qwen2, SmolLM3 (memcalc.hf_config)
     ("hf", "phi3"): hf_phi3.PROGRAM,  # Phi-3, Phi-4
     ("hf", "gpt_neox"): hf_gpt_neox.PROGRAM,  # Pythia
     ("hf", "olmo2"): hf_olmo2.PROGRAM,
