@@ -111,3 +111,23 @@ def ci_gpt2_upcast(device: str = "cpu") -> list[Case]:
             checkpoint_every=2 if ck == "every-k" else None, attention=attention, device=device)
         cases.append(Case(f"cifb-upcast{i:02d}", spec, training))
     return cases
+
+
+# data parallelism over the part-b programs (gloo ranks; appended to dist-ci): each sharding once
+DIST_ROWS = (("phi3", 2, "zero3", "fp32"), ("gpt_neox", 2, "none", "bf16-amp"), ("olmo2", 2, "zero2", "bf16"),
+             ("granite", 2, "zero1", "fp32"), ("smollm3", 2, "zero3", "bf16-amp"))
+
+
+def dist_families_b(device: str = "cpu") -> list[Case]:
+    """DDP / ZeRO-1 / FSDP2 rows of the part-b families (named famb-<model>-W2-<sharding>).
+
+    >>> [c.distributed for c in dist_families_b()] == [True] * len(DIST_ROWS)
+    True
+    """
+    shape = SHAPES[0]
+    cases = []
+    for model, world, sharding, precision in DIST_ROWS:
+        training = TrainingConfig.make(micro_batch=2, seq_len=64, precision=precision, attention="sdpa",
+                                       world_size=world, sharding=sharding, device=device)
+        cases.append(Case(f"famb-{model}-W{world}-{sharding}", family_spec(model, shape, 0.0), training))
+    return cases
