@@ -198,8 +198,10 @@ def _smollm3_fields(cfg: dict) -> dict:
     if flags is None:
         every = _get(cfg, "no_rope_layer_interval", 4)
         flags = [int((i + 1) % every != 0) for i in range(layers)] if isinstance(layers, int) else []
-    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags):
-        raise SpecError("hf_config.no_rope_layers", "is not a list of 0/1 flags", "write one 0 or 1 per layer")
+    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or \
+            (isinstance(layers, int) and len(flags) != layers):
+        raise SpecError("hf_config.no_rope_layers", f"is not a list of {layers} 0/1 flags",
+                        "write one 0 or 1 per layer (num_hidden_layers of them)")
     return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=_flag(cfg, "mlp_bias", False),
                 no_rope_layers=tuple(i for i, f in enumerate(flags) if f == 0))
 
