@@ -23,14 +23,15 @@ MODELLED = {
 MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
 # ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
 MODELLED["olmo2"] = MODELLED["llama"]
-MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor"}
+# rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
+MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor", "rope_parameters"}
 MODELLED["granite"] = MODELLED["llama"] | {"embedding_multiplier", "residual_multiplier",
                                            "attention_multiplier", "logits_scaling"}
 MODELLED["smollm3"] = MODELLED["llama"] | {"no_rope_layers", "no_rope_layer_interval"}
 MODELLED["gpt_neox"] = {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                         "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
                         "hidden_act", "attention_dropout", "hidden_dropout", "use_parallel_residual",
-                        "rotary_pct", "_name_or_path"}
+                        "rotary_pct", "rope_parameters", "_name_or_path"}
 
 _METADATA = "metadata: names and versions, read by no op"
 _TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
