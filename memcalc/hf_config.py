@@ -1,8 +1,9 @@
 """Read a Hugging Face config.json (a path or a dict) into ModelSpec fields.
 
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
-configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py,
-with those classes' defaults for absent optional fields.
+configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py
+(and, in FAMILY_READERS, configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those
+classes' defaults for absent optional fields.
 """
 from __future__ import annotations
 

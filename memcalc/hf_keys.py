@@ -5,7 +5,8 @@ transformers release that adds a memory-relevant key is an error, not a silently
 (tests/test_hf_keys.py walks each supported config class's to_dict()).
 
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
-modeling_mistral.py / modeling_qwen2.py, masking_utils.py.
+modeling_mistral.py / modeling_qwen2.py / modeling_phi3.py / modeling_gpt_neox.py /
+modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
 """
 from __future__ import annotations
 
