@@ -79,8 +79,9 @@ class ModelSpec(BaseModel):
     GPT-NeoX's rotary_pct); phi3 and gpt_neox only, whose apply_rotary_pos_emb slices and cats."""
     parallel_residual: bool = False
     """GPT-NeoX's use_parallel_residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of sequential."""
-    no_rope_layers: tuple[int, ...] = ()
-    """Layers (0-based) whose attention skips rotary embeddings (SmolLM3's NoPE layers)."""
+    no_rope_layers: tuple[int, ...] = Field(default=(), strict=False)
+    """Layers (0-based) whose attention skips rotary embeddings (SmolLM3's NoPE layers); a JSON
+    list is accepted (lax for this field only: a spec read back from a results file)."""
     reorder_and_upcast_attn: bool = False
     """HF GPT-2's upcast attention path (_upcast_and_reordered_attn: baddbmm into an fp32 buffer)."""
 

@@ -163,6 +163,11 @@ def test_smollm3_nope_flags_must_cover_every_layer():
         ModelSpec.from_hf_config({**PUBLISHED["smollm3-3b"][0], "no_rope_layers": [1, 0]})
 
 
+def test_a_spec_reads_back_from_its_json_dump():
+    spec = ModelSpec.preset("smollm3-3b")
+    assert ModelSpec.make(**spec.model_dump(mode="json")) == spec
+
+
 def test_pythia_rotary_pct_moves_into_rope_parameters_as_transformers_does():
     cfg = {**PUBLISHED["pythia-160m"][0], "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}
     assert ModelSpec.from_hf_config(cfg).rotary_fraction == 0.5
