@@ -14,6 +14,8 @@ memcalc predicts.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from memcalc.specs import ModelSpec
 from memcalc.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainingConfig
 from validate.case import Case
@@ -58,14 +60,14 @@ def family_spec(model: str, shape: dict, attn_dropout: float) -> ModelSpec:
     return ModelSpec.make(family=model, **llama)
 
 
-def ci_families_b(device: str = "cpu", seed: int = 0) -> list[Case]:
-    """One pairwise design over the part-b families (rows named cifb00...).
+def ci_families_b(device: str, pairwise: Callable[..., list[dict]], seed: int = 0) -> list[Case]:
+    """One pairwise design over the part-b families (rows named cifb00...), then the GPT-2 upcast
+    rows; `pairwise` is validate.matrices.pairwise (passed in: validate.matrices imports this module).
 
-    >>> cases = ci_families_b(); 20 <= len(cases) <= 40
+    >>> from validate.matrices import pairwise
+    >>> cases = ci_families_b("cpu", pairwise); 20 <= len(cases) <= 40
     True
     """
-    from validate.matrices import pairwise
-
     cases = []
     for i, r in enumerate(pairwise(AXES, seed=seed)):
         shape, ck = SHAPES[r["shape"]], r["checkpointing"]

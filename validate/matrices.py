@@ -146,7 +146,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
-    cases += ci_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
+    cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     return cases
 
 
