@@ -32,11 +32,8 @@ def upcast_reordered_attn(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Valu
     gradient); + the float mask; softmax saving its fp32 result; `.type(value.dtype)`; dropout;
     @ v (v copied by bmm's reshape); transpose, then the caller's reshape(...).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    qc, kc = copy(ops, q, "q reshape copy"), copy(ops, k, "k^T reshape copy")
-    # torch.empty runs first in the source; made after the copies here so that a selective
-    # checkpoint region starts with an op that receives a gradient (memcalc.tape.simulate
-    # releases a region's inputs at its first node's backward, which a no-grad op never runs)
     empty = g.op("torch.empty fp32 scores", [], size("b a s s", 4, a=a), requires_grad=False, elt=4)
+    qc, kc = copy(ops, q, "q reshape copy"), copy(ops, k, "k^T reshape copy")
     q32, k32 = ops.to(qc, 4, "q.float()"), ops.to(kc, 4, "k.float()")
     scores = g.op("baddbmm", [empty, q32, k32], size("b a s s", 4, a=a), saves=[q32, k32],
                   backward=[Temp(q32.size), Grad(1), FreeTemps(), Temp(k32.size), Grad(2), FreeTemps()], elt=4)
@@ -48,10 +45,13 @@ def upcast_reordered_attn(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Valu
     return copy(ops, y, "transpose contiguous"), p
 
 
-def eager_core(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def eager_core(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
+               mask: Value) -> tuple[Value, Value]:
     """The eager attention GPT2Attention.forward picks: the upcast path with reorder_and_upcast_attn
-    (only under eager: `using_eager and self.reorder_and_upcast_attn`), else eager_attention_forward."""
-    if spec.reorder_and_upcast_attn:
+    when `config._attn_implementation == "eager"` (`using_eager`), else eager_attention_forward;
+    selective checkpointing runs eager through a registered interface of another name
+    (validate.hf.register_selective), so `using_eager` is false there."""
+    if spec.reorder_and_upcast_attn and not regime.selective:
         return upcast_reordered_attn(ops, spec, q, k, v, mask)
     return gpt2_eager(ops, spec, q, k, v, mask)
 
@@ -90,7 +90,7 @@ class HFGPT2(DecoderProgram):
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         y, weights = attention_core(ops, regime, lambda: (
             (sdpa(ops, spec, q, k, v), None) if regime.attention == "sdpa"
-            else eager_core(ops, spec, q, k, v, context["mask"])))
+            else eager_core(ops, spec, regime, q, k, v, context["mask"])))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
                           p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")
         attn = ops.dropout(attn, spec.resid_dropout)
