@@ -16,7 +16,8 @@ from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
 from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
-from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import PRECISIONS, TrainingConfig
+from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.dist_matrices import dist_ci_matrix
 

@@ -63,3 +63,24 @@ def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[
     if coupled_wd:
         return total if impl == "foreach" else largest
     return 0
+
+
+def clip_bytes(n_grads: int, grad_elt: int, g: int) -> int:
+    """Peak temporaries of torch.nn.utils.clip_grad_norm_ (torch/nn/utils/clip_grad.py) over
+    `n_grads` gradients of `grad_elt` bytes per element, each allocation rounded to `g`:
+    _get_total_norm holds one 0-dim norm per gradient (torch._foreach_norm, or the loop of
+    linalg.vector_norm: the same tensors), their torch.stack and the total norm; then
+    _clip_grads_with_norm_ holds the total, `total + 1e-6`, its reciprocal and the product
+    (clip_coef) before clamp; `_foreach_mul_` scales the gradients in place. All in the
+    gradients' dtype (measured with validate.tracker). GradScaler.unscale_ before it (fp16-amp)
+    unscales in place (torch._amp_foreach_non_finite_check_and_unscale_); its 0-dim found_inf and
+    inv_scale are, like the scaler's other scalars, not modelled.
+
+    >>> clip_bytes(28, 4, 1)
+    228
+    >>> clip_bytes(2, 4, 512)
+    2048
+    """
+    scalar = -(-grad_elt // g) * g
+    stacked = -(-n_grads * grad_elt // g) * g
+    return max(n_grads * scalar + stacked + scalar, 4 * scalar)
