@@ -8,9 +8,10 @@ What it sees: every storage returned by an ATen op run while the mode is active 
 buffers, gradients, optimizer state, inputs, activations, temporaries), plus tensors registered
 with `track_tensor`. What it cannot see: scratch memory inside one kernel (it never becomes a
 tensor), and tensors made under `no_dispatch`. A custom op is one op to the mode (the mode is
-off while its kernel runs), so the tensors a Python kernel allocates and frees inside are unseen;
-the kernels in SEE_INSIDE (bitsandbytes' CPU optimizer updates, Python functions that dequantize
-the 8-bit states to fp32 temporaries: bitsandbytes/backends/cpu/ops.py) are run with the mode on. The peak is checked after every op, when the op's
+off while its kernel runs), so the tensors a Python kernel allocates and frees inside are
+unseen; the kernels in SEE_INSIDE (bitsandbytes' CPU optimizer updates, Python functions that
+dequantize the 8-bit states to fp32 temporaries: bitsandbytes/backends/cpu/ops.py) are run with
+the mode on. The peak is checked after every op, when the op's
 inputs and outputs are alive together: the same moment the CUDA caching allocator peaks.
 
 Works under FakeTensorMode (enter the fake mode first, then the tracker): fake tensors have

@@ -14,7 +14,7 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.allocator import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
-from memcalc.tape.simulate import Moment, StepSimulator
+from memcalc.tape.simulate import Memory, Moment, StepSimulator
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -52,7 +52,7 @@ def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[
     return shared, per
 
 
-def _finetune_optimizer(mem, graph: Graph, regime: Regime, first_step: bool,
+def _finetune_optimizer(mem: Memory, graph: Graph, regime: Regime, first_step: bool,
                         per: list[list[Storage]], shared: list[Storage]) -> None:
     """The update loop, parameter by parameter: in the first step each parameter's states are
     created just before its update (Optimizer8bit.step, Adafactor.step), so the peak is at the
@@ -82,7 +82,7 @@ def _finetune_optimizer(mem, graph: Graph, regime: Regime, first_step: bool,
             mem.hold(st)
 
 
-def _clip(mem, graph: Graph, regime: Regime) -> None:
+def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
     """clip_grad_norm_ between backward and optimizer.step (memcalc.tape.optimizer.clip_bytes)."""
     if regime.max_grad_norm is None:
         return
