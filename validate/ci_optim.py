@@ -20,7 +20,7 @@ _ROWS = {
     "paged-adamw": [("llama-hf", "fp32", 1, "none", None), ("gpt2-ref", "fp16-amp", 2, "per-layer", None)],
     "adafactor": [("gpt2-hf", "fp32", 2, "none", None), ("llama-ref", "bf16-amp", 1, "none", 1.0),
                   ("qwen2-hf", "fp16-amp", 1, "per-layer", None), ("gpt2-ref", "bf16", 1, "sqrt", 0.5)],
-    # clipping with the torch optimizers (foreach on CPU, and the for-loop impl of the optimizer)
+    # clipping with torch optimizers (clip_grad_norm_ takes its foreach path on CPU by default)
     "sgd": [("gpt2-ref", "fp32", 1, "none", 1.0), ("llama-hf", "fp16-amp", 2, "none", 1.0)],
     "adamw": [("llama-ref", "bf16-amp", 1, "none", 1.0), ("gpt2-hf", "bf16", 1, "per-layer", 1.0)],
 }
