@@ -10,6 +10,9 @@ optimizers. Shapes are small (~1 s a row) but large enough that 8-bit states app
 """
 from __future__ import annotations
 
+from typing import Callable
+
+from memcalc.training import TrainingConfig
 from validate.case import Case
 
 # (model, precision, grad_accum, checkpointing, max_grad_norm) per optimizer
@@ -29,20 +32,19 @@ _SHAPES = (dict(h=64, a=4, kv=2, L=2, V=500, b=2, s=32, f=176, P=128, dropout=0.
            dict(h=128, a=4, kv=4, L=2, V=1000, b=1, s=64, f=344, P=128, dropout=0.1, tie=True))
 
 
-def ci_optim_matrix(device: str = "cpu") -> list[Case]:
-    """The fine-tuning optimizer and clipping rows, named ci-opt-NN.
+def ci_optim_matrix(device: str, build_model: Callable) -> list[Case]:
+    """The fine-tuning optimizer and clipping rows, named ci-opt-NN; `build_model(kind, shape)`
+    gives (spec, hf_config) (validate.matrices._model, passed in: no import cycle).
 
-    >>> rows = ci_optim_matrix(); len(rows), rows[0].name, rows[0].training.optimizer
+    >>> from validate.matrices import _model
+    >>> rows = ci_optim_matrix("cpu", _model); len(rows), rows[0].name, rows[0].training.optimizer
     (16, 'ci-opt-00', 'adamw-8bit')
     """
-    from memcalc.training import TrainingConfig
-    from validate.matrices import _model
-
     cases = []
     for optimizer, rows in _ROWS.items():
         for model, precision, accum, ck, clip in rows:
             shape = _SHAPES[len(cases) % len(_SHAPES)]
-            spec, cfg = _model(model, shape)
+            spec, cfg = build_model(model, shape)
             training = TrainingConfig.make(
                 micro_batch=shape["b"], seq_len=shape["s"], grad_accum=accum, precision=precision,
                 optimizer=optimizer, checkpointing=ck, max_grad_norm=clip, device=device)

@@ -147,7 +147,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
-    return cases + ci_optim_matrix(device)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
+    return cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------
