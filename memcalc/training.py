@@ -90,9 +90,8 @@ class TrainingConfig(BaseModel):
     max_grad_norm: float | None = Field(default=None, gt=0.0)
     """Gradient clipping before optimizer.step(): torch.nn.utils.clip_grad_norm_(params,
     max_grad_norm) after GradScaler.unscale_ under fp16-amp; None means no clipping (the HF
-    Trainer's default is 1.0; its 0 means no clipping, which is None here). clip_grad_norm_'s
-    `foreach` changes no memory: torch._foreach_norm and the loop of linalg.vector_norm both make
-    one 0-dim norm per gradient (torch/nn/utils/clip_grad.py; measured in tests/test_clipping.py)."""
+    Trainer's default is 1.0; its 0 means no clipping, which is None here). clip_grad_norm_ runs
+    with its default foreach=None (memcalc.tape.optimizer.clip_bytes)."""
     fsdp_mixed_precision: bool = False
     """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered

@@ -86,9 +86,9 @@ def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
     """clip_grad_norm_ between backward and optimizer.step (memcalc.tape.optimizer.clip_bytes)."""
     if regime.max_grad_norm is None:
         return
-    grad_elt = regime.param_elt
-    tmp = Storage(Poly.const(clip_bytes(len(graph.params), grad_elt, regime.granularity)),
-                  "temporaries", "clip_grad_norm_ norms")
+    numels = [n for n, _ in _shapes(graph, regime)]
+    nbytes = clip_bytes(numels, regime.param_elt, regime.device, regime.granularity)
+    tmp = Storage(Poly.const(nbytes), "temporaries", "clip_grad_norm_ norms")
     mem.hold(tmp)
     mem.mark("clip_grad_norm_")
     mem.release(tmp)
