@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 from memcalc.specs import ModelSpec
-from memcalc.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainingConfig
 from validate.case import Case
 
 # small shapes (~1 s a row under the tracker), each family's variant chosen by the shape
@@ -30,7 +30,7 @@ AXES = {
     "model": ("phi3", "gpt_neox", "olmo2", "granite", "smollm3"),
     "precision": PRECISIONS,
     "checkpointing": CHECKPOINTINGS,
-    "optimizer": OPTIMIZERS,
+    "optimizer": TORCH_OPTIMIZERS,
     "impl": OPTIMIZER_IMPLS,
     "attention": ("eager", "sdpa"),
     "grad_accum": (1, 2),
