@@ -1,8 +1,9 @@
 """Read a Hugging Face config.json (a path or a dict) into ModelSpec fields.
 
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
-configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py,
-with those classes' defaults for absent optional fields.
+configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py /
+configuration_qwen3.py (and configuration_gemma*.py, memcalc.hf_gemma), with those classes'
+defaults for absent optional fields.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from memcalc.errors import SpecError
 if TYPE_CHECKING:
     import os
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text")
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -29,7 +30,12 @@ def load_config(config: dict | str | os.PathLike) -> dict:
     return read_json_object(config)
 
 
-def _get(cfg: dict, key: str, default: object=None, required: bool = False):
+def get(cfg: dict, key: str, default: object = None, required: bool = False):
+    """cfg[key] unless absent or null, else `default` (or a SpecError naming the key).
+
+    >>> get({"n_layer": None}, "n_layer", 12)
+    12
+    """
     if key in cfg and cfg[key] is not None:
         return cfg[key]
     if required:
@@ -37,9 +43,9 @@ def _get(cfg: dict, key: str, default: object=None, required: bool = False):
     return default
 
 
-def _flag(cfg: dict, key: str, default: bool) -> bool:
+def flag(cfg: dict, key: str, default: bool) -> bool:
     """A boolean field: JSON true/false only (a string "false" would be truthy in Python)."""
-    value = _get(cfg, key, default)
+    value = get(cfg, key, default)
     if not isinstance(value, bool):
         raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
                         f"write {key}: true or false, without quotes")
@@ -47,36 +53,68 @@ def _flag(cfg: dict, key: str, default: bool) -> bool:
 
 
 def _gpt2_fields(cfg: dict) -> dict:
-    act = _get(cfg, "activation_function", "gelu_new")
+    act = get(cfg, "activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu", "gelu_pytorch_tanh"):
         raise SpecError("hf_config.activation_function", f"{act!r} is not modelled",
                         "use gelu_new, gelu or gelu_pytorch_tanh")
-    return dict(family="gpt2", vocab_size=_get(cfg, "vocab_size", 50257),
-                hidden_size=_get(cfg, "n_embd", 768), num_layers=_get(cfg, "n_layer", 12),
-                num_heads=_get(cfg, "n_head", 12), intermediate_size=_get(cfg, "n_inner"),
-                max_position_embeddings=_get(cfg, "n_positions", 1024),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
+    return dict(family="gpt2", vocab_size=get(cfg, "vocab_size", 50257),
+                hidden_size=get(cfg, "n_embd", 768), num_layers=get(cfg, "n_layer", 12),
+                num_heads=get(cfg, "n_head", 12), intermediate_size=get(cfg, "n_inner"),
+                max_position_embeddings=get(cfg, "n_positions", 1024),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", True),
                 activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
-                embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
-                resid_dropout=_get(cfg, "resid_pdrop", 0.1))
+                embd_dropout=get(cfg, "embd_pdrop", 0.1), attn_dropout=get(cfg, "attn_pdrop", 0.1),
+                resid_dropout=get(cfg, "resid_pdrop", 0.1))
 
 
 def _llama_fields(cfg: dict, model_type: str) -> dict:
-    act = _get(cfg, "hidden_act", "silu")
+    act = get(cfg, "hidden_act", "silu")
     if act != "silu":
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
-    qkv_bias = model_type == "qwen2" or _flag(cfg, "attention_bias", False)
-    return dict(family="llama", vocab_size=_get(cfg, "vocab_size", required=True),
-                hidden_size=_get(cfg, "hidden_size", required=True),
-                num_layers=_get(cfg, "num_hidden_layers", required=True),
-                num_heads=_get(cfg, "num_attention_heads", required=True),
-                num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
-                intermediate_size=_get(cfg, "intermediate_size", required=True),
-                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
-                out_bias=_flag(cfg, "attention_bias", False) and model_type == "llama",
-                mlp_bias=_flag(cfg, "mlp_bias", False), activation="silu",
-                attn_dropout=_get(cfg, "attention_dropout", 0.0))
+    qkv_bias = model_type == "qwen2" or flag(cfg, "attention_bias", False)
+    # Qwen3Attention and LlamaAttention give o_proj bias=attention_bias (modeling_qwen3.py)
+    out_bias = flag(cfg, "attention_bias", False) and model_type in ("llama", "qwen3")
+    return dict(family="llama", vocab_size=get(cfg, "vocab_size", required=True),
+                hidden_size=get(cfg, "hidden_size", required=True),
+                num_layers=get(cfg, "num_hidden_layers", required=True),
+                num_heads=get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=get(cfg, "num_key_value_heads"), head_dim=get(cfg, "head_dim"),
+                intermediate_size=get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
+                out_bias=out_bias, mlp_bias=flag(cfg, "mlp_bias", False), activation="silu",
+                attn_dropout=get(cfg, "attention_dropout", 0.0), qk_norm=model_type == "qwen3",
+                **_llama_sliding_fields(cfg, model_type))
+
+
+def _llama_sliding_fields(cfg: dict, model_type: str) -> dict:
+    """Mistral: `sliding_window` (default None here: MistralConfig's 4096 default is what a config
+    without the key gets, but Hub configs always write it) applies to every layer. Qwen2/Qwen3:
+    only with use_sliding_window, to layers >= max_window_layers (configuration_qwen2.py)."""
+    if model_type == "mistral":
+        return dict(sliding_window=get(cfg, "sliding_window"))
+    if model_type in ("qwen2", "qwen3") and flag(cfg, "use_sliding_window", False):
+        return dict(sliding_window=get(cfg, "sliding_window", 4096),
+                    max_window_layers=get(cfg, "max_window_layers", 28))
+    return {}
+
+
+def check_layer_types(cfg: dict, fields: dict) -> None:
+    """A config's explicit `layer_types` must be the pattern its other keys give (the one memcalc
+    models, ModelSpec.layer_is_sliding); any other per-layer list is refused by name."""
+    given = cfg.get("layer_types")
+    if given is None:
+        return
+    from memcalc.specs import ModelSpec
+
+    probe = ModelSpec.model_construct(**{k: v for k, v in fields.items() if k in ModelSpec.model_fields})
+    layers = fields["num_layers"]
+    expected = ["sliding_attention" if probe.layer_is_sliding(i) else "full_attention" for i in range(layers)]
+    if list(given) != expected:
+        raise SpecError("hf_config.layer_types", "this per-layer pattern is not the one the model "
+                        "type's keys give (the pattern memcalc models)",
+                        "drop layer_types, or set sliding_window / use_sliding_window / "
+                        "max_window_layers / sliding_window_pattern to give it")
 
 
 def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
@@ -96,7 +134,16 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     from memcalc.hf_keys import check_config_keys
 
     check_config_keys(cfg, model_type)  # every key modelled, known inert, or refused by name
-    fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
+    if model_type == "gpt2":
+        fields = _gpt2_fields(cfg)
+    elif model_type.startswith("gemma"):
+        from memcalc.hf_gemma import gemma_fields
+
+        fields = gemma_fields(cfg, model_type)
+    else:
+        fields = _llama_fields(cfg, model_type)
+    if model_type != "gpt2":
+        check_layer_types(cfg, fields)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}
 
@@ -111,8 +158,10 @@ CONFIG_KEYS = {
                   num_heads="num_attention_heads", num_kv_heads="num_key_value_heads",
                   head_dim="head_dim", intermediate_size="intermediate_size",
                   max_position_embeddings="max_position_embeddings",
-                  attn_dropout="attention_dropout", name="_name_or_path"),
+                  attn_dropout="attention_dropout", sliding_window="sliding_window",
+                  max_window_layers="max_window_layers", name="_name_or_path"),
 }
+CONFIG_KEYS["gemma"] = CONFIG_KEYS["gemma2"] = CONFIG_KEYS["gemma3"] = CONFIG_KEYS["llama"]
 
 
 def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: str):

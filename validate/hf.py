@@ -12,7 +12,9 @@ from validate.layers import decoder_layers, replace_decoder_layers
 from validate.models import RMS_EPS, ROPE_THETA, segment_size
 
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+           "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def _gpt2_config(spec) -> dict:
@@ -35,6 +37,18 @@ def _gpt2_config(spec) -> dict:
 
 
 def _llama_model_type(spec) -> str:
+    if spec.qk_norm:  # Qwen3: attention_bias on q, k, v and o_proj alike, no MLP bias
+        if spec.qkv_bias != spec.out_bias or spec.mlp_bias:
+            raise MemcalcError("qkv_bias", "HF Qwen3 has q/k/v and output biases together (attention_bias) "
+                               "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
+        return "qwen3"
+    if spec.max_window_layers is not None:  # Qwen2's sliding rule (Qwen3's with qk_norm)
+        return "qwen2"
+    if spec.sliding_window is not None:
+        if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
+            raise MemcalcError("sliding_window", "HF Mistral (every layer sliding) has no biases",
+                               "drop the biases, or set max_window_layers (Qwen2's rule)")
+        return "mistral"
     if spec.mlp_bias and (spec.qkv_bias != spec.out_bias):
         raise MemcalcError("mlp_bias", "no HF llama-family class has this bias combination",
                            "use implementation=reference")
@@ -55,6 +69,8 @@ def hf_config_dict(spec) -> dict:
     """
     if spec.family == "gpt2":
         return _gpt2_config(spec)
+    if spec.family in ("gemma", "gemma2", "gemma3"):
+        return _gemma_config(spec)
     model_type = _llama_model_type(spec)
     cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
@@ -65,8 +81,38 @@ def hf_config_dict(spec) -> dict:
                bos_token_id=0, eos_token_id=0, pad_token_id=None)
     if model_type == "llama":
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
-    if model_type in ("mistral", "qwen2"):
+    if model_type == "qwen3":
+        cfg.update(attention_bias=spec.qkv_bias)
+    if model_type == "mistral":
+        cfg.update(sliding_window=spec.sliding_window)
+    if model_type in ("qwen2", "qwen3"):
         cfg.update(sliding_window=None, use_sliding_window=False)
+        if spec.sliding_window is not None:
+            cfg.update(use_sliding_window=True, sliding_window=spec.sliding_window,
+                       max_window_layers=spec.max_window_layers)
+    return cfg
+
+
+def _gemma_config(spec) -> dict:
+    """A gemma / gemma2 / gemma3_text config dict of a gemma-family spec."""
+    if spec.qkv_bias != spec.out_bias or spec.mlp_bias:
+        raise MemcalcError("qkv_bias", "HF Gemma has q/k/v and output biases together (attention_bias) "
+                           "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
+    model_type = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text"}[spec.family]
+    cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+               num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+               num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+               intermediate_size=spec.ffn_size, max_position_embeddings=spec.max_position_embeddings,
+               tie_word_embeddings=spec.tie_embeddings, attention_bias=spec.qkv_bias,
+               attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS,
+               bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    cfg["hidden_act" if model_type == "gemma" else "hidden_activation"] = "gelu_pytorch_tanh"
+    if model_type != "gemma":
+        cfg.update(sliding_window=spec.sliding_window, query_pre_attn_scalar=spec.head_size,
+                   final_logit_softcapping=30.0 if spec.logit_softcap else None,
+                   attn_logit_softcapping=50.0 if spec.attn_softcap else None,
+                   layer_types=["sliding_attention" if spec.layer_is_sliding(i) else "full_attention"
+                                for i in range(spec.num_layers)])
     return cfg
 
 

@@ -3,13 +3,16 @@ picked from a registry by (implementation, family)."""
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError
-from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+from memcalc.programs import hf_gemma, hf_gpt2, hf_llama, ref_gpt2, ref_llama
 from memcalc.programs.base import Program
 from memcalc.specs import ModelSpec
 
 PROGRAMS: dict[tuple[str, str], Program] = {
     ("hf", "gpt2"): hf_gpt2.PROGRAM,
-    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral and Qwen2 (memcalc.hf_config)
+    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral, Qwen2 and Qwen3 (memcalc.hf_config)
+    ("hf", "gemma"): hf_gemma.PROGRAM,
+    ("hf", "gemma2"): hf_gemma.PROGRAM,
+    ("hf", "gemma3"): hf_gemma.PROGRAM,
     ("reference", "gpt2"): ref_gpt2.PROGRAM,
     ("reference", "llama"): ref_llama.PROGRAM,
 }
