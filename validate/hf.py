@@ -169,43 +169,54 @@ def _apply_checkpointing(model, spec, training) -> None:
 
 
 class _Group:
-    """Shared state of one checkpointed segment: its layers, and the layers' output form."""
+    """Shared state of one checkpointed segment: its layers, the calls its wrappers received so
+    far in this forward, and the layers' output form."""
 
     def __init__(self, layers):
         self.layers = layers
+        self.calls: list = []
         self.tuple_output = False
 
 
 class SegmentLayer(torch.nn.Module):
-    """Wraps one decoder layer. The segment's first wrapper runs all the segment's layers under
-    one non-reentrant checkpoint; the others pass their input through unchanged."""
+    """Wraps one decoder layer. Each wrapper records the arguments the model's loop gives its
+    layer (a mask and rotary table of that layer's kind: Gemma-2/3 and Qwen2 mix local and global
+    layers) and passes its input through; the segment's last wrapper runs all the segment's
+    layers, each with its own arguments, under one non-reentrant checkpoint."""
 
-    def __init__(self, layer, group: _Group, leader: bool):
+    def __init__(self, layer, group: _Group, last: bool):
         super().__init__()
         self.layer = layer  # registered here, so parameters and state_dict stay per layer
-        self._group, self._leader = group, leader
+        self._group, self._last = group, last
 
-    def _run(self, hidden, *args, **kwargs):
+    def _run(self, calls, hidden):
         out = hidden
-        for layer in self._group.layers:
+        for layer, (args, kwargs) in zip(self._group.layers, calls):
             out = layer(hidden, *args, **kwargs)
             self._group.tuple_output = isinstance(out, tuple)
             hidden = out[0] if isinstance(out, tuple) else out
         return out
 
     def forward(self, hidden, *args, **kwargs):
-        if not self._leader:
-            return (hidden,) if self._group.tuple_output else hidden
+        group = self._group
+        if not group.calls:
+            group.first_hidden = hidden
+        group.calls.append((args, kwargs))
+        if not self._last:
+            return (hidden,) if group.tuple_output else hidden
+        first, calls = group.first_hidden, group.calls  # the recomputation reuses `calls`
+        group.first_hidden, group.calls = None, []
         if not (self.training and torch.is_grad_enabled()):
-            return self._run(hidden, *args, **kwargs)
-        return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
+            return self._run(calls, first)
+        return checkpoint(self._run, calls, first, use_reentrant=False)
 
 
 def _group_layers(layers, k: int):
     wrapped = []
     for i in range(0, len(layers), k):
         group = _Group(layers[i:i + k])
-        wrapped += [SegmentLayer(layer, group, j == 0) for j, layer in enumerate(group.layers)]
+        wrapped += [SegmentLayer(layer, group, j == len(group.layers) - 1)
+                    for j, layer in enumerate(group.layers)]
     return wrapped
 
 

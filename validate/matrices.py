@@ -140,11 +140,16 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Two independent pairwise designs (seeds 0 and 1), so every pair is covered twice.
 
-    >>> cases = ci_matrix(); 40 < len(cases) < 90
+    Then the families read from config.json (validate.ci_families: Qwen3, sliding windows,
+    Gemma, Gemma-2, Gemma-3).
+
+    >>> cases = ci_matrix(); 70 < len(cases) < 130
     True
     """
+    from validate.ci_families import families_cases
+
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)] + families_cases(device)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

@@ -70,15 +70,26 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     _scaled_dot_product_flash_attention_for_cpu: attn_mask). Measured: +2 (b,1,s,s) masks and
     the repeated k, v per layer against the unmasked run."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
-    repeated = []
-    if kv < a:
+    repeated, layout = [], "projection"
+    if 1 < kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
-        repeated = [k, v]  # sdpa_attention_forward's locals until it returns
-    q, k, v = (ops.matmul_operand(t) for t in (q, k, v))
+        repeated, layout = [k, v], "contiguous"  # sdpa_attention_forward's locals until it returns
+    elif kv == 1 < a:  # one kv head: expand + reshape is a view (stride 0 over heads), no copy;
+        # its gradient comes back (b, heads, s, d) and is summed to the head (ExpandBackward)
+        k = g.view("repeat_kv k (view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
+        v = g.view("repeat_kv v (view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
+        layout = "expanded"
+    layouts = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        cast = ops.matmul_operand(t)
+        # autocast's cast of an expanded view is a full contiguous copy (empty_like falls back
+        # to contiguous strides for overlapping memory)
+        layouts.append("contiguous" if cast is not t and layout == "expanded" else layout)
+        q, k, v = (cast, k, v) if name == "q" else (q, cast, v) if name == "k" else (q, k, cast)
     additive = g.op("bool mask -> additive", [mask], size("b s s", q.elt), requires_grad=False, elt=q.elt)
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        out = sdpa_math(ops, spec, q, k, v, additive, repeated=bool(repeated))
+        out = sdpa_math(ops, spec, q, k, v, additive, layouts=(layouts[1], layouts[2]))
     else:
         out, _ = g.op_multi("sdpa", [q, k, v, additive], [size("b s a d", q.elt, a=a, d=d),
                                                         size("b a s", 4, a=a)],
@@ -89,23 +100,30 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
 
 
 def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
-              repeated: bool = False) -> Value:
+              layouts: tuple[str, str] = ("projection", "projection")) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
     dropout; v copied (repeat_interleave'd to all heads with enable_gqa) and saved; the output is
     laid out (b, heads, s, d), so the caller's transpose(1, 2).contiguous() is a real copy.
     Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them.
-    With a given additive `mask` (sdpa_masked) no causal mask is built; with `repeated`, k and v
-    are repeat_kv's contiguous (b, heads, s, d) copies, which bmm takes without copying."""
+    With a given additive `mask` (sdpa_masked) no causal mask is built, and `layouts` says how k
+    and v are laid out: 'projection' (transposed views of the projections, kv heads), or all
+    heads as repeat_kv made them, 'contiguous' copies (bmm takes them as they are) or
+    'expanded' stride-0 views (an elementwise op or an upcast lays them out contiguously; bmm
+    copies an expanded v)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    kv = a if repeated else spec.kv_heads
+    k_layout, v_layout = layouts
+    kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
     q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
     k = g.view("k view", k, backward=[Grad(0)])
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
     # by C++ locals until the function returns
-    q, k, v = (ops.to(t, 4, "math upcast") for t in (q, k, v))
+    upcast = [ops.to(t, 4, "math upcast") for t in (q, k, v)]
+    if upcast[2] is not v and v_layout == "expanded":
+        v_layout = "contiguous"  # .to() of a stride-0 view is a contiguous copy
+    q, k, v = upcast
     elt = q.elt
     qs = ops.scale(q, "q * sqrt(scale)")
     built = mask is None
@@ -117,13 +135,14 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
     qc = copy(ops, qs, "q reshape copy")
-    kc = ks if repeated else copy(ops, ks, "k^T reshape copy")
+    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
-    vc = copy(ops, v, "v reshape copy") if kv == a and not repeated else v
+    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a)
+    vc = copy(ops, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
     ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
