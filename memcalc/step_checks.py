@@ -102,6 +102,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
     """
     check_tensor_parallel(model, training)
+    check_attention(model, training)
     if training.fsdp_mixed_precision and training.data_parallel == 1:
         raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
                                "data-parallel rank is not modelled (measured +1.3%)",
@@ -110,6 +111,20 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
                                "modelled with FSDP2 (zero2/zero3) only",
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
+
+
+def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
+    """What the model's transformers class can run: Gemma-2 has no SDPA path.
+
+    >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8))
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: attention: transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel._supports_sdpa is False: SDPA cannot soft-cap the scores); fix: use attention='eager'
+    """
+    if model.family == "gemma2" and training.attention == "sdpa":
+        raise NotModelledError("attention", "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
+                               "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
+                               "use attention='eager'")
 
 
 def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:

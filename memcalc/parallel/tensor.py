@@ -49,6 +49,10 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
     if training.sequence_parallel and training.seq_len % t:
         raise SpecError("seq_len", f"{training.seq_len} tokens do not split evenly over "
                         f"tensor_parallel={t}", f"use a multiple of {t}")
+    if model.family not in ("gpt2", "llama") or model.qk_norm or model.sliding_window is not None:
+        raise NotModelledError("tensor_parallel", "tensor parallelism is modelled and measured for "
+                               "GPT-2 and Llama/Mistral/Qwen2 without sliding windows only (not for "
+                               "q/k norms, sliding windows or the Gemma families)", "use tensor_parallel=1")
     if model.implementation == "hf" and model.family == "gpt2":
         raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
                                "torch's ColwiseParallel/RowwiseParallel",
