@@ -18,7 +18,8 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
             + (h if spec.out_bias else 0)
         mlp = 2 * h * f // t + ((f // t + h) if spec.mlp_bias else 0)
     else:
-        norms = (2 * L + 1) * h
+        sandwich = spec.family in ("gemma2", "gemma3")  # pre/post feed-forward norms
+        norms = ((4 if sandwich else 2) * L + 1) * h + (2 * L * d if spec.qk_norm else 0)
         attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
             + a * d * h // t + (h if spec.out_bias else 0)
         mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)

@@ -19,7 +19,7 @@ def tp_cases(draw):
     over every rank (world_size = tensor_parallel: no data parallelism)."""
     spec = draw(small_models(max_layers=3, programs=[p for p in PROGRAMS if p != ("gpt2", "hf")]))
     t = draw(st.sampled_from(tensor_parallel_degrees(spec)))
-    training = draw(trainings())
+    training = draw(trainings(model=spec))
     return spec, training.with_(world_size=t, tensor_parallel=t)
 
 
