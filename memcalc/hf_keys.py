@@ -72,6 +72,8 @@ INERT: dict[str, str] = {
                               "scalar in the modelled `* scale` op: no tensor changes size"),
     "rope_local_base_freq": "Gemma-3's local rotary base (older name): a number in the local table",
     "cache_implementation": _GENERATION,
+    "sliding_window_size": ("an older Gemma-2 name written beside sliding_window; no transformers 5.x "
+                            "class reads it (Gemma2Config reads sliding_window)"),
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)

@@ -36,7 +36,8 @@ class ModelSpec(BaseModel):
     name: str = "custom"
     """A label for reports; presets carry their own name."""
     family: Family
-    """'gpt2' (LayerNorm, GELU MLP, learned positions) or 'llama' (RMSNorm, SwiGLU, rotary)."""
+    """'gpt2' (LayerNorm, GELU MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also
+    Mistral, Qwen2, Qwen3), or 'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -53,7 +54,7 @@ class ModelSpec(BaseModel):
     head_dim: int | None = Field(default=None, gt=0)
     """Per-head width; None means hidden_size // num_heads."""
     intermediate_size: int | None = Field(default=None, gt=0)
-    """MLP inner width; None means 4h for gpt2 (and is required for llama)."""
+    """MLP inner width; None means 4h for gpt2 (and is required for the other families)."""
     max_position_embeddings: int = Field(default=1024, gt=0)
     """Rows of the learned position table (gpt2); the longest sequence either family accepts."""
     tie_embeddings: bool = True
@@ -66,7 +67,7 @@ class ModelSpec(BaseModel):
     """The MLP projections carry biases (GPT-2: yes; Llama family: no)."""
     activation: Activation = "gelu_new"
     """MLP activation: gelu_new (HF GPT-2's tanh GELU written in Python ops), gelu, gelu_tanh
-    (one fused op), or silu (SwiGLU, Llama family)."""
+    (one fused op; the gate of Gemma's GeGLU), or silu (SwiGLU, Llama family)."""
     embd_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout after the embeddings (GPT-2's embd_pdrop)."""
     attn_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -115,6 +116,8 @@ class ModelSpec(BaseModel):
                                                    or self.family in GEMMA_FAMILIES):
             raise ValueError("qk_norm, sliding_window and the gemma families are modelled for "
                              "implementation='hf' only; use implementation='hf'")
+        if self.family in GEMMA_FAMILIES and self.activation != "gelu_tanh":
+            raise ValueError("the gemma families run GeGLU with gelu_pytorch_tanh; set activation='gelu_tanh'")
         if self.qk_norm != (self.family == "gemma3") and self.family != "llama":
             raise ValueError(f"qk_norm is {'always' if self.family == 'gemma3' else 'never'} "
                              f"on in the {self.family} family; set qk_norm={self.family == 'gemma3'}")

@@ -69,10 +69,13 @@ def test_the_grid_splits_at_the_window():
     (dict(family="llama", attn_softcap=True), "attn_softcap"),
     (dict(family="llama", max_window_layers=2), "max_window_layers"),
     (dict(family="gemma", implementation="reference"), "gemma"),
+    (dict(family="gemma", activation="silu"), "gelu_tanh"),
 ])
 def test_fields_a_family_lacks_are_refused(fields, field):
     base = dict(vocab_size=100, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
                 activation="silu")
+    if fields["family"].startswith("gemma"):
+        base.update(activation="gelu_tanh")
     if fields["family"] == "gemma2":
         base.update(sliding_window=16, sliding_window_pattern=2)
     with pytest.raises(MemcalcError, match=field):

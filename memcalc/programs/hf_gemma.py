@@ -89,7 +89,7 @@ class HFGemma(HFLlama):
         x = ops.add(x, attn, "residual 1")
         pre_mlp = "pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight"
         n2 = gemma_rms_norm(ops, x, p(pre_mlp, h), TOKENS)
-        m = swiglu_mlp(ops, spec, n2, TOKENS, p)
+        m = swiglu_mlp(ops, spec, n2, TOKENS, p, "gelu_tanh")  # GemmaMLP: gelu_pytorch_tanh
         ops.scope_end([n2])  # rebound to the MLP output
         if sandwich:
             m = gemma_rms_norm(ops, m, p("post_feedforward_layernorm.weight", h), TOKENS)
