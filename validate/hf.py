@@ -175,6 +175,7 @@ class _Group:
     def __init__(self, layers):
         self.layers = layers
         self.calls: list = []
+        self.first_hidden = None
         self.tuple_output = False
 
 

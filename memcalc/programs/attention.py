@@ -80,16 +80,16 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         k = g.view("repeat_kv k (view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
         v = g.view("repeat_kv v (view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
         layout = "expanded"
-    layouts = []
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        cast = ops.matmul_operand(t)
-        # autocast's cast of an expanded view is a full contiguous copy (empty_like falls back
-        # to contiguous strides for overlapping memory)
-        layouts.append("contiguous" if cast is not t and layout == "expanded" else layout)
-        q, k, v = (cast, k, v) if name == "q" else (q, cast, v) if name == "k" else (q, k, cast)
+    q = ops.matmul_operand(q)
+    k_cast, v_cast = ops.matmul_operand(k), ops.matmul_operand(v)
+    # autocast's cast of an expanded view is a full contiguous copy (empty_like falls back to
+    # contiguous strides for overlapping memory)
+    layouts = tuple("contiguous" if cast is not t and layout == "expanded" else layout
+                    for t, cast in ((k, k_cast), (v, v_cast)))
+    k, v = k_cast, v_cast
     additive = g.op("bool mask -> additive", [mask], size("b s s", q.elt), requires_grad=False, elt=q.elt)
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        out = sdpa_math(ops, spec, q, k, v, additive, layouts=(layouts[1], layouts[2]))
+        out = sdpa_math(ops, spec, q, k, v, additive, layouts=layouts)
     else:
         out, _ = g.op_multi("sdpa", [q, k, v, additive], [size("b s a d", q.elt, a=a, d=d),
                                                         size("b a s", 4, a=a)],

@@ -64,14 +64,13 @@ class HFGemma(HFLlama):
         x = ops.scale(raw, "* embed_scale")
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         masks = build_masks(ops, spec, regime, x.elt)
-        kinds = {"sliding" if spec.layer_is_sliding(i) else "full" for i in range(spec.num_layers)}
-        rope = {}
-        if spec.family == "gemma3":
-            for kind in sorted(kinds):
-                rope[kind] = tuple(rotary_tables(ops, spec.head_size, x.elt))
+        if spec.family == "gemma3":  # a table per kind in config.layer_types
+            kinds = sorted({"sliding" if spec.layer_is_sliding(i) else "full" for i in range(spec.num_layers)})
+            rope = {kind: tuple(rotary_tables(ops, spec.head_size, x.elt)) for kind in kinds}
         else:
-            rope["full"] = rope["sliding"] = tuple(rotary_tables(ops, spec.head_size, x.elt))
-        tables = [t for pair in {id(p): p for p in rope.values()}.values() for t in pair]
+            shared = tuple(rotary_tables(ops, spec.head_size, x.elt))
+            rope = {"full": shared, "sliding": shared}
+        tables = {id(t): t for pair in rope.values() for t in pair}.values()
         return Embedded(x, ids, {"masks": masks, "rope": rope},
                         held_until_norm=[x, *masks.values(), *tables])
 
