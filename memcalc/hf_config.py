@@ -78,7 +78,8 @@ def _llama_fields(cfg: dict, model_type: str) -> dict:
                 hidden_size=get(cfg, "hidden_size", required=True),
                 num_layers=get(cfg, "num_hidden_layers", required=True),
                 num_heads=get(cfg, "num_attention_heads", required=True),
-                num_kv_heads=get(cfg, "num_key_value_heads"), head_dim=get(cfg, "head_dim"),
+                num_kv_heads=get(cfg, "num_key_value_heads"),
+                head_dim=get(cfg, "head_dim", 128 if model_type == "qwen3" else None),  # Qwen3Config's default
                 intermediate_size=get(cfg, "intermediate_size", required=True),
                 max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
                 tie_embeddings=flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
@@ -128,6 +129,10 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if model_type == "gemma3":
+        raise SpecError("hf_config.model_type", "'gemma3' is the multimodal Gemma-3 (a vision tower "
+                        "beside the language model), which is not modelled",
+                        "pass its text_config with model_type gemma3_text (the language model alone)")
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")

@@ -48,6 +48,10 @@ def gemma_fields(cfg: dict, model_type: str) -> dict:
                   qk_norm=model_type == "gemma3_text")
     if model_type == "gemma":
         return fields
+    if fields["hidden_size"] % fields["num_heads"]:  # Gemma2Config / Gemma3TextConfig.validate_architecture
+        raise SpecError("hf_config.num_attention_heads", f"{fields['num_heads']} does not divide "
+                        f"hidden_size={fields['hidden_size']} (transformers refuses this config)",
+                        "use a divisor of hidden_size")
     pattern = get(cfg, "sliding_window_pattern", None) or get(cfg, "_sliding_window_pattern", None)
     gemma2 = model_type == "gemma2"
     fields.update(sliding_window=get(cfg, "sliding_window", 4096),

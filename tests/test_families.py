@@ -101,3 +101,15 @@ def test_estimate_from_the_cli_on_a_published_config(name, tmp_path, capsys):
     main(["estimate", "--hf-config", str(path), "--micro-batch", "1", "--seq-len", "4096",
           "--attention", "eager", "--precision", "bf16-amp"])
     assert "GiB" in capsys.readouterr().out
+
+
+def test_config_defaults_and_inconsistent_sizes():
+    qwen3 = {"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "intermediate_size": 128}
+    assert ModelSpec.from_hf_config(qwen3).head_size == 128  # Qwen3Config's head_dim default
+    gemma2 = {"model_type": "gemma2", "vocab_size": 100, "hidden_size": 66, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128}
+    with pytest.raises(MemcalcError, match="hf_config.num_attention_heads"):
+        ModelSpec.from_hf_config(gemma2)
+    with pytest.raises(MemcalcError, match="text_config"):
+        ModelSpec.from_hf_config({"model_type": "gemma3", "text_config": {}})
