@@ -89,10 +89,13 @@ def families_cases(device: str = "cpu") -> list[Case]:
         shape, ck, dropout = SHAPES[row["shape"]], row["checkpointing"], row["dropout"]
         if dropout and row["attention"] == "sdpa" and row["precision"] != "fp32" \
                 and ck in ("per-layer", "sqrt", "every-k"):
-            # known, pre-existing in the llama program (main too, README Known gaps): SDPA's CPU
-            # math path (taken with attention dropout) on half-precision inputs inside a
-            # checkpointed layer under-predicts by about one (b, heads, s, s) tensor (-1.2%);
-            # these rows run without dropout until that is modelled
+            # SDPA's CPU math kernel (taken with attention dropout) adds the mask in place, but
+            # out of place under any TorchDispatchMode (areAnyTensorSubclassLike), so under the
+            # tracker a checkpointed layer's recomputation holds one more (b, heads, s, s) tensor
+            # than a plain run (-1.2% here; README Known gaps). Reproduce: torch.profiler over
+            # F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True) lists
+            # aten::add_ alone, aten::add inside a no-op TorchDispatchMode. These rows run
+            # without dropout, so what the tracker measures is what a plain run does
             dropout = 0.0
         windowed = row["family"] in WINDOWED or row.get("qwen3_window", False)
         cfg = family_config(row["family"], shape, row["window"], dropout, row.get("qwen3_window", False))
