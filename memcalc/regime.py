@@ -84,6 +84,8 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    max_grad_norm: float | None = None
+    """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
     sliding_window_reached: bool = False
     """seq_len >= the model's sliding_window: transformers then materialises the sliding layers'
     mask for SDPA (masking_utils._ignore_causal_mask_sdpa). A function of the shape, not of the
@@ -106,7 +108,8 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum)
+                   attention=training.attention, grad_accum=training.grad_accum,
+                   max_grad_norm=training.max_grad_norm)
 
     @property
     def fsdp(self) -> bool:

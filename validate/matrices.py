@@ -16,8 +16,10 @@ from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
 from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
-from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import PRECISIONS, TrainingConfig
+from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
+from validate.ci_optim import ci_optim_matrix
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -143,13 +145,14 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     Then the families read from config.json (validate.ci_families: Qwen3, sliding windows,
     Gemma, Gemma-2, Gemma-3).
 
-    >>> cases = ci_matrix(); 70 < len(cases) < 130
+    >>> cases = ci_matrix(); 100 < len(cases) < 160
     True
     """
     from validate.ci_families import families_cases
 
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)] + families_cases(device)
+    cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    return cases + ci_optim_matrix(device, _model) + families_cases(device)  # validate/ci_optim.py, ci_families.py
 
 
 # ---- gpu ---------------------------------------------------------------------------------------
