@@ -7,7 +7,7 @@ Every size is a polynomial in b (micro_batch) and s (seq_len), so one simulation
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Callable
 
@@ -196,7 +196,8 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     True
     """
     try:
-        key = (model, _regime_key(training))
+        reached = window_reached(model, training.seq_len)
+        key = (model, _regime_key(training), reached)
         found = _CACHE.get(key)
     except (AttributeError, TypeError):  # not a TrainingConfig, or an unhashable model
         found = None
@@ -205,8 +206,19 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
         check_supported(model, training)
         if len(_CACHE) > 512:
             _CACHE.clear()
-        found = _CACHE[key] = _simulate(model, Regime.of(training))
+        regime = replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len))
+        found = _CACHE[key] = _simulate(model, regime)
     return found
+
+
+def window_reached(model: ModelSpec, seq_len: int) -> bool:
+    """Whether a sequence of seq_len tokens reaches the model's sliding window, the one shape
+    condition a program branches on (memcalc.regime.Regime.sliding_window_reached).
+
+    >>> window_reached(ModelSpec.preset("gemma-2-2b"), 4096), window_reached(ModelSpec.preset("gpt2"), 10**6)
+    (True, False)
+    """
+    return model.sliding_window is not None and seq_len >= model.sliding_window
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:

@@ -116,7 +116,14 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
 
     np = _numpy()
     check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
+    if model.sliding_window is not None and b.size:  # the program differs on each side of the
+        return _split_at_window(np, model, training, b, s)  # window (engine.window_reached)
     cands, g = _candidates(model, training)
+    return _eval_side(np, cands, g, b, s)
+
+
+def _eval_side(np: ModuleType, cands: Candidates, g: int, b: numpy.ndarray, s: numpy.ndarray):
+    """Peaks at every (b, s) from one simulation's candidates."""
     if g <= 1 or not b.size:
         return eval_polys([m.total for m in cands.steady], b, s)
     bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)
@@ -124,6 +131,23 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
         flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
         return np.array(flat, dtype=np.int64 if bound < 2 ** 62 else object).reshape(b.shape)
     return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
+
+
+def _split_at_window(np: ModuleType, model: ModelSpec, training: TrainingConfig, b: numpy.ndarray,
+                     s: numpy.ndarray):
+    """eval_candidates on the points below the sliding window and on those reaching it, each
+    with a training config whose seq_len is on that side (the simulation it reuses)."""
+    reached = s >= model.sliding_window
+    parts = []
+    for side in (reached, ~reached):
+        if side.any():
+            probe = training.with_(seq_len=int(s[side].flat[0]))
+            cands, g = _candidates(model, probe)
+            parts.append((side, _eval_side(np, cands, g, b[side], s[side])))
+    out = np.empty(b.shape, dtype=object if any(p.dtype == object for _, p in parts) else np.int64)
+    for side, found in parts:
+        out[side] = found
+    return out
 
 
 def _numpy():

@@ -1,9 +1,10 @@
 """Read a Hugging Face config.json (a path or a dict) into ModelSpec fields.
 
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
-configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py
-(and, in FAMILY_READERS, configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those
-classes' defaults for absent optional fields.
+configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py /
+configuration_qwen3.py (and configuration_gemma*.py, memcalc.hf_gemma; and, in FAMILY_READERS,
+configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those classes' defaults for
+absent optional fields.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from memcalc.errors import SpecError
 if TYPE_CHECKING:
     import os
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gpt_neox", "olmo2", "granite", "smollm3")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+             "phi3", "gpt_neox", "olmo2", "granite", "smollm3")
 # model types read but refused as a whole, with why (transformers 5.24 modeling files)
 REFUSED_TYPES = {
-    "ministral": ("MinistralModel.forward always builds create_sliding_window_causal_mask (it raises "
-                  "without a sliding_window), and sliding-window attention is not modelled yet",
-                  "use model_type mistral for a model without sliding windows"),
+    "ministral": ("MinistralModel builds per-layer-type masks from layer_types (full and sliding) "
+                  "and its program is not validated",
+                  "use model_type mistral (with or without sliding_window) for a Mistral-shaped model"),
 }
 
 
@@ -36,7 +38,12 @@ def load_config(config: dict | str | os.PathLike) -> dict:
     return read_json_object(config)
 
 
-def _get(cfg: dict, key: str, default: object=None, required: bool = False):
+def get(cfg: dict, key: str, default: object = None, required: bool = False):
+    """cfg[key] unless absent or null, else `default` (or a SpecError naming the key).
+
+    >>> get({"n_layer": None}, "n_layer", 12)
+    12
+    """
     if key in cfg and cfg[key] is not None:
         return cfg[key]
     if required:
@@ -44,9 +51,9 @@ def _get(cfg: dict, key: str, default: object=None, required: bool = False):
     return default
 
 
-def _flag(cfg: dict, key: str, default: bool) -> bool:
+def flag(cfg: dict, key: str, default: bool) -> bool:
     """A boolean field: JSON true/false only (a string "false" would be truthy in Python)."""
-    value = _get(cfg, key, default)
+    value = get(cfg, key, default)
     if not isinstance(value, bool):
         raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
                         f"write {key}: true or false, without quotes")
@@ -54,37 +61,70 @@ def _flag(cfg: dict, key: str, default: bool) -> bool:
 
 
 def _gpt2_fields(cfg: dict) -> dict:
-    act = _get(cfg, "activation_function", "gelu_new")
+    act = get(cfg, "activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu", "gelu_pytorch_tanh"):
         raise SpecError("hf_config.activation_function", f"{act!r} is not modelled",
                         "use gelu_new, gelu or gelu_pytorch_tanh")
-    return dict(family="gpt2", vocab_size=_get(cfg, "vocab_size", 50257),
-                hidden_size=_get(cfg, "n_embd", 768), num_layers=_get(cfg, "n_layer", 12),
-                num_heads=_get(cfg, "n_head", 12), intermediate_size=_get(cfg, "n_inner"),
-                max_position_embeddings=_get(cfg, "n_positions", 1024),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
+    return dict(family="gpt2", vocab_size=get(cfg, "vocab_size", 50257),
+                hidden_size=get(cfg, "n_embd", 768), num_layers=get(cfg, "n_layer", 12),
+                num_heads=get(cfg, "n_head", 12), intermediate_size=get(cfg, "n_inner"),
+                max_position_embeddings=get(cfg, "n_positions", 1024),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", True),
                 activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
-                embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
-                resid_dropout=_get(cfg, "resid_pdrop", 0.1),
-                reorder_and_upcast_attn=_flag(cfg, "reorder_and_upcast_attn", False))
+                embd_dropout=get(cfg, "embd_pdrop", 0.1), attn_dropout=get(cfg, "attn_pdrop", 0.1),
+                resid_dropout=get(cfg, "resid_pdrop", 0.1),
+                reorder_and_upcast_attn=flag(cfg, "reorder_and_upcast_attn", False))
 
 
 def _llama_fields(cfg: dict, model_type: str) -> dict:
-    act = _get(cfg, "hidden_act", "silu")
+    act = get(cfg, "hidden_act", "silu")
     if act != "silu":
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
-    qkv_bias = model_type == "qwen2" or _flag(cfg, "attention_bias", False)
-    return dict(family="llama", vocab_size=_get(cfg, "vocab_size", required=True),
-                hidden_size=_get(cfg, "hidden_size", required=True),
-                num_layers=_get(cfg, "num_hidden_layers", required=True),
-                num_heads=_get(cfg, "num_attention_heads", required=True),
-                num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
-                intermediate_size=_get(cfg, "intermediate_size", required=True),
-                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
-                out_bias=_flag(cfg, "attention_bias", False) and model_type == "llama",
-                mlp_bias=_flag(cfg, "mlp_bias", False), activation="silu",
-                attn_dropout=_get(cfg, "attention_dropout", 0.0))
+    qkv_bias = model_type == "qwen2" or flag(cfg, "attention_bias", False)
+    # Qwen3Attention and LlamaAttention give o_proj bias=attention_bias (modeling_qwen3.py)
+    out_bias = flag(cfg, "attention_bias", False) and model_type in ("llama", "qwen3")
+    return dict(family="llama", vocab_size=get(cfg, "vocab_size", required=True),
+                hidden_size=get(cfg, "hidden_size", required=True),
+                num_layers=get(cfg, "num_hidden_layers", required=True),
+                num_heads=get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=get(cfg, "num_key_value_heads"),
+                head_dim=get(cfg, "head_dim", 128 if model_type == "qwen3" else None),  # Qwen3Config's default
+                intermediate_size=get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", False), qkv_bias=qkv_bias,
+                out_bias=out_bias, mlp_bias=flag(cfg, "mlp_bias", False), activation="silu",
+                attn_dropout=get(cfg, "attention_dropout", 0.0), qk_norm=model_type == "qwen3",
+                **_llama_sliding_fields(cfg, model_type))
+
+
+def _llama_sliding_fields(cfg: dict, model_type: str) -> dict:
+    """Mistral: `sliding_window` (default None here: MistralConfig's 4096 default is what a config
+    without the key gets, but Hub configs always write it) applies to every layer. Qwen2/Qwen3:
+    only with use_sliding_window, to layers >= max_window_layers (configuration_qwen2.py)."""
+    if model_type == "mistral":
+        return dict(sliding_window=get(cfg, "sliding_window"))
+    if model_type in ("qwen2", "qwen3") and flag(cfg, "use_sliding_window", False):
+        return dict(sliding_window=get(cfg, "sliding_window", 4096),
+                    max_window_layers=get(cfg, "max_window_layers", 28))
+    return {}
+
+
+def check_layer_types(cfg: dict, fields: dict) -> None:
+    """A config's explicit `layer_types` must be the pattern its other keys give (the one memcalc
+    models, ModelSpec.layer_is_sliding); any other per-layer list is refused by name."""
+    given = cfg.get("layer_types")
+    if given is None:
+        return
+    from memcalc.specs import ModelSpec
+
+    probe = ModelSpec.model_construct(**{k: v for k, v in fields.items() if k in ModelSpec.model_fields})
+    layers = fields["num_layers"]
+    expected = ["sliding_attention" if probe.layer_is_sliding(i) else "full_attention" for i in range(layers)]
+    if list(given) != expected:
+        raise SpecError("hf_config.layer_types", "this per-layer pattern is not the one the model "
+                        "type's keys give (the pattern memcalc models)",
+                        "drop layer_types, or set sliding_window / use_sliding_window / "
+                        "max_window_layers / sliding_window_pattern to give it")
 
 
 def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
@@ -103,16 +143,28 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
 
         why, fix = REFUSED_TYPES[model_type]
         raise NotModelledError("hf_config.model_type", f"{model_type!r}: {why}", fix)
+    if model_type == "gemma3":
+        raise SpecError("hf_config.model_type", "'gemma3' is the multimodal Gemma-3 (a vision tower "
+                        "beside the language model), which is not modelled",
+                        "pass its text_config with model_type gemma3_text (the language model alone)")
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")
     from memcalc.hf_keys import check_config_keys
 
     check_config_keys(cfg, model_type)  # every key modelled, known inert, or refused by name
-    if model_type in FAMILY_READERS:
+    if model_type == "gpt2":
+        fields = _gpt2_fields(cfg)
+    elif model_type in FAMILY_READERS:
         fields = FAMILY_READERS[model_type](cfg)
+    elif model_type.startswith("gemma"):
+        from memcalc.hf_gemma import gemma_fields
+
+        fields = gemma_fields(cfg, model_type)
     else:
-        fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
+        fields = _llama_fields(cfg, model_type)
+    if model_type != "gpt2":
+        check_layer_types(cfg, fields)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}
 
@@ -127,7 +179,8 @@ CONFIG_KEYS = {
                   num_heads="num_attention_heads", num_kv_heads="num_key_value_heads",
                   head_dim="head_dim", intermediate_size="intermediate_size",
                   max_position_embeddings="max_position_embeddings",
-                  attn_dropout="attention_dropout", name="_name_or_path"),
+                  attn_dropout="attention_dropout", sliding_window="sliding_window",
+                  max_window_layers="max_window_layers", name="_name_or_path"),
 }
 CONFIG_KEYS["phi3"] = dict(CONFIG_KEYS["llama"], resid_dropout="resid_pdrop",
                            rotary_fraction="rope_parameters.partial_rotary_factor")
@@ -154,82 +207,83 @@ def _partial_rotary_factor(cfg: dict, default: float) -> float:
 
 def _llama_like(cfg: dict, family: str, act_default: str = "silu") -> dict:
     """The Llama-shaped fields (sizes, GQA, attention_dropout) of a llama-like config."""
-    act = _get(cfg, "hidden_act", act_default)
+    act = get(cfg, "hidden_act", act_default)
     if act != "silu":
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
-    return dict(family=family, vocab_size=_get(cfg, "vocab_size", required=True),
-                hidden_size=_get(cfg, "hidden_size", required=True),
-                num_layers=_get(cfg, "num_hidden_layers", required=True),
-                num_heads=_get(cfg, "num_attention_heads", required=True),
-                num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
-                intermediate_size=_get(cfg, "intermediate_size", required=True),
-                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), activation="silu",
-                attn_dropout=_get(cfg, "attention_dropout", 0.0))
+    return dict(family=family, vocab_size=get(cfg, "vocab_size", required=True),
+                hidden_size=get(cfg, "hidden_size", required=True),
+                num_layers=get(cfg, "num_hidden_layers", required=True),
+                num_heads=get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=get(cfg, "num_key_value_heads"), head_dim=get(cfg, "head_dim"),
+                intermediate_size=get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", False), activation="silu",
+                attn_dropout=get(cfg, "attention_dropout", 0.0))
 
 
 def _phi3_fields(cfg: dict) -> dict:
     """Phi3Config: no biases (qkv_proj, o_proj, gate_up_proj, down_proj are bias=False),
     resid_pdrop on both residual branches, partial rotary."""
     return dict(_llama_like(cfg, "phi3"), qkv_bias=False, out_bias=False, mlp_bias=False,
-                resid_dropout=_get(cfg, "resid_pdrop", 0.0),
+                resid_dropout=get(cfg, "resid_pdrop", 0.0),
                 rotary_fraction=_partial_rotary_factor(cfg, 1.0))
 
 
 def _olmo2_fields(cfg: dict) -> dict:
     """Olmo2Config: attention_bias on q/k/v/o; the MLP has no biases."""
-    bias = _flag(cfg, "attention_bias", False)
+    bias = flag(cfg, "attention_bias", False)
     return dict(_llama_like(cfg, "olmo2"), qkv_bias=bias, out_bias=bias, mlp_bias=False)
 
 
 def _granite_fields(cfg: dict) -> dict:
     """GraniteConfig: Llama's biases (attention_bias on q/k/v/o, mlp_bias) plus four multipliers
     whose ops run whatever their values (memcalc.programs.hf_granite)."""
-    bias = _flag(cfg, "attention_bias", False)
+    bias = flag(cfg, "attention_bias", False)
     return dict(_llama_like(cfg, "granite"), qkv_bias=bias, out_bias=bias,
-                mlp_bias=_flag(cfg, "mlp_bias", False))
+                mlp_bias=flag(cfg, "mlp_bias", False))
 
 
 def _smollm3_fields(cfg: dict) -> dict:
     """SmolLM3Config: Llama's program with rotary skipped where no_rope_layers[i] == 0 (by default
     every no_rope_layer_interval-th layer, configuration_smollm3.py)."""
-    bias = _flag(cfg, "attention_bias", False)
-    layers = _get(cfg, "num_hidden_layers", required=True)
-    flags = _get(cfg, "no_rope_layers")
+    bias = flag(cfg, "attention_bias", False)
+    layers = get(cfg, "num_hidden_layers", required=True)
+    flags = get(cfg, "no_rope_layers")
     if flags is None:
-        every = _get(cfg, "no_rope_layer_interval", 4)
+        every = get(cfg, "no_rope_layer_interval", 4)
         flags = [int((i + 1) % every != 0) for i in range(layers)] if isinstance(layers, int) else []
     if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or \
             (isinstance(layers, int) and len(flags) != layers):
         raise SpecError("hf_config.no_rope_layers", f"is not a list of {layers} 0/1 flags",
                         "write one 0 or 1 per layer (num_hidden_layers of them)")
-    return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=_flag(cfg, "mlp_bias", False),
+    return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=flag(cfg, "mlp_bias", False),
                 no_rope_layers=tuple(i for i, f in enumerate(flags) if f == 0))
 
 
 def _gpt_neox_fields(cfg: dict) -> dict:
     """GPTNeoXConfig: LayerNorm, a GELU MLP with biases, attention_bias on query_key_value and
     dense, hidden_dropout on the embeddings and both residual branches, rotary_pct 0.25."""
-    act = _get(cfg, "hidden_act", "gelu")
+    act = get(cfg, "hidden_act", "gelu")
     acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh"}
     if act not in acts:
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use gelu, gelu_new or gelu_pytorch_tanh")
-    bias = _flag(cfg, "attention_bias", True)
-    drop = _get(cfg, "hidden_dropout", 0.0)
-    return dict(family="gpt_neox", vocab_size=_get(cfg, "vocab_size", 50432),
-                hidden_size=_get(cfg, "hidden_size", 6144), num_layers=_get(cfg, "num_hidden_layers", 44),
-                num_heads=_get(cfg, "num_attention_heads", 64),
-                intermediate_size=_get(cfg, "intermediate_size", 24576),
-                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
-                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
-                mlp_bias=True, activation=acts[act], attn_dropout=_get(cfg, "attention_dropout", 0.0),
+    bias = flag(cfg, "attention_bias", True)
+    drop = get(cfg, "hidden_dropout", 0.0)
+    return dict(family="gpt_neox", vocab_size=get(cfg, "vocab_size", 50432),
+                hidden_size=get(cfg, "hidden_size", 6144), num_layers=get(cfg, "num_hidden_layers", 44),
+                num_heads=get(cfg, "num_attention_heads", 64),
+                intermediate_size=get(cfg, "intermediate_size", 24576),
+                max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
+                mlp_bias=True, activation=acts[act], attn_dropout=get(cfg, "attention_dropout", 0.0),
                 embd_dropout=drop, resid_dropout=drop,
-                parallel_residual=_flag(cfg, "use_parallel_residual", True),
+                parallel_residual=flag(cfg, "use_parallel_residual", True),
                 rotary_fraction=_partial_rotary_factor(cfg, 0.25))
 
 
 FAMILY_READERS = {"phi3": _phi3_fields, "olmo2": _olmo2_fields, "granite": _granite_fields,
                   "smollm3": _smollm3_fields, "gpt_neox": _gpt_neox_fields}
+CONFIG_KEYS["gemma"] = CONFIG_KEYS["gemma2"] = CONFIG_KEYS["gemma3"] = CONFIG_KEYS["llama"]
 
 
 def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: str):

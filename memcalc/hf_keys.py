@@ -5,8 +5,8 @@ transformers release that adds a memory-relevant key is an error, not a silently
 (tests/test_hf_keys.py walks each supported config class's to_dict()).
 
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
-modeling_mistral.py / modeling_qwen2.py / modeling_phi3.py / modeling_gpt_neox.py /
-modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
+modeling_mistral.py / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma*.py / modeling_phi3.py /
+modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
 """
 from __future__ import annotations
 
@@ -21,7 +21,16 @@ MODELLED = {
               "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
               "_name_or_path"},
 }
-MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
+_SLIDING = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
+MODELLED["mistral"] = MODELLED["llama"] | {"sliding_window"}
+MODELLED["qwen2"] = MODELLED["qwen3"] = MODELLED["llama"] | _SLIDING
+# Gemma reads hidden_act, Gemma-2/3 hidden_activation; Hub configs carry both, and memcalc.hf_gemma
+# reads the one the class reads (the other is an attribute no module reads). No mlp_bias key.
+_GEMMA = (MODELLED["llama"] - {"mlp_bias"}) | {"hidden_activation", "use_bidirectional_attention"}
+MODELLED["gemma"] = _GEMMA
+MODELLED["gemma2"] = _GEMMA | {"sliding_window", "layer_types", "attn_logit_softcapping",
+                               "final_logit_softcapping"}
+MODELLED["gemma3_text"] = MODELLED["gemma2"] | {"sliding_window_pattern", "_sliding_window_pattern"}
 # ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
 MODELLED["olmo2"] = MODELLED["llama"]
 # rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
@@ -71,12 +80,19 @@ INERT: dict[str, str] = {
                         "rope_type, the scaling multiplies them in place of the modelled `*scaling`"),
     "rope_scaling": "older name of rope_parameters (same tables)",
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
-    "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+    "max_window_layers": ("which layers slide when use_sliding_window is true (modelled for qwen2/qwen3, "
+                          "MODELLED); no effect without a sliding window"),
     "scale_attn_by_inverse_layer_idx": ("GPT-2: transformers 5.x folds 1/(layer_idx+1) into the scaling "
                                         "constant of the same op (modeling_gpt2.py GPT2Attention.__init__)"),
     "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
     "classifier_dropout": _HEADS,
     "layer_norm_eps": _NUMERIC,
+    "query_pre_attn_scalar": ("Gemma-2/3's attention scale is query_pre_attn_scalar**-0.5, a Python "
+                              "scalar in the modelled `* scale` op: no tensor changes size"),
+    "rope_local_base_freq": "Gemma-3's local rotary base (older name): a number in the local table",
+    "cache_implementation": _GENERATION,
+    "sliding_window_size": ("an older Gemma-2 name written beside sliding_window; no transformers 5.x "
+                            "class reads it (Gemma2Config reads sliding_window)"),
 }
 
 # keys inert for one model type only: model_type -> key -> why
@@ -100,13 +116,13 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
                           "ends", "set it to false"),
     "output_hidden_states": ((False, None), "keeps every layer's hidden states in the outputs",
                              "set it to false"),
-    "sliding_window": ((None,), "sliding-window attention is not modelled yet (it changes the "
-                       "mask and kernel when seq_len exceeds the window)",
-                       "set it to null: memcalc then predicts full causal attention, the same "
-                       "memory as the window for seq_len <= the window (the mask is then causal)"),
-    "use_sliding_window": ((False, None), "sliding-window attention is not modelled yet",
+    # modelled for mistral, qwen2, qwen3, gemma2, gemma3_text (MODELLED); other types have no
+    # sliding-window code path, so a value there would be a config for another model
+    "sliding_window": ((None,), "this model type has no sliding-window attention",
+                       "set it to null, or use a model type that has it (mistral, qwen2, qwen3, gemma2)"),
+    "use_sliding_window": ((False, None), "this model type has no sliding-window attention",
                            "set it to false"),
-    "layer_types": ((None, "full_attention"), "sliding-attention layers are not modelled yet",
+    "layer_types": ((None, "full_attention"), "this model type has no sliding-attention layers",
                     "list only full_attention layers"),
     "pruned_heads": ((None, "empty"), "pruned heads change the projections' widths",
                      "use the unpruned config"),
@@ -139,8 +155,6 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     for key, value in cfg.items():
         if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
             continue
-        if key == "sliding_window" and family_type == "qwen2":
-            continue  # Qwen2 reads it only with use_sliding_window (refused when true)
         if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
             continue  # SmolLM3 reads it only with use_sliding_window (refused when true)
         if key in REFUSED_UNLESS:

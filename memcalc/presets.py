@@ -13,6 +13,13 @@ _NEOX = dict(family="gpt_neox", vocab_size=50304, max_position_embeddings=2048, 
              qkv_bias=True, out_bias=True, mlp_bias=True, activation="gelu", rotary_fraction=0.25,
              parallel_residual=True)
 _LLAMA3 = dict(_LLAMA, vocab_size=128256, max_position_embeddings=131072)
+_QWEN3 = dict(_LLAMA, qk_norm=True, head_dim=128, num_kv_heads=8, vocab_size=151936,
+              max_position_embeddings=40960)
+_GEMMA = dict(family="gemma", tie_embeddings=True, qkv_bias=False, out_bias=False, mlp_bias=False,
+              activation="gelu_tanh", head_dim=256, max_position_embeddings=8192)
+_GEMMA2 = dict(_GEMMA, family="gemma2", vocab_size=256000, sliding_window=4096, sliding_window_pattern=2,
+               attn_softcap=True, logit_softcap=True)
+_GEMMA3 = dict(_GEMMA, family="gemma3", qk_norm=True, sliding_window_pattern=6)
 
 PRESETS: dict[str, dict] = {
     # GPT-2 (Radford et al. 2019; HF config.json of openai-community/gpt2*)
@@ -68,4 +75,25 @@ PRESETS: dict[str, dict] = {
     "granite-3-8b": dict(_LLAMA, family="granite", vocab_size=49155, hidden_size=4096, num_layers=40,
                          num_heads=32, num_kv_heads=8, intermediate_size=12800, tie_embeddings=True,
                          max_position_embeddings=4096, attn_dropout=0.1),
+    # Qwen3 (Qwen team 2025, arXiv 2505.09388; config.json of Qwen/Qwen3-0.6B, Qwen/Qwen3-8B)
+    "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, num_layers=28, num_heads=16, intermediate_size=3072,
+                       tie_embeddings=True),
+    "qwen3-8b": dict(_QWEN3, hidden_size=4096, num_layers=36, num_heads=32, intermediate_size=12288),
+    # Gemma (Gemma team 2024, arXiv 2403.08295; config.json of google/gemma-2b, google/gemma-7b)
+    "gemma-2b": dict(_GEMMA, vocab_size=256000, hidden_size=2048, num_layers=18, num_heads=8,
+                     num_kv_heads=1, intermediate_size=16384),
+    "gemma-7b": dict(_GEMMA, vocab_size=256000, hidden_size=3072, num_layers=28, num_heads=16,
+                     intermediate_size=24576),
+    # Gemma 2 (arXiv 2408.00118; google/gemma-2-2b, google/gemma-2-9b)
+    "gemma-2-2b": dict(_GEMMA2, hidden_size=2304, num_layers=26, num_heads=8, num_kv_heads=4,
+                       intermediate_size=9216),
+    "gemma-2-9b": dict(_GEMMA2, hidden_size=3584, num_layers=42, num_heads=16, num_kv_heads=8,
+                       intermediate_size=14336),
+    # Gemma 3 (arXiv 2503.19786; google/gemma-3-1b-pt, the text_config of google/gemma-3-4b-pt)
+    "gemma-3-1b": dict(_GEMMA3, vocab_size=262144, hidden_size=1152, num_layers=26, num_heads=4,
+                       num_kv_heads=1, intermediate_size=6912, sliding_window=512,
+                       max_position_embeddings=32768),
+    "gemma-3-4b": dict(_GEMMA3, vocab_size=262208, hidden_size=2560, num_layers=34, num_heads=8,
+                       num_kv_heads=4, intermediate_size=10240, sliding_window=1024,
+                       max_position_embeddings=131072),
 }

@@ -86,6 +86,10 @@ class Regime:
     grad_accum: int
     max_grad_norm: float | None = None
     """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
+    sliding_window_reached: bool = False
+    """seq_len >= the model's sliding_window: transformers then materialises the sliding layers'
+    mask for SDPA (masking_utils._ignore_causal_mask_sdpa). A function of the shape, not of the
+    TrainingConfig's other fields: memcalc.engine.candidates sets it and caches per value."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":

@@ -1,8 +1,11 @@
 """ModelSpec: the architecture of a decoder-only transformer, and named presets.
 
-Two families cover the models in use: GPT-2 style (LayerNorm, GELU MLP, learned positions, biases,
-tied embeddings, dropout) and Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention;
-Mistral and Qwen2 are Llama style with other sizes, Qwen2 with q/k/v biases).
+Families: GPT-2 style (LayerNorm, GELU MLP, learned positions, biases, tied embeddings, dropout),
+Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention; Mistral and Qwen2 are Llama style
+with other sizes, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms), and the Gemma
+generations (GeGLU, (1+w) RMSNorm in fp32, embeddings scaled by sqrt(h); Gemma-2 adds norms
+around both sub-blocks, soft-capping and alternating sliding-window layers; Gemma-3 adds q/k
+norms and separate rotary tables for local and global layers).
 """
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from memcalc.errors import UnknownNameError, closest_names, from_pydantic
 if TYPE_CHECKING:
     import os
 
-Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite"]
+Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "gemma2", "gemma3"]
 # families whose blocks are Llama-shaped (RMSNorm, SwiGLU MLP of intermediate_size, rotary)
 LLAMA_LIKE = ("llama", "phi3", "olmo2", "granite")
+GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3")
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -35,9 +39,10 @@ class ModelSpec(BaseModel):
     """A label for reports; presets carry their own name."""
     family: Family
     """'gpt2' (LayerNorm, GELU MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also
-    Mistral, Qwen2, SmolLM3), or a family with its own HF program: 'phi3' (fused
+    Mistral, Qwen2, Qwen3, SmolLM3), or a family with its own HF program: 'phi3' (fused
     qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
-    parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers)."""
+    parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers),
+    'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -54,7 +59,7 @@ class ModelSpec(BaseModel):
     head_dim: int | None = Field(default=None, gt=0)
     """Per-head width; None means hidden_size // num_heads."""
     intermediate_size: int | None = Field(default=None, gt=0)
-    """MLP inner width; None means 4h for gpt2 (and is required for llama)."""
+    """MLP inner width; None means 4h for gpt2 (and is required for the other families)."""
     max_position_embeddings: int = Field(default=1024, gt=0)
     """Rows of the learned position table (gpt2); the longest sequence either family accepts."""
     tie_embeddings: bool = True
@@ -67,7 +72,7 @@ class ModelSpec(BaseModel):
     """The MLP projections carry biases (GPT-2: yes; Llama family: no)."""
     activation: Activation = "gelu_new"
     """MLP activation: gelu_new (HF GPT-2's tanh GELU written in Python ops), gelu, gelu_tanh
-    (one fused op), or silu (SwiGLU, Llama family)."""
+    (one fused op; the gate of Gemma's GeGLU), or silu (SwiGLU, Llama family)."""
     embd_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout after the embeddings (GPT-2's embd_pdrop)."""
     attn_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -84,6 +89,23 @@ class ModelSpec(BaseModel):
     list is accepted (lax for this field only: a spec read back from a results file)."""
     reorder_and_upcast_attn: bool = False
     """HF GPT-2's upcast attention path (_upcast_and_reordered_attn: baddbmm into an fp32 buffer)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm of queries and keys before rotary (Qwen3's q_norm/k_norm on the llama
+    family; always on for gemma3, off for gemma and gemma2)."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Tokens a sliding-window layer's query sees (itself and the window-1 before it); None: every
+    layer attends to its whole causal prefix. Which layers slide: `layer_is_sliding`."""
+    sliding_window_pattern: int | None = Field(default=None, gt=0)
+    """With sliding_window: layer i attends globally when (i+1) is a multiple of this (Gemma-2: 2,
+    Gemma-3: 6); None: no layer is global by this rule."""
+    max_window_layers: int | None = Field(default=None, ge=0)
+    """With sliding_window, Qwen2/Qwen3's rule: layers below this index attend globally, the rest
+    through the window, and the model builds a full causal mask beside the sliding one. None:
+    Mistral's rule (every llama-family layer slides, one mask)."""
+    attn_softcap: bool = False
+    """Gemma-2's attention logit soft-capping: scores / cap, tanh, * cap before the mask."""
+    logit_softcap: bool = False
+    """Final logit soft-capping (Gemma-2, optional on Gemma-3): logits / cap, tanh, * cap."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -96,9 +118,12 @@ class ModelSpec(BaseModel):
             raise ValueError(f"intermediate_size is required for the {self.family} family")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
-        if self.family in ("llama", "olmo2", "granite") and (self.embd_dropout or self.resid_dropout):
+        if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES) and (self.embd_dropout or self.resid_dropout):
             raise ValueError(f"{self.family} family has only attn_dropout; set embd/resid_dropout to 0")
+        if self.family in GEMMA_FAMILIES and self.intermediate_size is None:
+            raise ValueError("intermediate_size is required for the gemma families")
         self._check_family_fields()
+        self._check_variants()
         return self
 
     def _check_family_fields(self) -> None:
@@ -123,6 +148,46 @@ class ModelSpec(BaseModel):
         if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
             raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
                              "make qkv_bias equal out_bias")
+
+    def _check_variants(self) -> None:
+        """Fields only some families' code has (the HF classes that run them)."""
+        if self.implementation == "reference" and (self.qk_norm or self.sliding_window is not None
+                                                   or self.family in GEMMA_FAMILIES):
+            raise ValueError("qk_norm, sliding_window and the gemma families are modelled for "
+                             "implementation='hf' only; use implementation='hf'")
+        if self.family in GEMMA_FAMILIES and self.activation != "gelu_tanh":
+            raise ValueError("the gemma families run GeGLU with gelu_pytorch_tanh; set activation='gelu_tanh'")
+        if self.qk_norm != (self.family == "gemma3") and self.family != "llama":
+            raise ValueError(f"qk_norm is {'always' if self.family == 'gemma3' else 'never'} "
+                             f"on in the {self.family} family; set qk_norm={self.family == 'gemma3'}")
+        if self.family == "gpt2" and (self.sliding_window is not None or self.logit_softcap):
+            raise ValueError("gpt2 family has no sliding window or soft-capping; drop them")
+        if self.attn_softcap and self.family != "gemma2":
+            raise ValueError("attn_softcap is Gemma-2's (gemma2 family); set it to false")
+        if self.logit_softcap and self.family not in ("gemma2", "gemma3"):
+            raise ValueError("logit_softcap is Gemma-2/3's; set it to false")
+        if (self.family in ("gemma2", "gemma3")) != (self.sliding_window is not None) and self.family != "llama":
+            raise ValueError("gemma2/gemma3 need sliding_window (their local layers), the other "
+                             "families but llama have none; set or drop sliding_window")
+        patterned = self.family in ("gemma2", "gemma3")
+        if (self.sliding_window_pattern is not None) != patterned:
+            raise ValueError("sliding_window_pattern is set for gemma2/gemma3 only (their "
+                             "local/global alternation); set or drop it")
+        if self.max_window_layers is not None and (self.family != "llama" or self.sliding_window is None):
+            raise ValueError("max_window_layers is Qwen2/Qwen3's rule with a sliding_window; drop it")
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) attends through the sliding window.
+
+        >>> m = ModelSpec.preset("gemma-2-2b")
+        >>> [m.layer_is_sliding(i) for i in range(4)]
+        [True, False, True, False]
+        """
+        if self.sliding_window is None:
+            return False
+        if self.max_window_layers is not None and layer < self.max_window_layers:
+            return False
+        return self.sliding_window_pattern is None or (layer + 1) % self.sliding_window_pattern != 0
 
     def __init__(self, **fields):
         try:

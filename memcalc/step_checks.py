@@ -102,6 +102,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
     """
     check_tensor_parallel(model, training)
+    check_attention(model, training)
     if training.world_size > 1 and training.optimizer in FINE_TUNE_OPTIMIZERS:
         raise NotModelledError("optimizer", f"optimizer='{training.optimizer}' is modelled on one "
                                "process (its states under DDP/ZeRO/FSDP are not validated)",
@@ -118,6 +119,20 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("sharding", "data parallelism across tensor-parallel groups is "
                                "modelled with FSDP2 (zero2/zero3) only",
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
+
+
+def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
+    """What the model's transformers class can run: Gemma-2 has no SDPA path.
+
+    >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: attention: transformers' Gemma-2 runs no SDPA path ...
+    """
+    if model.family == "gemma2" and training.attention == "sdpa":
+        raise NotModelledError("attention", "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
+                               "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
+                               "use attention='eager'")
 
 
 def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:

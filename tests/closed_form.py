@@ -26,7 +26,9 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
         attn = h * (a + 2 * kv) * d // t + a * d * h // t
         mlp = 3 * h * f // t
     else:
-        norms = (2 * L + 1) * h + (L * (a + kv) * d if spec.family == "olmo2" else 0)  # OLMo-2 q/k norms
+        sandwich = spec.family in ("gemma2", "gemma3")  # pre/post feed-forward norms
+        norms = ((4 if sandwich else 2) * L + 1) * h + (2 * L * d if spec.qk_norm else 0) \
+            + (L * (a + kv) * d if spec.family == "olmo2" else 0)  # OLMo-2 q/k norms over the projection
         attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
             + a * d * h // t + (h if spec.out_bias else 0)
         mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)

@@ -2,10 +2,11 @@
 
 Every program the engine has is drawn: both families (gpt2, llama) in both implementations (hf,
 reference), the HF-only families (phi3, gpt_neox, olmo2, granite; SmolLM3's NoPE layers on hf
-llama; GPT-2's reorder_and_upcast_attn), with multi-head, grouped-query and multi-query
-attention, tied or untied embeddings, biases on or off, dropouts, every precision, optimizer and
-checkpointing mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor
-parallelism and FSDP2 mixed precision.
+llama; GPT-2's reorder_and_upcast_attn) and the Gemma generations (hf), with Qwen3's q/k norms and
+sliding windows on the HF llama program, multi-head, grouped-query and multi-query attention, tied
+or untied embeddings, biases on or off, dropouts, every precision, optimizer and checkpointing
+mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and
+FSDP2 mixed precision.
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
 1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
 than its position table has rows).
@@ -32,7 +33,8 @@ settings.load_profile(os.environ.get("MEMCALC_HYPOTHESIS_PROFILE", "quick"))
 FAMILIES = ["gpt2", "llama"]
 IMPLEMENTATIONS = ["hf", "reference"]
 HF_ONLY = ["phi3", "gpt_neox", "olmo2", "granite"]  # issue 12 part b: HF programs only
-PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY]
+GEMMAS = ["gemma", "gemma2", "gemma3"]  # transformers' code only (implementation hf)
+PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY + GEMMAS]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
 CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
@@ -42,7 +44,8 @@ SHARDINGS = ["none", "zero1", "zero2", "zero3"]
 ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "reference"): ["gelu_tanh"],
                ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"],
                ("phi3", "hf"): ["silu"], ("olmo2", "hf"): ["silu"], ("granite", "hf"): ["silu"],
-               ("gpt_neox", "hf"): ["gelu", "gelu_new", "gelu_tanh"]}
+               ("gpt_neox", "hf"): ["gelu", "gelu_new", "gelu_tanh"],
+               **{(f, "hf"): ["gelu_tanh"] for f in GEMMAS}}  # GemmaMLP's gelu_pytorch_tanh
 DROPOUTS = [0.0, 0.1]
 # (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
 # biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
@@ -57,7 +60,9 @@ BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASE
           # attention_bias on query_key_value and dense, MLP biases always (validate.hf)
           ("phi3", "hf"): [(False, False, False)], ("olmo2", "hf"): [(False, False, False), (True, True, False)],
           ("granite", "hf"): [(q, q, m) for q in (False, True) for m in (False, True)],
-          ("gpt_neox", "hf"): [(False, False, True), (True, True, True)]}
+          ("gpt_neox", "hf"): [(False, False, True), (True, True, True)],
+          **{(f, "hf"): [(False, False, False), (True, True, False)] for f in GEMMAS}}
+WINDOWS = [None, 8, 32, 200]  # shorter than, around and longer than the drawn seq_len
 
 
 @st.composite
@@ -90,7 +95,31 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
                       rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])))
     if (family, impl) == ("llama", "hf") and draw(st.booleans()):  # SmolLM3's NoPE layers
         fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
+    if impl == "hf" and family in ("llama", *GEMMAS):
+        fields.update(draw(_hf_variant(family, fields)))
     return ModelSpec.make(**fields)
+
+
+@st.composite
+def _hf_variant(draw, family: str, fields: dict) -> dict:
+    """What transformers' llama-like and Gemma classes add: Qwen3's q/k norms, sliding windows
+    (Mistral's rule, Qwen2/Qwen3's max_window_layers, Gemma-2/3's alternation) and Gemma-2/3's
+    soft-capping, within what each class builds (validate.hf)."""
+    plain = (fields["qkv_bias"], fields["out_bias"], fields["mlp_bias"]) in ((False, False, False), (True, True, False))
+    if family == "llama":
+        out = {"qk_norm": plain and draw(st.booleans())}
+        window = draw(st.sampled_from(WINDOWS))
+        rule = draw(st.sampled_from(["mistral", "qwen2"]))
+        if window is not None and (rule == "qwen2" or not any((fields["qkv_bias"], fields["out_bias"],
+                                                                 fields["mlp_bias"]))):
+            out.update(sliding_window=window,
+                       max_window_layers=draw(st.integers(0, fields["num_layers"])) if rule == "qwen2" else None)
+        return out
+    if family == "gemma":
+        return {}
+    return {"sliding_window": draw(st.sampled_from([w for w in WINDOWS if w is not None])),
+            "sliding_window_pattern": draw(st.integers(1, 3)), "qk_norm": family == "gemma3",
+            "attn_softcap": family == "gemma2" and draw(st.booleans()), "logit_softcap": draw(st.booleans())}
 
 
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
@@ -99,6 +128,8 @@ def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     if model is None or (model.family, model.implementation) == ("gpt2", "hf") or model.family in HF_ONLY \
             or model.no_rope_layers:
         return [1]
+    if model.family not in FAMILIES or model.qk_norm or model.sliding_window is not None:
+        return [1]  # not modelled (memcalc.parallel.tensor.check_tensor_parallel)
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 
 
@@ -117,7 +148,8 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         optimizer=draw(st.sampled_from(OPTIMIZERS)),
         optimizer_impl=draw(st.sampled_from([None, "foreach", "for-loop", "fused"])),
         checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
-        attention=draw(st.sampled_from(["eager", "sdpa"])),
+        attention=draw(st.sampled_from(["eager"] if model is not None and model.family == "gemma2"
+                                       else ["eager", "sdpa"])),  # Gemma-2 has no SDPA path
         device=draw(st.sampled_from(["cpu", "cuda"])))
     if parallel:
         tp = draw(st.sampled_from(tensor_parallel_degrees(model)))

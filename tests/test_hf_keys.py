@@ -7,7 +7,9 @@ from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS
 from memcalc.specs import ModelSpec
 
-CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+           "qwen3": "Qwen3Config", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
+           "gemma3_text": "Gemma3TextConfig"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.
@@ -41,8 +43,46 @@ MISTRAL_7B_V03 = {"architectures": ["MistralForCausalLM"], "attention_dropout": 
                   "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
                   "tie_word_embeddings": False, "torch_dtype": "bfloat16",
                   "transformers_version": "4.42.0.dev0", "use_cache": True, "vocab_size": 32768}
+# transcribed from the Hub's config.json of Qwen/Qwen3-0.6B, google/gemma-2b, google/gemma-2-2b,
+# google/gemma-3-1b-pt; counts: transformers' num_parameters() (tests/test_families.py)
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+             "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+             "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+             "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+             "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+             "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+             "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+             "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+GEMMA_2B = {"architectures": ["GemmaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+            "bos_token_id": 2, "eos_token_id": 1, "head_dim": 256, "hidden_act": "gelu", "hidden_size": 2048,
+            "initializer_range": 0.02, "intermediate_size": 16384, "max_position_embeddings": 8192,
+            "model_type": "gemma", "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1,
+            "pad_token_id": 0, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0,
+            "torch_dtype": "bfloat16", "transformers_version": "4.38.0.dev0", "use_cache": True,
+            "vocab_size": 256000}
+GEMMA_2_2B = {"architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+              "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+              "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+              "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+              "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+              "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+              "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+              "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4",
+              "use_cache": True, "vocab_size": 256000}
+GEMMA_3_1B = {"architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+              "eos_token_id": 1, "final_logit_softcapping": None, "head_dim": 256,
+              "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+              "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+              "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+              "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+              "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+              "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": True,
+              "vocab_size": 262144}
 PUBLISHED = [(GPT2, 124_439_808), (LLAMA_2_7B, 6_738_415_616), (QWEN2_05B, 494_032_768),
-             (MISTRAL_7B_V03, 7_248_023_552)]
+             (MISTRAL_7B_V03, 7_248_023_552), (QWEN3_06B, 596_049_920), (GEMMA_2B, 2_506_172_416),
+             (GEMMA_2_2B, 2_614_341_888), (GEMMA_3_1B, 999_885_952)]
 
 
 @pytest.mark.parametrize("model_type", sorted(CLASSES))
@@ -64,10 +104,25 @@ def test_gpt2_settings_that_change_memory_are_refused_by_name(key, value):
         ModelSpec.from_hf_config({**GPT2, key: value})
 
 
-@pytest.mark.parametrize("config,key,value", [(MISTRAL_7B_V03, "sliding_window", 4096),
-                                              (QWEN2_05B, "use_sliding_window", True),
-                                              (QWEN2_05B, "layer_types", ["sliding_attention"] * 24)])
-def test_sliding_windows_are_refused_not_ignored(config, key, value):
+@pytest.mark.parametrize("config,key,value,window,sliding", [
+    (MISTRAL_7B_V03, "sliding_window", 4096, 4096, [True] * 32),
+    (QWEN2_05B, "use_sliding_window", True, 131072, [False] * 24),  # max_window_layers=24: none slides
+    ({**QWEN2_05B, "max_window_layers": 20}, "use_sliding_window", True, 131072, [False] * 20 + [True] * 4),
+    (GEMMA_2_2B, "sliding_window", 4096, 4096, [True, False] * 13),
+    (GEMMA_3_1B, "sliding_window", 512, 512, ([True] * 5 + [False]) * 4 + [True] * 2)])
+def test_sliding_windows_are_read_per_layer(config, key, value, window, sliding):
+    spec = ModelSpec.from_hf_config({**config, key: value})
+    assert spec.sliding_window == window
+    assert [spec.layer_is_sliding(i) for i in range(spec.num_layers)] == sliding
+
+
+@pytest.mark.parametrize("config,key,value", [
+    (QWEN2_05B, "layer_types", ["sliding_attention"] * 24),  # not what use_sliding_window=False gives
+    (GEMMA_2_2B, "layer_types", ["full_attention"] * 26),
+    (LLAMA_2_7B, "sliding_window", 4096),  # Llama has no sliding-window code path
+    (GEMMA_2_2B, "use_bidirectional_attention", True),
+    (GEMMA_2_2B, "hidden_activation", "relu")])
+def test_settings_that_are_not_modelled_are_refused_by_name(config, key, value):
     with pytest.raises(MemcalcError, match=f"hf_config.{key}"):
         ModelSpec.from_hf_config({**config, key: value})
 
@@ -78,12 +133,12 @@ def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path, capsys):
     from memcalc.cli import main
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**MISTRAL_7B_V03, "sliding_window": 4096}))
+    path.write_text(json.dumps({**MISTRAL_7B_V03, "output_attentions": True}))
     with pytest.raises(SystemExit) as exit_info:
         main(["estimate", "--hf-config", str(path), "--micro-batch", "1", "--seq-len", "8192"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "hf_config.sliding_window" in err
+    assert len(err.splitlines()) == 1 and "hf_config.output_attentions" in err
 
 
 def test_gpt2_upcast_attention_is_modelled_and_inverse_layer_scaling_is_inert():

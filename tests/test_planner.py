@@ -14,10 +14,12 @@ from tests.strategies import small_models
 @given(small_models(), st.sampled_from(["L4", "V100-16GB", "H100-80GB"]), st.sampled_from([4, 6, 8]),
        st.integers(8, 64))
 def test_first_plan_fits_its_gpu(model, name, global_batch, seq_len):
-    plans = plan(model, name, global_batch, seq_len, checkpointing=("none", "per-layer"))
+    attention = "eager" if model.family == "gemma2" else "sdpa"  # Gemma-2 has no SDPA path
+    base = TrainingConfig(micro_batch=1, seq_len=seq_len, attention=attention)
+    plans = plan(model, name, global_batch, seq_len, base, checkpointing=("none", "per-layer"))
     best = plans[0]
     t = TrainingConfig(micro_batch=best.micro_batch, seq_len=seq_len, grad_accum=best.grad_accum,
-                       precision=best.precision, checkpointing=best.checkpointing)
+                       precision=best.precision, checkpointing=best.checkpointing, attention=attention)
     assert estimate(model, t).peak_bytes == best.peak_bytes <= GPUS[name].usable_bytes
     assert [p.step_seconds for p in plans] == sorted(p.step_seconds for p in plans)
 

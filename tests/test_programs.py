@@ -33,20 +33,35 @@ SPECS.update({  # issue 12, part b
                              intermediate_size=48, max_position_embeddings=64, activation="gelu",
                              rotary_fraction=0.25, parallel_residual=True),
 })
+_GEMMA = dict(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+              intermediate_size=48, qkv_bias=True, out_bias=True, mlp_bias=False, activation="gelu_tanh")
+SPECS.update({
+    ("hf", "gemma"): dict(_GEMMA, family="gemma"),
+    ("hf", "gemma2"): dict(_GEMMA, family="gemma2", sliding_window=8, sliding_window_pattern=2,
+                           attn_softcap=True, logit_softcap=True),
+    ("hf", "gemma3"): dict(_GEMMA, family="gemma3", qk_norm=True, sliding_window=8, sliding_window_pattern=3),
+})
+# the HF llama program's variants: Qwen3 (q/k norms, biases on q/k/v/o), Qwen2's sliding rule
+VARIANTS = {"qwen3": dict(SPECS["hf", "llama"], qk_norm=True, out_bias=True),
+            "qwen2-window": dict(SPECS["hf", "llama"], sliding_window=8, max_window_layers=1)}
 
 
 def test_registry_covers_every_implementation_and_family():
     assert set(SPECS) == set(PROGRAMS)
 
 
-@pytest.mark.parametrize("key", sorted(SPECS), ids=lambda k: "-".join(k))
+CASES = {**{"-".join(k): (k[0], v) for k, v in SPECS.items()}, **{k: ("hf", v) for k, v in VARIANTS.items()}}
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
 @pytest.mark.parametrize("tie", [True, False])
 def test_parameters_are_the_torch_modules_parameters(key, tie):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    implementation, _ = key
-    spec = ModelSpec.make(implementation=implementation, **{**SPECS[key], "tie_embeddings": tie})
-    training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu")
+    implementation, fields = CASES[key]
+    spec = ModelSpec.make(implementation=implementation, **{**fields, "tie_embeddings": tie})
+    training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu",
+                              attention="eager" if spec.family == "gemma2" else "sdpa")  # no SDPA path
     if implementation == "hf":
         from validate.hf import build_hf
 

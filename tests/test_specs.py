@@ -18,7 +18,7 @@ def test_hf_config_of_each_family_matches_the_transformers_parameter_count(tmp_p
                                  num_key_value_heads=2, intermediate_size=128, vocab_size=100),
         transformers.MistralConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=128, vocab_size=100,
-                                   sliding_window=None),  # a window is refused (tests/test_hf_keys.py)
+                                   sliding_window=None),
     ]
     for cfg in configs:
         path = tmp_path / f"{cfg.model_type}.json"

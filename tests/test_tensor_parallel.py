@@ -20,7 +20,7 @@ def tp_cases(draw):
     programs = [p for p in PROGRAMS if p != ("gpt2", "hf") and p[0] not in HF_ONLY]
     spec = draw(small_models(max_layers=3, programs=programs))
     t = draw(st.sampled_from(tensor_parallel_degrees(spec)))
-    training = draw(trainings())
+    training = draw(trainings(model=spec))
     return spec, training.with_(world_size=t, tensor_parallel=t)
 
 

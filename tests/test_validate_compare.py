@@ -116,6 +116,21 @@ def test_ci_matrix_covers_every_value_and_the_important_pairs():
     assert any(c.hf_config and c.hf_config["model_type"] == "qwen2" and c.spec.qkv_bias for c in cases)
 
 
+def test_family_rows_cover_every_family_with_each_setting():
+    from validate.ci_families import AXES, families_cases
+
+    cases = families_cases()
+    family = lambda c: c.hf_config["model_type"]  # noqa: E731
+    for value in AXES["family"]:
+        rows = [c for c in cases if family(c) == value]
+        assert {c.training.precision for c in rows} >= {"fp32", "bf16-amp"} or len(rows) >= 4, value
+    windowed = [c for c in cases if c.spec.sliding_window is not None]
+    reached = {(c.training.attention, c.training.seq_len >= c.spec.sliding_window) for c in windowed}
+    assert reached == {(a, r) for a in ("eager", "sdpa") for r in (True, False)}
+    assert {c.training.checkpointing for c in cases} == set(AXES["checkpointing"])
+    assert all(c.training.attention == "eager" for c in cases if family(c) == "gemma2")
+
+
 def test_gpu_matrices_are_cuda_and_well_formed():
     from validate.matrices import get_matrix
 

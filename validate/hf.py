@@ -12,7 +12,9 @@ from validate.layers import decoder_layers, replace_decoder_layers
 from validate.models import RMS_EPS, ROPE_THETA, segment_size
 
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+           "gemma3_text": "Gemma3ForCausalLM"}
 CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
                granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM")
 
@@ -38,6 +40,18 @@ def _gpt2_config(spec) -> dict:
 
 
 def _llama_model_type(spec) -> str:
+    if spec.qk_norm:  # Qwen3: attention_bias on q, k, v and o_proj alike, no MLP bias
+        if spec.qkv_bias != spec.out_bias or spec.mlp_bias:
+            raise MemcalcError("qkv_bias", "HF Qwen3 has q/k/v and output biases together (attention_bias) "
+                               "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
+        return "qwen3"
+    if spec.max_window_layers is not None:  # Qwen2's sliding rule (Qwen3's with qk_norm)
+        return "qwen2"
+    if spec.sliding_window is not None:
+        if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
+            raise MemcalcError("sliding_window", "HF Mistral (every layer sliding) has no biases",
+                               "drop the biases, or set max_window_layers (Qwen2's rule)")
+        return "mistral"
     if spec.mlp_bias and (spec.qkv_bias != spec.out_bias):
         raise MemcalcError("mlp_bias", "no HF llama-family class has this bias combination",
                            "use implementation=reference")
@@ -62,6 +76,8 @@ def hf_config_dict(spec) -> dict:
         return FAMILY_CONFIGS[spec.family](spec)
     if spec.no_rope_layers:
         return _smollm3_config(spec)
+    if spec.family in ("gemma", "gemma2", "gemma3"):
+        return _gemma_config(spec)
     model_type = _llama_model_type(spec)
     cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
@@ -72,8 +88,38 @@ def hf_config_dict(spec) -> dict:
                bos_token_id=0, eos_token_id=0, pad_token_id=None)
     if model_type == "llama":
         cfg.update(attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias)
-    if model_type in ("mistral", "qwen2"):
+    if model_type == "qwen3":
+        cfg.update(attention_bias=spec.qkv_bias)
+    if model_type == "mistral":
+        cfg.update(sliding_window=spec.sliding_window)
+    if model_type in ("qwen2", "qwen3"):
         cfg.update(sliding_window=None, use_sliding_window=False)
+        if spec.sliding_window is not None:
+            cfg.update(use_sliding_window=True, sliding_window=spec.sliding_window,
+                       max_window_layers=spec.max_window_layers)
+    return cfg
+
+
+def _gemma_config(spec) -> dict:
+    """A gemma / gemma2 / gemma3_text config dict of a gemma-family spec."""
+    if spec.qkv_bias != spec.out_bias or spec.mlp_bias:
+        raise MemcalcError("qkv_bias", "HF Gemma has q/k/v and output biases together (attention_bias) "
+                           "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
+    model_type = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text"}[spec.family]
+    cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+               num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+               num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+               intermediate_size=spec.ffn_size, max_position_embeddings=spec.max_position_embeddings,
+               tie_word_embeddings=spec.tie_embeddings, attention_bias=spec.qkv_bias,
+               attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS,
+               bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    cfg["hidden_act" if model_type == "gemma" else "hidden_activation"] = "gelu_pytorch_tanh"
+    if model_type != "gemma":
+        cfg.update(sliding_window=spec.sliding_window, query_pre_attn_scalar=spec.head_size,
+                   final_logit_softcapping=30.0 if spec.logit_softcap else None,
+                   attn_logit_softcapping=50.0 if spec.attn_softcap else None,
+                   layer_types=["sliding_attention" if spec.layer_is_sliding(i) else "full_attention"
+                                for i in range(spec.num_layers)])
     return cfg
 
 
@@ -192,43 +238,55 @@ def _apply_checkpointing(model, spec, training) -> None:
 
 
 class _Group:
-    """Shared state of one checkpointed segment: its layers, and the layers' output form."""
+    """Shared state of one checkpointed segment: its layers, the calls its wrappers received so
+    far in this forward, and the layers' output form."""
 
     def __init__(self, layers):
         self.layers = layers
+        self.calls: list = []
+        self.first_hidden = None
         self.tuple_output = False
 
 
 class SegmentLayer(torch.nn.Module):
-    """Wraps one decoder layer. The segment's first wrapper runs all the segment's layers under
-    one non-reentrant checkpoint; the others pass their input through unchanged."""
+    """Wraps one decoder layer. Each wrapper records the arguments the model's loop gives its
+    layer (a mask and rotary table of that layer's kind: Gemma-2/3 and Qwen2 mix local and global
+    layers) and passes its input through; the segment's last wrapper runs all the segment's
+    layers, each with its own arguments, under one non-reentrant checkpoint."""
 
-    def __init__(self, layer, group: _Group, leader: bool):
+    def __init__(self, layer, group: _Group, last: bool):
         super().__init__()
         self.layer = layer  # registered here, so parameters and state_dict stay per layer
-        self._group, self._leader = group, leader
+        self._group, self._last = group, last
 
-    def _run(self, hidden, *args, **kwargs):
+    def _run(self, calls, hidden):
         out = hidden
-        for layer in self._group.layers:
+        for layer, (args, kwargs) in zip(self._group.layers, calls):
             out = layer(hidden, *args, **kwargs)
             self._group.tuple_output = isinstance(out, tuple)
             hidden = out[0] if isinstance(out, tuple) else out
         return out
 
     def forward(self, hidden, *args, **kwargs):
-        if not self._leader:
-            return (hidden,) if self._group.tuple_output else hidden
+        group = self._group
+        if not group.calls:
+            group.first_hidden = hidden
+        group.calls.append((args, kwargs))
+        if not self._last:
+            return (hidden,) if group.tuple_output else hidden
+        first, calls = group.first_hidden, group.calls  # the recomputation reuses `calls`
+        group.first_hidden, group.calls = None, []
         if not (self.training and torch.is_grad_enabled()):
-            return self._run(hidden, *args, **kwargs)
-        return checkpoint(self._run, hidden, *args, use_reentrant=False, **kwargs)
+            return self._run(calls, first)
+        return checkpoint(self._run, calls, first, use_reentrant=False)
 
 
 def _group_layers(layers, k: int):
     wrapped = []
     for i in range(0, len(layers), k):
         group = _Group(layers[i:i + k])
-        wrapped += [SegmentLayer(layer, group, j == 0) for j, layer in enumerate(group.layers)]
+        wrapped += [SegmentLayer(layer, group, j == len(group.layers) - 1)
+                    for j, layer in enumerate(group.layers)]
     return wrapped
 
 

@@ -143,12 +143,19 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Two independent pairwise designs (seeds 0 and 1), so every pair is covered twice.
 
-    >>> cases = ci_matrix(); 40 < len(cases) < 200
+    Then the families read from config.json (validate.ci_families: Qwen3, sliding windows,
+    Gemma, Gemma-2, Gemma-3; validate.ci_families_b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3) and
+    the fine-tuning optimizers (validate.ci_optim).
+
+    >>> cases = ci_matrix(); 150 < len(cases) < 300
     True
     """
+    from validate.ci_families import families_cases
+
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
     cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
+    cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
     return cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
 
 

@@ -1,7 +1,8 @@
 """Parameter counts per tensor, as nn.Module registers them (tied weights counted once).
 
 Source: transformers' modeling_gpt2.py (Conv1D c_attn/c_proj/c_fc, wte, wpe, ln_*) and
-modeling_llama.py (q/k/v/o_proj, gate/up/down_proj, RMSNorm weights, lm_head); validate.models
+modeling_llama.py (q/k/v/o_proj, gate/up/down_proj, RMSNorm weights, lm_head), modeling_qwen3.py
+and modeling_gemma*.py (the same, plus q_norm/k_norm and the feed-forward norms); validate.models
 registers the same tensors.
 """
 from __future__ import annotations
@@ -40,6 +41,10 @@ def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
                ("up_proj.weight", h * f), ("down_proj.weight", f * h)]
     if spec.mlp_bias:
         shapes += [("gate_proj.bias", f), ("up_proj.bias", f), ("down_proj.bias", h)]
+    if spec.qk_norm:  # Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim
+        shapes += [("q_norm.weight", spec.head_size), ("k_norm.weight", spec.head_size)]
+    if spec.family in ("gemma2", "gemma3"):  # Gemma2DecoderLayer's norms around the MLP
+        shapes += [("pre_feedforward_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
     return shapes
 
 

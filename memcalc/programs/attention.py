@@ -66,39 +66,92 @@ def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int
     return out
 
 
-def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
+def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> Value:
+    """transformers' sdpa_attention_forward with a materialised boolean mask (a sliding-window
+    layer whose window the sequence reaches): use_gqa_in_sdpa is false with a mask, so
+    repeat_kv copies k and v to all heads in their own dtype (integrations/sdpa_attention.py);
+    autocast casts q, k, v; scaled_dot_product_attention turns the bool mask into an additive
+    one of q's dtype, (b, 1, s, s) as the mask was expanded (convert_boolean_attn_mask), which
+    the CPU flash kernel saves with q, k, v (derivatives.yaml
+    _scaled_dot_product_flash_attention_for_cpu: attn_mask). Measured: +2 (b,1,s,s) masks and
+    the repeated k, v per layer against the unmasked run."""
+    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
+    repeated, layout = [], "projection"
+    if 1 < kv < a:
+        k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
+        v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
+        repeated, layout = [k, v], "contiguous"  # sdpa_attention_forward's locals until it returns
+    elif kv == 1 < a:  # one kv head: expand + reshape is a view (stride 0 over heads), no copy;
+        # its gradient comes back (b, heads, s, d) and is summed to the head (ExpandBackward)
+        k = g.view("repeat_kv k (view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
+        v = g.view("repeat_kv v (view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
+        layout = "expanded"
+    q = ops.matmul_operand(q)
+    k_cast, v_cast = ops.matmul_operand(k), ops.matmul_operand(v)
+    # autocast's cast of an expanded view is a full contiguous copy (empty_like falls back to
+    # contiguous strides for overlapping memory)
+    layouts = tuple("contiguous" if cast is not t and layout == "expanded" else layout
+                    for t, cast in ((k, k_cast), (v, v_cast)))
+    k, v = k_cast, v_cast
+    additive = g.op("bool mask -> additive", [mask], size("b s s", q.elt), requires_grad=False, elt=q.elt)
+    if ops.device == "cpu" and spec.attn_dropout > 0:
+        out = sdpa_math(ops, spec, q, k, v, additive, layouts=layouts)
+    else:
+        out, _ = g.op_multi("sdpa", [q, k, v, additive], [size("b s a d", q.elt, a=a, d=d),
+                                                        size("b a s", 4, a=a)],
+                            saves=[q, k, v, additive], backward=[Grad(0), Grad(1), Grad(2)],
+                            elts=[q.elt, 4], save_outputs=(0, 1))
+    ops.scope_end(repeated)
+    return out
+
+
+def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
+              layouts: tuple[str, str] = ("projection", "projection")) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
     dropout; v copied (repeat_interleave'd to all heads with enable_gqa) and saved; the output is
     laid out (b, heads, s, d), so the caller's transpose(1, 2).contiguous() is a real copy.
-    Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them."""
-    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
+    Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them.
+    With a given additive `mask` (sdpa_masked) no causal mask is built, and `layouts` says how k
+    and v are laid out: 'projection' (transposed views of the projections, kv heads), or all
+    heads as repeat_kv made them, 'contiguous' copies (bmm takes them as they are) or
+    'expanded' stride-0 views (an elementwise op or an upcast lays them out contiguously; bmm
+    copies an expanded v)."""
+    g, a, d = ops.g, spec.num_heads, spec.head_size
+    k_layout, v_layout = layouts
+    kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
     q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
     k = g.view("k view", k, backward=[Grad(0)])
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
     # by C++ locals until the function returns
-    q, k, v = (ops.to(t, 4, "math upcast") for t in (q, k, v))
+    upcast = [ops.to(t, 4, "math upcast") for t in (q, k, v)]
+    if upcast[2] is not v and v_layout == "expanded":
+        v_layout = "contiguous"  # .to() of a stride-0 view is a contiguous copy
+    q, k, v = upcast
     elt = q.elt
     qs = ops.scale(q, "q * sqrt(scale)")
-    mask = g.op("causal float mask", [], size("s s", elt), requires_grad=False, elt=elt)
+    built = mask is None
+    if built:
+        mask = g.op("causal float mask", [], size("s s", elt), requires_grad=False, elt=elt)
     ks = ops.scale(k, "k * sqrt(scale)")
     full = size("b s a d", elt, a=a, d=d)
     if kv < a:
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
     qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy")
+    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
-    vc = copy(ops, v, "v reshape copy") if kv == a else v
+    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a)
+    vc = copy(ops, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end([mask] + ([q, k, v, y] if origin != elt else []))
+    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
@@ -118,7 +171,7 @@ def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Va
 
 
 def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
-                contiguous_qk: bool = False) -> tuple[Value, Value]:
+                softcap: bool = False, contiguous_qk: bool = False) -> tuple[Value, Value]:
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
     k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
     kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
@@ -126,7 +179,8 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
     acts in that dtype, and autocast casts the probabilities for the second matmul.
     `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
-    cat), so bmm's reshape copies neither."""
+    cat), so bmm's reshape copies neither. With `softcap` (Gemma-2's eager_attention_forward):
+    scores / cap (a new tensor), tanh (saves its result), * cap, before the mask."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
@@ -141,8 +195,10 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         q = copy(ops, q, "q reshape copy")
     if kv == a and not contiguous_qk:
         k = copy(ops, k, "k^T reshape copy")
-    s = ops.to(add_float_mask(ops, ops.scale(scores_matmul(ops, q, k, a), "* scale"), mask), 4,
-               "softmax dtype=float32")
+    scores = ops.scale(scores_matmul(ops, q, k, a), "* scale")
+    if softcap:
+        scores = ops.scale(ops.unary_saving_output("tanh", ops.scale(scores, "/ softcap")), "* softcap")
+    s = ops.to(add_float_mask(ops, scores, mask), 4, "softmax dtype=float32")
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)

@@ -1,6 +1,7 @@
 """The Program protocol and the trunk every decoder-only causal LM shares:
 
-    ids -> embed -> layers (checkpoint segments, FSDP module boundaries) -> final norm -> head -> loss
+    ids -> embed -> layers (checkpoint segments, FSDP module boundaries) -> final norm -> head
+        -> head_output -> loss
 
 An implementation fills in the hooks (what its embedding, block, final norm and loss run, op by
 op) and its torch parameter order; `DecoderProgram.build` runs them in this order. Adding a
@@ -82,7 +83,7 @@ class DecoderProgram:
         ops.scope_end(emb.held_until_norm)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
-        logits = self.head_output(ops, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
+        logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
         self.loss(ops, logits, emb.ids)
         ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                       + emb.held_until_return)
@@ -105,15 +106,15 @@ class DecoderProgram:
         """The embedding matrix the LM head shares."""
         return ops.g.params[0]
 
+    def head_output(self, _ops: Ops, _spec: ModelSpec, logits: Value) -> Value:
+        """What the causal LM does to the LM head's output before the loss (`logits` is rebound,
+        so the head's own output is freed unless this returns it; Gemma-2's final soft-capping,
+        Granite's division by logits_scaling); by default nothing."""
+        return logits
+
     def loss(self, ops: Ops, logits: Value, ids: Value) -> None:
         """The causal-LM loss on the logits."""
         raise NotImplementedError
-
-    def head_output(self, _ops: Ops, logits: Value) -> Value:
-        """What the causal LM does to the LM head's output before the loss (`logits` is rebound,
-        so the head's own output is freed unless this returns it; Granite divides by
-        logits_scaling)."""
-        return logits
 
     def registration_rank(self, _label: str) -> Any:
         """Sort key giving nn.Module registration order (model.parameters()); by default the

@@ -25,7 +25,7 @@ class HFGranite(HFLlama):
         """hidden_states * residual_multiplier."""
         return ops.scale(y, "* residual_multiplier")
 
-    def head_output(self, ops: Ops, logits: Value) -> Value:
+    def head_output(self, ops: Ops, _spec: ModelSpec, logits: Value) -> Value:
         """logits / logits_scaling."""
         return ops.scale(logits, "/ logits_scaling")
 

@@ -1,5 +1,10 @@
-"""transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (models/llama/
-modeling_llama.py, transformers 5.x), use_cache=False.
+"""transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM
+(models/llama/modeling_llama.py, mistral/, qwen2/, qwen3/, transformers 5.x), use_cache=False.
+
+Qwen3 adds per-head RMSNorms of q and k before rotary (spec.qk_norm). Sliding windows (Mistral's
+sliding_window on every layer, Qwen2/Qwen3's on layers >= max_window_layers) change only the
+masks (memcalc.programs.masks) and, where SDPA gets a materialised mask, the attention kernel's
+inputs (attention.sdpa_masked).
 
 LlamaRMSNorm upcasts to fp32 and saves the fp32 copy, its square, the normalised tensor and the
 rsqrt; rotary embedding multiplies q and k by cos/sin tables computed once per forward (fp32 under
@@ -9,16 +14,47 @@ materialises repeat_kv copies of k and v; sdpa passes enable_gqa when there is n
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from memcalc.programs.attention import attention_core, llama_eager, sdpa
+from memcalc.programs.attention import attention_core, llama_eager, sdpa, sdpa_masked
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
+from memcalc.programs.masks import build_masks, layer_mask
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
+
+if TYPE_CHECKING:
+    from memcalc.poly import Poly
+
+
+def llama_rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
+    """LlamaRMSNorm (Qwen2/Qwen3RMSNorm are the same code)."""
+    return rms_norm(ops, x, w, tokens, weight_in_fp32=False)
+
+
+def qk_norms(ops: Ops, spec: ModelSpec, q: Value, k: Value, p: Callable[..., Value],
+             norm: Callable[..., Value]) -> tuple[Value, Value]:
+    """Qwen3's q_norm / k_norm (Gemma-3's too): the family's RMSNorm over each head's head_dim
+    features, before rotary; its mean has one element per token and head."""
+    if not spec.qk_norm:
+        return q, k
+    d = spec.head_size
+    return (norm(ops, q, p("self_attn.q_norm.weight", d), TOKENS * spec.num_heads),
+            norm(ops, k, p("self_attn.k_norm.weight", d), TOKENS * spec.kv_heads))
+
+
+def attention_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
+                     mask: Value | None, softcap: bool = False) -> tuple[Value, Value | None]:
+    """The attention interface's call: SDPA (no mask: is_causal, enable_gqa; a materialised
+    sliding mask: sdpa_masked) or the eager function; returns (output, weights)."""
+    if regime.attention == "sdpa":
+        if mask is None:
+            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
+        return sdpa_masked(ops, spec, q, k, v, mask), None
+    return llama_eager(ops, spec, q, k, v, mask, softcap)
 
 
 class HFLlama(DecoderProgram):
@@ -29,16 +65,18 @@ class HFLlama(DecoderProgram):
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict,
                   p: Callable[..., Value]) -> tuple[Value, Value]:
-        """LlamaAttention with the configured attention interface; returns (output, weights)."""
+        """LlamaAttention (Qwen3Attention and Gemma3Attention with q/k norms, Gemma2Attention with
+        soft-capping) with the configured attention interface, the mask and rotary table of the
+        layer's kind; returns (output, weights)."""
         a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
         q, k, v = self.project_qkv(ops, spec, x, p)
+        q, k = qk_norms(ops, spec, q, k, p, self.norm)
         q, k = self.position(ops, spec, q, k, layer, context)
         q_local, k_local, v_local = q, k, v
+        mask = layer_mask(context, spec, layer)
 
         def core():
-            if regime.attention == "sdpa":
-                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
-            return llama_eager(ops, spec, q, k, v, context["mask"])
+            return attention_kernel(ops, spec, regime, q, k, v, mask, spec.attn_softcap)
 
         y, weights = attention_core(ops, regime, core)
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
@@ -54,8 +92,13 @@ class HFLlama(DecoderProgram):
         """apply_rotary_pos_emb (skipped on SmolLM3's NoPE layers, modeling_smollm3.py use_rope)."""
         if layer in spec.no_rope_layers:
             return q, k
-        cos, sin, d = context["cos"], context["sin"], spec.head_size
+        cos, sin = context["rope"]["sliding" if spec.layer_is_sliding(layer) else "full"]
+        d = spec.head_size
         return rotary(ops, q, cos, sin, spec.num_heads, d), rotary(ops, k, cos, sin, spec.kv_heads, d)
+
+    def norm(self, ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
+        """The family's RMSNorm (LlamaRMSNorm; Qwen2/Qwen3RMSNorm are the same code)."""
+        return llama_rms_norm(ops, x, w, tokens)
 
     def mlp(self, ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
         """LlamaMLP (SwiGLU)."""
@@ -78,8 +121,8 @@ class HFLlama(DecoderProgram):
         return y
 
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
-        """embed_tokens(ids); position_ids; a (b,1,s,s) float mask for eager attention; the
-        rotary cos/sin tables computed once per forward."""
+        """embed_tokens(ids); position_ids; the masks (memcalc.programs.masks); the rotary
+        cos/sin tables computed once per forward."""
         g, h, V = ops.g, spec.hidden_size, spec.vocab_size
         ids = g.input("input_ids", size("b s", 8))
         embed = ops.param("model.embed_tokens.weight", V * h, V)
@@ -87,12 +130,12 @@ class HFLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         x = self.scale_embeddings(ops, x)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
-        mask = None
-        if regime.attention == "eager":
-            mask = g.op("causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
+        masks = build_masks(ops, spec, regime, x.elt)
         cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))
-        return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin},
-                        held_until_norm=[x, mask, cos, sin])  # inputs_embeds lives to return
+        context = {"masks": masks, "rope": {"full": (cos, sin), "sliding": (cos, sin)},
+                   "mask": masks.get("full"), "cos": cos, "sin": sin}  # one table, one mask kind
+        return Embedded(x, ids, context,
+                        held_until_norm=[x, *masks.values(), cos, sin])  # inputs_embeds lives to return
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One LlamaDecoderLayer."""
@@ -125,8 +168,10 @@ class HFLlama(DecoderProgram):
 
 
 LAYER_ORDER = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "self_attn.q_norm", "self_attn.k_norm",  # Qwen3Attention / Gemma3Attention
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
-               "post_attention_layernorm"]
+               "post_attention_layernorm",
+               "pre_feedforward_layernorm", "post_feedforward_layernorm"]  # Gemma2/3DecoderLayer
 
 
 def llama_registration_rank(label: str, layers: str, outer: dict[str, int],
@@ -134,7 +179,7 @@ def llama_registration_rank(label: str, layers: str, outer: dict[str, int],
     """(position among the top-level modules, layer, position inside the layer).
 
     >>> llama_registration_rank("model.layers.3.mlp.up_proj.weight", "model.layers.", {})
-    (1, 3, 5)
+    (1, 3, 7)
     """
     if label.startswith(layers):
         i, name = label[len(layers):].split(".", 1)

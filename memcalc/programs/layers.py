@@ -80,12 +80,14 @@ def qkv_projections(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]
     return out[0], out[1], out[2]
 
 
-def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens: Poly, p: Callable[..., Value]) -> Value:
-    """down_proj(F.silu(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP)."""
+def swiglu_mlp(ops: Ops, spec: ModelSpec, x: Value, tokens: Poly, p: Callable[..., Value],
+               act_name: str = "silu") -> Value:
+    """down_proj(act(gate_proj(x)) * up_proj(x)) (LlamaMLP; validate.models.LlamaMLP; GemmaMLP's
+    GeGLU with act_name='gelu_tanh'): F.silu or F.gelu(approximate='tanh'), one op saving its input."""
     h, f, bias = spec.hidden_size, spec.ffn_size, spec.mlp_bias
     gate = ops.col_linear(x, p("mlp.gate_proj.weight", h * f, f), p("mlp.gate_proj.bias", f) if bias else None,
                           tokens, f, "gate_proj")
-    act = ops.unary_saving_input("silu", gate)
+    act = ops.unary_saving_input(act_name, gate)
     up = ops.col_linear(x, p("mlp.up_proj.weight", h * f, f), p("mlp.up_proj.bias", f) if bias else None,
                         tokens, f, "up_proj")
     return ops.row_linear(ops.mul(act, up, "silu*up"), p("mlp.down_proj.weight", f * h, h),
