@@ -84,6 +84,10 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    use_cache: bool = False
+    attention_mask: str = "none"
+    labels: str = "input_ids"
+    num_items_in_batch: bool = False
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -102,7 +106,9 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum)
+                   attention=training.attention, grad_accum=training.grad_accum,
+                   use_cache=training.use_cache, attention_mask=training.attention_mask,
+                   labels=training.labels, num_items_in_batch=training.num_items_in_batch)
 
     @property
     def fsdp(self) -> bool:
@@ -124,6 +130,12 @@ class Regime:
         """Adam's `step` counters are device tensors when fused (or on the CPU device), else CPU
         scalars that device memory does not see (torch/optim/adam.py _init_group)."""
         return self.device == "cpu" or self.optimizer_impl == "fused"
+
+    @property
+    def kv_cache(self) -> bool:
+        """A DynamicCache copies each layer's keys and values: use_cache without HF's per-layer
+        gradient checkpointing, which passes cache=None to its layers (modeling_layers.py)."""
+        return self.use_cache and self.checkpointing == "none"
 
     @property
     def selective(self) -> bool:

@@ -18,6 +18,7 @@ from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
 from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
 from validate.case import Case
+from validate.ci_callpath import ci_callpath_cases
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -144,7 +145,8 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     True
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    return ([_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+            + ci_callpath_cases(device))  # the HF call paths (validate/ci_callpath.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from memcalc.programs.base import size
+from memcalc.programs.call_path import sdpa_float_mask
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, Grad, Value
@@ -38,35 +39,42 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
+         contiguous: bool = False) -> Value:
     """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
     returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
     is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
-    rules out the flash kernel and the math composite runs."""
+    rules out the flash kernel and the math composite runs. `mask`: a (b, 1, s, s) bool mask
+    (a padded batch, memcalc.programs.call_path); `contiguous`: k and v are the DynamicCache's
+    contiguous copies."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        return sdpa_math(ops, spec, q, k, v)
-    return sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+        return sdpa_math(ops, spec, q, k, v, contiguous)
+    return sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size, sdpa_float_mask(ops, mask, q.elt))
 
 
-def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int) -> Value:
+def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int,
+               mask: Value | None = None) -> Value:
     """Flash kernel (CPU: _scaled_dot_product_flash_attention_for_cpu; CUDA: flash, or
-    memory-efficient for fp32): outputs (b,s,heads*d) and an fp32 logsumexp (b,heads,s); saves
-    q, k, v, output, logsumexp; backward allocates grad q, k, v. No s^2 term. The output is laid
-    out (b, s, heads, d), so transpose(1, 2).contiguous() copies nothing."""
-    out, _ = ops.g.op_multi("sdpa", [q, k, v], [size("b s a d", q.elt, a=heads, d=head_dim),
-                                                  size("b a s", 4, a=heads)],
-                            saves=[q, k, v], backward=[Grad(0), Grad(1), Grad(2)], elts=[q.elt, 4],
-                            save_outputs=(0, 1))
+    memory-efficient for fp32 or with a mask): outputs (b,s,heads*d) and an fp32 logsumexp
+    (b,heads,s); saves q, k, v, the float mask if any, output, logsumexp; backward allocates
+    grad q, k, v. No s^2 term but the mask's. The output is laid out (b, s, heads, d), so
+    transpose(1, 2).contiguous() copies nothing."""
+    masks = [mask] if mask is not None else []
+    out, _ = ops.g.op_multi("sdpa", [q, k, v] + masks, [size("b s a d", q.elt, a=heads, d=head_dim),
+                                                          size("b a s", 4, a=heads)],
+                            saves=[q, k, v] + masks, backward=[Grad(0), Grad(1), Grad(2)],
+                            elts=[q.elt, 4], save_outputs=(0, 1))
     return out
 
 
-def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
+def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous: bool = False) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
     dropout; v copied (repeat_interleave'd to all heads with enable_gqa) and saved; the output is
     laid out (b, heads, s, d), so the caller's transpose(1, 2).contiguous() is a real copy.
-    Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them."""
+    Backward: q, k, v gradients come out (b, heads, s, d) and the transposed views copy them.
+    With the DynamicCache's contiguous k and v (`contiguous`), k^T and v need no copy."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     origin = q.elt
     q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
@@ -83,41 +91,46 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
     qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy")
+    kc = ks if contiguous else copy(ops, ks, "k^T reshape copy")
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
-    vc = copy(ops, v, "v reshape copy") if kv == a else v
+    vc = copy(ops, v, "v reshape copy") if kv == a and not contiguous else v
     y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
     ops.scope_end([mask] + ([q, k, v, y] if origin != elt else []))
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
-def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
+               contiguous: bool = False) -> tuple[Value, Value]:
     """transformers' GPT-2 eager_attention_forward: bmm copies of the q, k, v views of the fused
-    projection; scores * scale + float mask; softmax (saves its result) cast to v's dtype;
-    dropout; @ v; transpose(1, 2).contiguous()."""
+    projection (not of k and v when they are the DynamicCache's contiguous copies); scores *
+    scale + float mask; softmax (saves its result) cast to v's dtype; dropout; @ v;
+    transpose(1, 2).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    s = scores_matmul(ops, copy(ops, q, "q reshape copy"), copy(ops, k, "k reshape copy"), a)
+    qc = copy(ops, q, "q reshape copy")
+    s = scores_matmul(ops, qc, k if contiguous else copy(ops, k, "k reshape copy"), a)
     s = add_float_mask(ops, ops.scale(s, "* scale"), mask)
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
-    vc = copy(ops, v, "v reshape copy")
+    vc = v if contiguous else copy(ops, v, "v reshape copy")
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
              backward=[Grad(0), Grad(1)], elt=q.elt)
     return copy(ops, y, "transpose contiguous"), p
 
 
-def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
+                contiguous: bool = False) -> tuple[Value, Value]:
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
     k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
     kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
     (b, s, heads, d) by the projection view) and k when it was not repeated; softmax runs in fp32
     and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
-    acts in that dtype, and autocast casts the probabilities for the second matmul."""
+    acts in that dtype, and autocast casts the probabilities for the second matmul. The
+    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
@@ -125,11 +138,11 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]  # key_states / value_states: locals until the function returns
-    else:
+    elif not contiguous:
         v = copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
     q = copy(ops, q, "q reshape copy")
-    if kv == a:
+    if kv == a and not contiguous:
         k = copy(ops, k, "k^T reshape copy")
     s = ops.to(add_float_mask(ops, ops.scale(scores_matmul(ops, q, k, a), "* scale"), mask), 4,
                "softmax dtype=float32")

@@ -1,5 +1,6 @@
 """transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM (models/llama/
-modeling_llama.py, transformers 5.x), use_cache=False.
+modeling_llama.py, transformers 5.x), use_cache=False by default (the other call
+paths: memcalc.programs.call_path).
 
 LlamaRMSNorm upcasts to fp32 and saves the fp32 copy, its square, the normalised tensor and the
 rsqrt; rotary embedding multiplies q and k by cos/sin tables computed once per forward (fp32 under
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa
+from memcalc.programs.call_path import cache_kv, causal_mask, repeat_kv
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
@@ -29,18 +31,29 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
     q, k, v = qkv_projections(ops, spec, x, p)
     cos, sin = context["cos"], context["sin"]
     q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
+    k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
     q_local, k_local, v_local = q, k, v
 
     def core():
         if regime.attention == "sdpa":
-            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
-        return llama_eager(ops, spec, q, k, v, context["mask"])
+            return sdpa_call(ops, spec, q, k, v, context["mask"], contiguous), None
+        return llama_eager(ops, spec, q, k, v, context["mask"], contiguous)
 
     y, weights = attention_core(ops, regime, core)
     out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
                          p("self_attn.o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
     ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
     return out, weights
+
+
+def sdpa_call(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None,
+              contiguous: bool) -> Value:
+    """integrations/sdpa_attention.py: enable_gqa without a mask; with one, repeat_kv copies k
+    and v (held by sdpa_attention_forward until it returns); autocast casts the operands."""
+    repeated = list(repeat_kv(ops, spec, k, v)) if mask is not None else [k, v]
+    out = sdpa(ops, spec, *(ops.matmul_operand(t) for t in [q] + repeated), mask, contiguous)
+    ops.scope_end(repeated)
+    return out
 
 
 class HFLlama(DecoderProgram):
@@ -55,9 +68,7 @@ class HFLlama(DecoderProgram):
         x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                  backward=[Grad(0)], elt=embed.elt)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
-        mask = None
-        if regime.attention == "eager":
-            mask = g.op("causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
+        mask = causal_mask(ops, regime, x.elt)  # create_causal_mask (call_path)
         cos, sin = rotary_tables(ops, spec.head_size, x.elt)
         return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin},
                         held_until_norm=[x, mask, cos, sin])  # inputs_embeds lives to return
