@@ -158,6 +158,26 @@ class TrainingConfig(BaseModel):
             return self.weight_decay
         return DEFAULT_WEIGHT_DECAY[self.optimizer]
 
+    @classmethod
+    def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
+                          world_size: int = 1, attention_mask: str = "ones",
+                          pad_tokens: int = 0) -> "TrainingConfig":
+        """The step an HF Trainer runs (memcalc.trainer_args): `args` a dict of
+        TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
+        writes, or the TrainingArguments object; fields not given take transformers' defaults.
+        `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
+        collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
+
+        >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
+        ...     "gradient_checkpointing": True, "max_grad_norm": 0}, seq_len=2048)
+        >>> t.micro_batch, t.precision, t.checkpointing, t.optimizer, t.optimizer_impl
+        (4, 'bf16-amp', 'per-layer', 'adamw', 'fused')
+        """
+        from memcalc.trainer_args import training_fields
+
+        return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
+                                          pad_tokens))
+
     def with_(self, **changes) -> "TrainingConfig":
         """A copy with some fields changed, validated again.
 
