@@ -136,9 +136,9 @@ def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError(changed[0], "the reference models have no HF call path; "
                                f"{changed[0]}={getattr(training, changed[0])!r} is not modelled there",
                                f"use implementation='hf' or drop {changed[0]}")
-    if changed and training.world_size > 1:
-        raise NotModelledError(changed[0], "the HF call path is modelled on one process",
-                               f"drop {changed[0]} or use world_size=1")
+    if changed and training.tensor_parallel > 1:
+        raise NotModelledError(changed[0], "the HF call path is not modelled under tensor parallelism",
+                               f"drop {changed[0]} or use tensor_parallel=1")
     if training.use_cache and training.checkpointing not in ("none", "per-layer"):
         raise NotModelledError("use_cache", f"a DynamicCache inside {training.checkpointing} "
                                "checkpoint regions is not modelled (HF turns the cache off only "
