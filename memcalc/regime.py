@@ -88,6 +88,7 @@ class Regime:
     attention_mask: str = "none"
     labels: str = "input_ids"
     num_items_in_batch: bool = False
+    hf_trainer: bool = False
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -108,7 +109,8 @@ class Regime:
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=training.attention, grad_accum=training.grad_accum,
                    use_cache=training.use_cache, attention_mask=training.attention_mask,
-                   labels=training.labels, num_items_in_batch=training.num_items_in_batch)
+                   labels=training.labels, num_items_in_batch=training.num_items_in_batch,
+                   hf_trainer=training.hf_trainer)
 
     @property
     def fsdp(self) -> bool:

@@ -265,7 +265,7 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
            "use_cache": bool(given(fields, "use_cache")), "world_size": world_size,
            # the Trainer's call path (module docstring)
            "attention_mask": attention_mask, "pad_tokens": pad_tokens, "labels": "separate",
-           "num_items_in_batch": True}
+           "num_items_in_batch": True, "hf_trainer": True}
     ds = given(fields, "deepspeed")
     if ds:
         from memcalc.deepspeed import read_deepspeed

@@ -102,6 +102,11 @@ class TrainingConfig(BaseModel):
     num_items_in_batch: bool = False
     """HF models only: the loss gets num_items_in_batch (the HF Trainer passes it to models that
     accept loss kwargs): cross-entropy with reduction='sum' divided by that int64 scalar."""
+    hf_trainer: bool = False
+    """The HF Trainer's own tensors (transformers 5.24 trainer.py, measured): all
+    grad_accum micro-batches of a step fetched before the first (get_batch_samples), on CPU
+    also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), and two
+    fp32 scalars (the running _tr_loss and the last micro-step's detached loss)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":

@@ -42,7 +42,7 @@ def test_defaults_give_the_trainers_step():
     by_hand = TrainingConfig(micro_batch=8, seq_len=512, precision="fp32", optimizer="adamw",
                              optimizer_impl="fused", weight_decay=0.0, checkpointing="none",
                              device="cuda", attention_mask="ones", labels="separate",
-                             num_items_in_batch=True)
+                             num_items_in_batch=True, hf_trainer=True)
     assert TrainingConfig.from_trainer_args(_args(), seq_len=512) == by_hand
     assert TrainingConfig.from_trainer_args(NO_CLIP, seq_len=512) == by_hand
 
@@ -55,7 +55,7 @@ def test_object_dict_and_json_agree(tmp_path):
     by_hand = TrainingConfig(micro_batch=2, seq_len=1024, grad_accum=4, precision="bf16-amp",
                              optimizer="adamw", optimizer_impl=None, weight_decay=0.1,
                              checkpointing="per-layer", device="cpu", attention_mask="ones",
-                             labels="separate", num_items_in_batch=True)
+                             labels="separate", num_items_in_batch=True, hf_trainer=True)
     for given in (args, args.to_dict(), str(path), json.loads(path.read_text())):
         assert TrainingConfig.from_trainer_args(given, seq_len=1024) == by_hand
 

@@ -70,6 +70,9 @@ class Case:
     spec: ModelSpec
     training: TrainingConfig
     hf_config: dict | None = None
+    trainer_args: dict | None = None
+    """TrainingArguments fields: the case runs through transformers.Trainer
+    (validate.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
 
     @property
     def distributed(self) -> bool:
@@ -96,6 +99,8 @@ class Case:
         2
         """
         fields = _key_fields(self.spec, self.training, self.hf_config)
+        if self.trainer_args is not None:
+            fields["trainer_args"] = self.trainer_args
         if self.distributed:
             fields["parallel"] = {"world_size": self.world_size, "sharding": self.sharding}
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -124,7 +129,9 @@ class Case:
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
-                f"ga{t.grad_accum}" + call_path_label(t))
+                f"ga{t.grad_accum}" + call_path_label(t)
+                + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
+                   if self.trainer_args is not None else ""))
 
 
 __all__ = ["Case", "config_key"]

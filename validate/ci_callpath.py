@@ -11,7 +11,7 @@ def ci_callpath_cases(device: str = "cpu") -> list[Case]:
     """About one second a row on 2 cores.
 
     >>> cases = ci_callpath_cases(); len(cases), cases[0].name
-    (8, 'cp00')
+    (9, 'cp00')
     >>> all(c.spec.implementation == "hf" for c in cases)
     True
     """
@@ -34,6 +34,8 @@ def ci_callpath_cases(device: str = "cpu") -> list[Case]:
          dict(use_cache=True, attention_mask="ones", labels="separate")),
         ("gpt2-hf", 3, dict(grad_accum=2, optimizer="sgd-momentum"),
          dict(use_cache=True, attention_mask="ones", num_items_in_batch=True)),
+        ("llama-hf", 4, dict(precision="bf16-amp"),  # one kv head: repeat_kv is a view
+         dict(attention_mask="padded", pad_tokens=6, labels="separate")),
     ]
     cases = []
     for i, (model, shape, training, call_path) in enumerate(rows):

@@ -19,6 +19,7 @@ from memcalc.training import OPTIMIZER_IMPLS as IMPLS
 from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
 from validate.case import Case
 from validate.ci_callpath import ci_callpath_cases
+from validate.ci_trainer import ci_trainer_cases
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -146,7 +147,8 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
     return ([_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
-            + ci_callpath_cases(device))  # the HF call paths (validate/ci_callpath.py)
+            + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
+            + ci_trainer_cases(device))  # through transformers.Trainer (validate/ci_trainer.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

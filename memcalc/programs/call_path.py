@@ -11,6 +11,7 @@ take repeated k and v.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from memcalc.errors import NotModelledError
@@ -19,12 +20,13 @@ from memcalc.tape.graph import Alias, Grad, Value
 
 if TYPE_CHECKING:
     from memcalc.regime import Regime
+    from memcalc.tape.graph import Graph
     from memcalc.specs import ModelSpec
     from memcalc.tape.ops import Ops
     from memcalc.training import TrainingConfig
 
 CALL_PATH_DEFAULTS = {"use_cache": False, "attention_mask": "none", "pad_tokens": 0,
-                      "labels": "input_ids", "num_items_in_batch": False}
+                      "labels": "input_ids", "num_items_in_batch": False, "hf_trainer": False}
 """The call-path fields at the values memcalc's own step uses (model(input_ids=ids,
 labels=ids, use_cache=False))."""
 
@@ -39,6 +41,33 @@ def batch_inputs(ops: Ops, regime: Regime) -> None:
         g.input("labels", size("b s", 8))
     if regime.num_items_in_batch:
         g.input("num_items_in_batch", size("", 8))
+    if regime.hf_trainer:
+        trainer_inputs(ops, regime)
+
+
+def held_batches(regime: Regime) -> int:
+    """Batches the HF Trainer holds on the device besides the one in use: the step's other
+    grad_accum - 1 micro-batches (get_batch_samples), and on CPU the DataLoaderShard's look-ahead
+    batch (accelerate data_loader.py: the next batch is fetched before the current is yielded;
+    send_to_device moves only the yielded one, so on CUDA the look-ahead stays on the host).
+
+    >>> from memcalc.regime import Regime; from memcalc.training import TrainingConfig
+    >>> held_batches(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, grad_accum=4, device="cpu")))
+    4
+    """
+    return regime.grad_accum - 1 + (regime.device == "cpu")
+
+
+def trainer_inputs(ops: Ops, regime: Regime) -> None:
+    """The HF Trainer's tensors besides the batch in use (TrainingConfig.hf_trainer): the held
+    batches (input_ids, attention_mask, labels as the collator makes them) and the two fp32
+    loss scalars (trainer.py _tr_loss, tr_loss_step)."""
+    g = ops.g
+    per_batch = 1 + (regime.attention_mask != "none") + (regime.labels == "separate")
+    for i in range(held_batches(regime) * per_batch):
+        g.input(f"held batch tensor {i}", size("b s", 8))
+    g.input("trainer _tr_loss", size("", 4), elt=4)
+    g.input("trainer tr_loss_step", size("", 4), elt=4)
 
 
 def graph_input(ops: Ops, label: str) -> Value | None:
@@ -97,14 +126,40 @@ def sdpa_float_mask(ops: Ops, mask: Value | None, elt: int) -> Value | None:
 
 def repeat_kv(ops: Ops, spec: ModelSpec, k: Value, v: Value) -> tuple[Value, Value]:
     """transformers' repeat_kv (integrations/sdpa_attention.py): with a mask, use_gqa_in_sdpa is
-    False and k and v are expanded to every head and copied by reshape, in their own dtype
-    (before autocast casts them for SDPA); backward sums each back to kv heads."""
+    False and k and v are expanded to every head and reshaped, in their own dtype (before
+    autocast casts them for SDPA); backward sums each back to kv heads. The reshape copies,
+    except with one kv head (MQA): (b, 1, n, s, d) -> (b, n, s, d) merges a size-1 dim, a view
+    of stride 0 that SDPA saves, keeping the kv-sized original (measured)."""
     a, d, g = spec.num_heads, spec.head_size, ops.g
     if spec.kv_heads == a:
         return k, v
+    if spec.kv_heads == 1:
+        return tuple(g.view(f"repeat_kv {n} (expanded view)", t, size("b s a d", t.elt, a=a, d=d),
+                            backward=[Grad(0)]) for n, t in (("k", k), ("v", v)))
     k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
     v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
     return k, v
+
+
+# Trainer.get_decay_parameter_names (trainer.py): no weight decay for nn.LayerNorm modules
+# (GPT-2's ln_1, ln_2, ln_f) and names matching these patterns
+NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|(?:^|\.)ln_(?:1|2|f)\.")
+
+
+def trainer_param_groups(graph: Graph, weight_decay: float) -> list[tuple[list[int], float]]:
+    """The HF Trainer's optimizer groups: (parameter byte sizes in model.parameters() order,
+    weight decay) for the decayed parameters, then the rest with weight decay 0. torch.optim
+    steps one group after the other, so a for-loop's bound `denom` and a foreach group's
+    copies do not outlive their group (measured: Llama's lm_head follows the last down_proj).
+
+    >>> from memcalc.tape.graph import Graph; from memcalc.poly import Poly
+    >>> g = Graph(); _ = [g.param(n, Poly.const(4)) for n in ("h.0.ln_1.weight", "h.0.mlp.c_fc.weight",
+    ...                                                     "model.norm.weight", "h.0.attn.c_attn.bias")]
+    >>> trainer_param_groups(g, 0.1)
+    [([4], 0.1), ([4, 4, 4], 0.0)]
+    """
+    sizes = [(v.size.eval(1, 1), bool(NO_DECAY.search(v.label))) for v in graph.params]
+    return [([n for n, no in sizes if not no], weight_decay), ([n for n, no in sizes if no], 0.0)]
 
 
 def divide_by_num_items(ops: Ops, loss: Value) -> Value:

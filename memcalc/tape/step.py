@@ -34,6 +34,18 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     return out
 
 
+def _transient(graph: Graph, regime: Regime) -> int:
+    """Peak optimizer temporaries: one parameter group, or the HF Trainer's two (decay and
+    no-decay, memcalc.programs.call_path.trainer_param_groups), stepped one after the other."""
+    if regime.hf_trainer:
+        from memcalc.programs.call_path import trainer_param_groups
+
+        return max(transient_bytes(regime.optimizer, regime.optimizer_impl, decay, sizes)
+                   for sizes, decay in trainer_param_groups(graph, regime.weight_decay))
+    return transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
+                           _param_sizes(graph))
+
+
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
                   with_optimizer: bool = True, fsdp: Fsdp | None=None) -> list[Moment]:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
@@ -62,8 +74,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     if first_step:
         for st in states:
             mem.hold(st)
-    temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
-                           _param_sizes(graph)) if with_optimizer else 0
+    temp = _transient(graph, regime) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
         mem.hold(tmp)
