@@ -298,8 +298,9 @@ def _check_parser(sub: argparse._SubParsersAction) -> None:
     _model_args(p), _json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
+    p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
     p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. RTX-4090 (its usable memory)")
     p.add_argument("--budget", default=None, help="'local', bytes or '24GB' instead of --gpu")
     p.add_argument("--device", default=None, help="cuda (default) or cpu (default under use_cpu)")
@@ -317,6 +318,10 @@ def cmd_check(args: argparse.Namespace) -> dict:
     if (args.budget is None) == (args.gpu is None):
         _fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
     trainer = args.trainer_args if args.trainer_args is not None else {}
+    if args.axolotl is not None:
+        trainer = _from_axolotl(args)
+    if args.seq_len is None:
+        _fail("seq_len", "the sequence length is needed", "pass --seq-len N")
     if args.deepspeed is not None:
         from memcalc.trainer_args import trainer_args_dict
 
@@ -339,6 +344,19 @@ def cmd_check(args: argparse.Namespace) -> dict:
         sys.stdout.flush()
         raise SystemExit(1)
     return out
+
+
+def _from_axolotl(args: argparse.Namespace) -> dict:
+    """TrainingArguments fields of --axolotl; --seq-len and the padding from it unless given."""
+    from memcalc.axolotl import axolotl_fields
+
+    if args.trainer_args is not None:
+        _fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
+    fields, seq_len, mask = axolotl_fields(args.axolotl)
+    args.seq_len = args.seq_len or seq_len
+    if mask == "padded" and args.attention_mask == "ones":
+        args.attention_mask, args.pad_tokens = "padded", args.pad_tokens or 1
+    return fields
 
 
 def _print_check(v: Verdict, where: str) -> None:

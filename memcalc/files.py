@@ -18,7 +18,7 @@ from memcalc.errors import SpecError
 
 _FIX = "give the path of a Hugging Face config.json"
 _FIXES = {"trainer_args": "give the JSON TrainingArguments.to_json_string() writes",
-          "deepspeed": "give the DeepSpeed config JSON"}
+          "deepspeed": "give the DeepSpeed config JSON", "axolotl": "give an axolotl config.yml"}
 
 
 def _fix(field: str) -> str:

@@ -43,6 +43,8 @@ class Change:
         """
         out = {}
         for name, value in self.fields.items():
+            if name == "optimizer_impl":  # the Trainer's optim name says it
+                continue
             if name == "checkpointing":
                 value = value == "per-layer"
             elif name == "precision":
