@@ -73,6 +73,20 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
     g.add_argument("--tensor-parallel", type=int,
                    help="tensor-parallel degree t (Megatron column/row splits; default 1); "
                         "--world-size defaults to t")
+    _call_path_args(g)
+
+
+def _call_path_args(g: argparse._ArgumentGroup) -> None:
+    """The HF call path (TrainingConfig.use_cache ... hf_trainer; memcalc.programs.call_path)."""
+    g.add_argument("--use-cache", action="store_true", default=None,
+                   help="HF models: the forward keeps use_cache=True (a DynamicCache of k and v)")
+    g.add_argument("--attention-mask", help="none (default), ones, or padded (with --pad-tokens)")
+    g.add_argument("--pad-tokens", type=int, help="padding tokens a sequence, with --attention-mask padded")
+    g.add_argument("--labels", help="input_ids (default) or separate (a labels tensor of its own)")
+    g.add_argument("--num-items-in-batch", action="store_true", default=None,
+                   help="the loss gets num_items_in_batch (as the HF Trainer passes it)")
+    g.add_argument("--hf-trainer", action="store_true", default=None,
+                   help="the HF Trainer's own tensors (held micro-batches, loss scalars, param groups)")
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -143,7 +157,8 @@ def training_from_args(args: argparse.Namespace, **fixed):
 
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
              "weight_decay", "checkpointing", "checkpoint_every", "attention", "device",
-             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision")
+             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
+             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if "tensor_parallel" in fields and "world_size" not in fields:
         fields["world_size"] = fields["tensor_parallel"]

@@ -86,3 +86,27 @@ def test_refusals_name_the_field():
         memcalc.estimate(gpt2, t.with_(attention_mask="padded", pad_tokens=2))
     with pytest.raises(memcalc.MemcalcError, match="^attention_mask: .*pad_tokens > 0"):
         TrainingConfig(micro_batch=1, seq_len=8, attention_mask="padded")
+
+
+@given(cases(programs=HF_PROGRAMS, checkpointing=["none", "per-layer"]))
+def test_hf_trainer_holds_its_batches_and_two_scalars(case):
+    """With fused optimizers (no temporaries, so the Trainer's param groups change nothing),
+    the Trainer's own tensors add, on CPU, grad_accum micro-batches (input_ids, mask, labels;
+    measured: grad_accum - 1 held by get_batch_samples plus the DataLoaderShard look-ahead)
+    and two fp32 scalars, at every moment of the step."""
+    model, t = case
+    t = t.with_(device="cpu", optimizer_impl="fused", attention_mask="ones", labels="separate",
+                world_size=1, sharding="none", tensor_parallel=1, sequence_parallel=False,
+                fsdp_mixed_precision=False)
+    held = t.grad_accum * 3 * 8 * t.micro_batch * t.seq_len + 8
+    assert _peak(model, t, hf_trainer=True) - _peak(model, t) == held
+
+
+def test_estimate_cli_reads_the_call_path_flags(capsys):
+    from memcalc.cli import main
+
+    main(["estimate", "--model", "gpt2", "--num-layers", "2", "--seq-len", "64", "--use-cache",
+          "--attention-mask", "ones", "--labels", "separate", "--json"])
+    out = capsys.readouterr().out
+    t = TrainingConfig(micro_batch=1, seq_len=64, use_cache=True, attention_mask="ones", labels="separate")
+    assert f'"peak_bytes": {memcalc.estimate(ModelSpec.preset("gpt2").with_(num_layers=2), t).peak_bytes}' in out
