@@ -5,7 +5,7 @@ ZeroRedundancyOptimizer / zero2, zero3 = FSDP2): the same states are sharded, bu
 buckets (reduce_bucket_size, allgather_bucket_size, stage3 prefetch) are not DeepSpeed's figures
 in memcalc and no DeepSpeed run has been measured. Refused by name: CPU/NVMe offload, DeepSpeed's
 16-bit modes (16-bit parameters with fp32 master weights inside the optimizer, not torch
-autocast), a DeepSpeed optimizer block, gradient clipping (until TrainingConfig.max_grad_norm).
+autocast), a DeepSpeed optimizer block, DeepSpeed's own gradient_clipping value.
 Every top-level key is read, inert with why, or refused; unknown keys are refused.
 """
 from __future__ import annotations
@@ -59,10 +59,10 @@ def read_deepspeed(config: Any) -> dict:
                                "DeepSpeed's own optimizer is not modelled",
                                "drop the optimizer block (the Trainer's optim is used)")
     clip = ds.get("gradient_clipping", "auto")
-    if clip not in ("auto", 0, 0.0, None):
-        # TODO(merge with branch optim): TrainingConfig.max_grad_norm
-        raise NotModelledError("deepspeed.gradient_clipping", f"{clip} needs TrainingConfig."
-                               "max_grad_norm, not on this branch yet", "set it to 0 or 'auto'")
+    if clip not in ("auto", 0, 0.0, None):  # DeepSpeed clips its own partitions: not modelled
+        raise NotModelledError("deepspeed.gradient_clipping", f"{clip}: DeepSpeed's clipping of "
+                               "its partitioned gradients is not modelled",
+                               "set it to 'auto' (the Trainer's max_grad_norm) or 0")
     if ds.get("activation_checkpointing"):
         raise NotModelledError("deepspeed.activation_checkpointing", "DeepSpeed's checkpointing "
                                "(partitioned activations) is not modelled",

@@ -3,8 +3,8 @@ it fit (each with its predicted peak, each checked with estimate()).
 
 Changes are tried from the least to the most intrusive: a smaller micro-batch with more
 gradient accumulation (same sequences per optimizer step), per-layer activation checkpointing
-(alone, then with the largest micro-batch that fits), bf16 autocast, SGD instead of AdamW.
-TODO(merge with branches optim and lora): 8-bit AdamW, LoRA.
+(alone, then with the largest micro-batch that fits), bf16 autocast, 8-bit AdamW
+(bitsandbytes), SGD instead of AdamW. TODO(merge with branch lora): LoRA.
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ class Change:
                 value = value == "per-layer"
             elif name == "precision":
                 value = value in ("bf16-amp", "bf16")
-            elif name == "optimizer":
-                value = {"sgd": "sgd"}.get(value, value)
+            elif name == "optimizer":  # the Trainer's optim names (memcalc.trainer_args.OPTIMS)
+                value = {"adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}.get(value, value)
             out[TRAINER_NAMES.get(name, name)] = value
         return out
 
@@ -102,6 +102,8 @@ def _changes(model: ModelSpec, training: TrainingConfig, budget: int) -> list[Ch
     if training.precision == "fp32":
         found += _nonempty(_try(model, training, budget, {"precision": "bf16-amp"}, "bf16 autocast"))
     if training.optimizer in ("adam", "adamw"):
+        found += _nonempty(_try(model, training, budget, {"optimizer": "adamw-8bit", "optimizer_impl": None},
+                                "bitsandbytes 8-bit AdamW states"))
         found += _nonempty(_try(model, training, budget, {"optimizer": "sgd", "optimizer_impl": None},
                                 "SGD: no optimizer states (changes the training)"))
     return found

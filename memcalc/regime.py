@@ -89,6 +89,8 @@ class Regime:
     labels: str = "input_ids"
     num_items_in_batch: bool = False
     hf_trainer: bool = False
+    max_grad_norm: float | None = None
+    """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -110,7 +112,7 @@ class Regime:
                    attention=training.attention, grad_accum=training.grad_accum,
                    use_cache=training.use_cache, attention_mask=training.attention_mask,
                    labels=training.labels, num_items_in_batch=training.num_items_in_batch,
-                   hf_trainer=training.hf_trainer)
+                   hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm)
 
     @property
     def fsdp(self) -> bool:

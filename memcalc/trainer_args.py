@@ -41,7 +41,7 @@ READ = {
     "optim": "optimizer and optimizer_impl",
     "optim_args": "SGD momentum (optim='sgd'); refused for other optimizers",
     "weight_decay": "weight_decay",
-    "max_grad_norm": "gradient clipping (needs TrainingConfig.max_grad_norm)",
+    "max_grad_norm": "max_grad_norm (0 or None: no clipping)",
     "activation_checkpointing": "checkpointing='per-layer' (HF activation_checkpointing_enable)",
     "gradient_checkpointing": "deprecated alias of activation_checkpointing",
     "activation_checkpointing_kwargs": "use_reentrant must stay False (non-reentrant is modelled)",
@@ -113,12 +113,14 @@ INERT: dict[str, str] = {
 
 # Trainer optimizer name -> (TrainingConfig.optimizer, optimizer_impl); None: not modelled here.
 # adamw_torch passes neither foreach nor fused: torch's default on the device.
+# bitsandbytes and Adafactor (trainer_optimizer._get_bitsandbytes_optimizer, _get_adafactor:
+# scale_parameter=False, relative_step=False, which change no state size) have one implementation.
 OPTIMS: dict[str, tuple[str, str | None]] = {
     "adamw_torch": ("adamw", None), "adamw_torch_fused": ("adamw", "fused"), "sgd": ("sgd", None),
+    "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
+    "paged_adamw_8bit": ("paged-adamw-8bit", None), "paged_adamw_32bit": ("paged-adamw", None),
+    "adafactor": ("adafactor", None),
 }
-# TODO(merge with branch optim): these map onto TrainingConfig.optimizer names that branch adds.
-OPTIMS_ON_BRANCH_OPTIM = {"adafactor": "adafactor", "adamw_bnb_8bit": "adamw-8bit",
-                          "adamw_8bit": "adamw-8bit", "paged_adamw_8bit": "paged-adamw-8bit"}
 
 
 def trainer_args_dict(args: Any) -> dict:
@@ -175,11 +177,6 @@ def optimizer(fields: dict) -> dict:
     """TrainingConfig optimizer fields of `optim` (trainer_optimizer._OPTIMIZER_HANDLERS)."""
     name = str(given(fields, "optim"))
     optim_args = _optim_args(given(fields, "optim_args"))
-    if name in OPTIMS_ON_BRANCH_OPTIM:
-        # TODO(merge with branch optim): optimizer=OPTIMS_ON_BRANCH_OPTIM[name]
-        raise NotModelledError("trainer_args.optim", f"{name!r} needs TrainingConfig.optimizer="
-                               f"{OPTIMS_ON_BRANCH_OPTIM[name]!r}, not on this branch yet",
-                               "use adamw_torch, adamw_torch_fused or sgd")
     if name not in OPTIMS:
         raise UnknownNameError("trainer_args.optim", f"{name!r} is not a modelled optimizer",
                                f"use one of {sorted(OPTIMS)}")
@@ -224,13 +221,7 @@ def checkpointing(fields: dict) -> str:
 
 
 def check_unmodelled_run_options(fields: dict) -> None:
-    """Gradient clipping and accelerate's split_batches."""
-    clip = given(fields, "max_grad_norm")
-    if clip not in (None, 0, 0.0):
-        # TODO(merge with branch optim): max_grad_norm=clip (TrainingConfig.max_grad_norm)
-        raise NotModelledError("trainer_args.max_grad_norm", f"{clip} (gradient clipping) needs "
-                               "TrainingConfig.max_grad_norm, not on this branch yet",
-                               "set max_grad_norm=0 to check the step without clipping")
+    """accelerate's split_batches."""
     accel = given(fields, "accelerator_config") or {}
     if isinstance(accel, dict) and accel.get("split_batches"):
         raise NotModelledError("trainer_args.accelerator_config.split_batches", "True splits the "
@@ -251,9 +242,9 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
                     attention_mask: str = "ones", pad_tokens: int = 0) -> dict:
     """The TrainingConfig fields of a Trainer run (see TrainingConfig.from_trainer_args).
 
-    >>> f = training_fields({"bf16": True, "max_grad_norm": 0}, seq_len=2048)
-    >>> f["micro_batch"], f["precision"], f["optimizer_impl"], f["device"]
-    (8, 'bf16-amp', 'fused', 'cuda')
+    >>> f = training_fields({"bf16": True}, seq_len=2048)
+    >>> f["micro_batch"], f["precision"], f["optimizer_impl"], f["device"], f["max_grad_norm"]
+    (8, 'bf16-amp', 'fused', 'cuda', 1.0)
     """
     fields = trainer_args_dict(args)
     check_fields(fields)
@@ -263,6 +254,7 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
            "precision": precision(fields), **optimizer(fields),
            "checkpointing": checkpointing(fields), "device": device_of(fields, device),
            "use_cache": bool(given(fields, "use_cache")), "world_size": world_size,
+           "max_grad_norm": float(given(fields, "max_grad_norm") or 0) or None,
            # the Trainer's call path (module docstring)
            "attention_mask": attention_mask, "pad_tokens": pad_tokens, "labels": "separate",
            "num_items_in_batch": True, "hf_trainer": True}

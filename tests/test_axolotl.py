@@ -8,7 +8,7 @@ from memcalc.training import TrainingConfig
 
 pytest.importorskip("yaml")
 
-# shaped on axolotl's examples/llama-3/fft-8b.yaml (full fine-tune), clipping off until branch optim
+# shaped on axolotl's examples/llama-3/fft-8b.yaml (full fine-tune), clipping off
 EXAMPLE = """\
 base_model: meta-llama/Meta-Llama-3-8B
 load_in_8bit: false

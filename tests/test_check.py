@@ -9,7 +9,7 @@ from memcalc.gpus import GPUS
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
-NO_CLIP = {"max_grad_norm": 0.0}  # TODO(merge with branch optim): drop when clipping is modelled
+NO_CLIP = {"max_grad_norm": 0.0}  # DeepSpeed/DDP runs: clipping is modelled on one process
 
 
 def _write(tmp_path, name, obj):

@@ -10,7 +10,7 @@ from memcalc.errors import MemcalcError, NotModelledError, UnknownNameError
 from memcalc.training import TrainingConfig
 
 transformers = pytest.importorskip("transformers")
-NO_CLIP = {"max_grad_norm": 0.0}  # TODO(merge with branch optim): drop when clipping is modelled
+NO_CLIP = {"max_grad_norm": 0.0}  # 0: no clipping (TrainingConfig.max_grad_norm None)
 
 
 def _args(**fields):
@@ -60,6 +60,18 @@ def test_object_dict_and_json_agree(tmp_path):
         assert TrainingConfig.from_trainer_args(given, seq_len=1024) == by_hand
 
 
+def test_clipping_and_fine_tuning_optimizers():
+    """transformers' default max_grad_norm=1.0 clips; 0 does not; the bitsandbytes and
+    Adafactor names map onto memcalc's fine-tuning optimizers."""
+    assert TrainingConfig.from_trainer_args({}, seq_len=64).max_grad_norm == 1.0
+    assert TrainingConfig.from_trainer_args(NO_CLIP, seq_len=64).max_grad_norm is None
+    for optim, name in (("adamw_bnb_8bit", "adamw-8bit"), ("adamw_8bit", "adamw-8bit"),
+                        ("paged_adamw_8bit", "paged-adamw-8bit"), ("paged_adamw_32bit", "paged-adamw"),
+                        ("adafactor", "adafactor")):
+        t = TrainingConfig.from_trainer_args({"optim": optim}, seq_len=64)
+        assert (t.optimizer, t.optimizer_impl) == (name, None)
+
+
 def test_sgd_and_padding():
     t = TrainingConfig.from_trainer_args({**NO_CLIP, "optim": "sgd", "optim_args": "momentum=0.9",
                                           "fp16": True}, seq_len=64, device="cpu",
@@ -80,9 +92,8 @@ def test_deepspeed_zero_stage(tmp_path, stage, sharding):
 
 
 @pytest.mark.parametrize("fields, field", [
-    ({"optim": "adamw_bnb_8bit"}, "trainer_args.optim"),
     ({"optim": "lion_32bit"}, "trainer_args.optim"),
-    ({"max_grad_norm": 1.0}, "trainer_args.max_grad_norm"),
+    ({"optim": "adamw_bnb_8bit", "optim_args": "x=1"}, "trainer_args.optim_args"),
     ({"torch_compile": True}, "trainer_args.torch_compile"),
     ({"label_smoothing_factor": 0.1}, "trainer_args.label_smoothing_factor"),
     ({"per_device_batch_size": 4}, "trainer_args.per_device_batch_size"),

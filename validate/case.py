@@ -129,7 +129,8 @@ class Case:
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
-                f"ga{t.grad_accum}" + call_path_label(t)
+                f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
+                + call_path_label(t)
                 + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
                    if self.trainer_args is not None else ""))
 

@@ -16,10 +16,12 @@ from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
 from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
-from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import PRECISIONS, TrainingConfig
+from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
+from validate.ci_optim import ci_optim_matrix
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -142,11 +144,12 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Two independent pairwise designs (seeds 0 and 1), so every pair is covered twice.
 
-    >>> cases = ci_matrix(); 40 < len(cases) < 90
+    >>> cases = ci_matrix(); 40 < len(cases) < 120
     True
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return ([_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device))  # through transformers.Trainer (validate/ci_trainer.py)
 

@@ -162,6 +162,18 @@ def trainer_param_groups(graph: Graph, weight_decay: float) -> list[tuple[list[i
     return [([n for n, no in sizes if not no], weight_decay), ([n for n, no in sizes if no], 0.0)]
 
 
+EMBEDDINGS = ("model.embed_tokens.weight", "transformer.wte.weight", "transformer.wpe.weight")
+
+
+def is_embedding(label: str) -> bool:
+    """Whether a parameter is an nn.Embedding weight of the HF programs.
+
+    >>> is_embedding("transformer.wpe.weight"), is_embedding("lm_head.weight")
+    (True, False)
+    """
+    return label in EMBEDDINGS
+
+
 def divide_by_num_items(ops: Ops, loss: Value) -> Value:
     """fixed_cross_entropy with num_items_in_batch: the summed loss / the int64 scalar -> a new
     fp32 scalar (div saves its divisor, already a batch tensor); the sum is freed."""
