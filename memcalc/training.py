@@ -125,8 +125,9 @@ class TrainingConfig(BaseModel):
     hf_trainer: bool = False
     """The HF Trainer's own tensors (transformers 5.24 trainer.py, measured): all
     grad_accum micro-batches of a step fetched before the first (get_batch_samples), on CPU
-    also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), and two
-    fp32 scalars (the running _tr_loss and the last micro-step's detached loss)."""
+    also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), two fp32
+    scalars (the running _tr_loss and the last micro-step's detached loss), its decay / no-decay
+    optimizer groups, and 32-bit bitsandbytes states for nn.Embedding weights."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
