@@ -17,7 +17,7 @@ _LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
          "max_layers": "memcalc.capacity", "fits": "memcalc.capacity", "Capacity": "memcalc.capacity",
          "estimate_grid": "memcalc.grid", "plan": "memcalc.planner", "Plan": "memcalc.planner",
          "GPUS": "memcalc.gpus", "GPU": "memcalc.gpus", "parse_budget": "memcalc.gpus",
-         "local_gpus": "memcalc.gpus"}
+         "local_gpus": "memcalc.gpus", "check": "memcalc.preflight", "Verdict": "memcalc.preflight"}
 
 __all__ = ["MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate",
            "candidates", "optimal_segment_size", "sqrt_segment_size", "ModelSpec", "TrainingConfig", *_LAZY]

@@ -1,4 +1,4 @@
-"""The `memcalc` command: estimate, capacity, plan, gpus, tables (each with --json).
+"""The `memcalc` command: estimate, check, capacity, plan, gpus, tables (each with --json).
 
 Imports are lazy so that `memcalc estimate` answers cold in well under a second (sympy only for
 --formula, numpy never). Bad input of any kind prints one line
@@ -17,6 +17,7 @@ from memcalc.units import GIB
 
 if TYPE_CHECKING:
     from memcalc.planner import Plan
+    from memcalc.preflight import Verdict
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                    "head_dim", "intermediate_size", "max_position_embeddings")
@@ -77,6 +78,20 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
     g.add_argument("--tensor-parallel", type=int,
                    help="tensor-parallel degree t (Megatron column/row splits; default 1); "
                         "--world-size defaults to t")
+    _call_path_args(g)
+
+
+def _call_path_args(g: argparse._ArgumentGroup) -> None:
+    """The HF call path (TrainingConfig.use_cache ... hf_trainer; memcalc.programs.call_path)."""
+    g.add_argument("--use-cache", action="store_true", default=None,
+                   help="HF models: the forward keeps use_cache=True (a DynamicCache of k and v)")
+    g.add_argument("--attention-mask", help="none (default), ones, or padded (with --pad-tokens)")
+    g.add_argument("--pad-tokens", type=int, help="padding tokens a sequence, with --attention-mask padded")
+    g.add_argument("--labels", help="input_ids (default) or separate (a labels tensor of its own)")
+    g.add_argument("--num-items-in-batch", action="store_true", default=None,
+                   help="the loss gets num_items_in_batch (as the HF Trainer passes it)")
+    g.add_argument("--hf-trainer", action="store_true", default=None,
+                   help="the HF Trainer's own tensors (held micro-batches, loss scalars, param groups)")
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -104,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    _check_parser(sub)
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
     _json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
@@ -146,7 +162,8 @@ def training_from_args(args: argparse.Namespace, **fixed):
 
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
              "weight_decay", "max_grad_norm", "checkpointing", "checkpoint_every", "attention", "device",
-             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision")
+             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
+             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if "tensor_parallel" in fields and "world_size" not in fields:
         fields["world_size"] = fields["tensor_parallel"]
@@ -295,7 +312,90 @@ def cmd_tables(args: argparse.Namespace) -> dict:
     return {"written": names}
 
 
-COMMANDS = {"estimate": cmd_estimate, "capacity": cmd_capacity, "plan": cmd_plan,
+# ---- check: pre-flight from the user's own files (memcalc.preflight, memcalc.trainer_args) ---
+def _check_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="fits / does not fit, from TrainingArguments JSON and a config.json")
+    _model_args(p), _json_arg(p)
+    p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
+                   "default: transformers' defaults")
+    p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
+    p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. RTX-4090 (its usable memory)")
+    p.add_argument("--budget", default=None, help="'local', bytes or '24GB' instead of --gpu")
+    p.add_argument("--device", default=None, help="cuda (default) or cpu (default under use_cpu)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks training together (default 1)")
+    p.add_argument("--attention-mask", default="ones",
+                   help="what the data collator passes: ones (unpadded or packed) or padded")
+    p.add_argument("--pad-tokens", type=int, default=0, help="padding tokens a sequence, with padded")
+
+
+def cmd_check(args: argparse.Namespace) -> dict:
+    """Run `check`: exit 0 fits, 1 does not fit (with the changes that fit), 2 bad input."""
+    from memcalc.preflight import check
+    from memcalc.training import TrainingConfig
+
+    if (args.budget is None) == (args.gpu is None):
+        _fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
+    trainer = args.trainer_args if args.trainer_args is not None else {}
+    if args.axolotl is not None:
+        trainer = _from_axolotl(args)
+    if args.seq_len is None:
+        _fail("seq_len", "the sequence length is needed", "pass --seq-len N")
+    if args.deepspeed is not None:
+        from memcalc.trainer_args import trainer_args_dict
+
+        trainer = {**trainer_args_dict(trainer), "deepspeed": args.deepspeed}
+    model = model_from_args(args)
+    training = TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
+                                                world_size=args.world_size,
+                                                attention_mask=args.attention_mask,
+                                                pad_tokens=args.pad_tokens)
+    v = check(model, training, args.gpu if args.gpu is not None else args.budget)
+    out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes,
+           "headroom_bytes": v.headroom_bytes,
+           "changes": [dict(trainer_args=c.trainer_args(), training=c.fields, peak_bytes=c.peak_bytes,
+                            why=c.why) for c in v.changes]}
+    if not args.json:
+        _print_check(v, args.gpu or args.budget)
+    if not v.fits:
+        if args.json:
+            print(json.dumps(out, indent=2, sort_keys=True))
+        sys.stdout.flush()
+        raise SystemExit(1)
+    return out
+
+
+def _from_axolotl(args: argparse.Namespace) -> dict:
+    """TrainingArguments fields of --axolotl; --seq-len and the padding from it unless given."""
+    from memcalc.axolotl import axolotl_fields
+
+    if args.trainer_args is not None:
+        _fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
+    fields, seq_len, mask = axolotl_fields(args.axolotl)
+    args.seq_len = args.seq_len or seq_len
+    if mask == "padded" and args.attention_mask == "ones":
+        args.attention_mask, args.pad_tokens = "padded", args.pad_tokens or 1
+    return fields
+
+
+def _print_check(v: Verdict, where: str) -> None:
+    peak, budget = v.peak_bytes / GIB, v.budget_bytes / GIB
+    if v.fits:
+        print(f"fits: peak {peak:.2f} GiB of {budget:.2f} GiB usable on {where} "
+              f"(headroom {v.headroom_bytes / GIB:.2f} GiB)")
+        return
+    print(f"does not fit: peak {peak:.2f} GiB > {budget:.2f} GiB usable on {where} "
+          f"(short by {-v.headroom_bytes / GIB:.2f} GiB)")
+    if not v.changes:
+        print("  no single change memcalc models makes it fit (try more GPUs with --world-size "
+              "and a DeepSpeed ZeRO-3 config)")
+    for c in v.changes:
+        fields = ", ".join(f"{k}={v}" for k, v in c.trainer_args().items())
+        print(f"  fits with {fields}: peak {c.peak_bytes / GIB:.2f} GiB ({c.why})")
+
+
+COMMANDS = {"estimate": cmd_estimate, "check": cmd_check, "capacity": cmd_capacity, "plan": cmd_plan,
             "gpus": cmd_gpus, "tables": cmd_tables}
 
 

@@ -17,6 +17,12 @@ from memcalc import limits
 from memcalc.errors import SpecError
 
 _FIX = "give the path of a Hugging Face config.json"
+_FIXES = {"trainer_args": "give the JSON TrainingArguments.to_json_string() writes",
+          "deepspeed": "give the DeepSpeed config JSON", "axolotl": "give an axolotl config.yml"}
+
+
+def _fix(field: str) -> str:
+    return _FIXES.get(field, _FIX)
 
 
 def config_path(path: str, field: str = "hf_config") -> str:
@@ -44,11 +50,11 @@ def read_bounded(path: str, field: str = "hf_config", max_bytes: int = limits.MA
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as err:
         problem = "no such file" if isinstance(err, FileNotFoundError) else f"cannot open ({err.strerror})"
-        raise SpecError(field, f"{problem}: {shown}", _FIX) from None
+        raise SpecError(field, f"{problem}: {shown}", _fix(field)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SpecError(field, f"{shown} is not a regular file", _FIX)
+            raise SpecError(field, f"{shown} is not a regular file", _fix(field))
         if info.st_size > max_bytes:
             raise SpecError(field, f"{shown} is {info.st_size:,} bytes, above the "
                             f"{max_bytes:,}-byte limit", "give a config.json (a few KiB)")
@@ -58,7 +64,7 @@ def read_bounded(path: str, field: str = "hf_config", max_bytes: int = limits.MA
                             "give a config.json (a few KiB)")
         return data
     except OSError as err:
-        raise SpecError(field, f"cannot read {shown} ({err.strerror})", _FIX) from None
+        raise SpecError(field, f"cannot read {shown} ({err.strerror})", _fix(field)) from None
     finally:
         os.close(fd)
 
@@ -69,14 +75,14 @@ def parse_json_object(data: bytes | str, where: str, field: str = "hf_config") -
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         value = json.loads(text)
     except UnicodeDecodeError:
-        raise SpecError(field, f"{where} is not UTF-8 text", _FIX) from None
+        raise SpecError(field, f"{where} is not UTF-8 text", _fix(field)) from None
     except RecursionError:
-        raise SpecError(field, f"{where} nests JSON too deeply", _FIX) from None
+        raise SpecError(field, f"{where} nests JSON too deeply", _fix(field)) from None
     except ValueError as err:  # JSONDecodeError, or an integer past Python's digit limit
         raise SpecError(field, f"{where} is not valid JSON ({str(err).splitlines()[0][:80]})",
-                        _FIX) from None
+                        _fix(field)) from None
     if not isinstance(value, dict):
-        raise SpecError(field, f"{where} holds a JSON {_json_type(value)}, not an object", _FIX)
+        raise SpecError(field, f"{where} holds a JSON {_json_type(value)}, not an object", _fix(field))
     return value
 
 

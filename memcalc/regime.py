@@ -84,6 +84,11 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    use_cache: bool = False
+    attention_mask: str = "none"
+    labels: str = "input_ids"
+    num_items_in_batch: bool = False
+    hf_trainer: bool = False
     max_grad_norm: float | None = None
     """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
     sliding_window_reached: bool = False
@@ -109,7 +114,9 @@ class Regime:
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=training.attention, grad_accum=training.grad_accum,
-                   max_grad_norm=training.max_grad_norm)
+                   use_cache=training.use_cache, attention_mask=training.attention_mask,
+                   labels=training.labels, num_items_in_batch=training.num_items_in_batch,
+                   hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm)
 
     @property
     def fsdp(self) -> bool:
@@ -131,6 +138,12 @@ class Regime:
         """Adam's `step` counters are device tensors when fused (or on the CPU device), else CPU
         scalars that device memory does not see (torch/optim/adam.py _init_group)."""
         return self.device == "cpu" or self.optimizer_impl == "fused"
+
+    @property
+    def kv_cache(self) -> bool:
+        """A DynamicCache copies each layer's keys and values: use_cache without HF's per-layer
+        gradient checkpointing, which passes cache=None to its layers (modeling_layers.py)."""
+        return self.use_cache and self.checkpointing == "none"
 
     @property
     def selective(self) -> bool:

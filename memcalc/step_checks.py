@@ -13,6 +13,7 @@ from __future__ import annotations
 from memcalc import limits
 from memcalc.errors import NotModelledError, SpecError
 from memcalc.parallel.tensor import check_tensor_parallel
+from memcalc.programs.call_path import check_call_path
 from memcalc.specs import ModelSpec
 from memcalc.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
 
@@ -103,6 +104,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     """
     check_tensor_parallel(model, training)
     check_attention(model, training)
+    check_call_path(model, training)
     if training.world_size > 1 and training.optimizer in FINE_TUNE_OPTIMIZERS:
         raise NotModelledError("optimizer", f"optimizer='{training.optimizer}' is modelled on one "
                                "process (its states under DDP/ZeRO/FSDP are not validated)",

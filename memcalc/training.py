@@ -18,6 +18,8 @@ Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
+AttentionMask = Literal["none", "ones", "padded"]
+Labels = Literal["input_ids", "separate"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -30,6 +32,8 @@ CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 DEVICES: tuple[str, ...] = get_args(Device)
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
+ATTENTION_MASKS: tuple[str, ...] = get_args(AttentionMask)
+LABELS: tuple[str, ...] = get_args(Labels)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -97,6 +101,34 @@ class TrainingConfig(BaseModel):
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
     parameters, activations and unsharded gradients in bf16; no autocast."""
 
+    # ---- the call path: what the training loop passes to an HF model (memcalc.programs.call_path)
+    use_cache: bool = False
+    """HF models only: the forward keeps transformers' default use_cache=True (a train-mode call
+    without use_cache=False, as the HF Trainer makes): a DynamicCache holds a copy of every
+    layer's keys and values until the forward returns. HF's gradient checkpointing turns it off
+    (modeling_layers.GradientCheckpointingLayer), so it changes nothing under per-layer."""
+    attention_mask: AttentionMask = "none"
+    """HF models only: the attention_mask passed with the batch: none; ones (no padding: SDPA
+    still runs is_causal, masking_utils._ignore_causal_mask_sdpa); padded (some token is padding:
+    a (b, 1, s, s) boolean mask is built once, and SDPA converts it to a float mask that each
+    layer saves, and takes k and v repeated to every head instead of enable_gqa)."""
+    pad_tokens: int = Field(default=0, ge=0)
+    """Padding tokens at the end of each sequence with attention_mask='padded' (what the
+    validator builds; memory does not depend on how many, only that there are some)."""
+    labels: Labels = "input_ids"
+    """HF models only: labels=input_ids (the same tensor), or a separate (b, s) int64 labels
+    tensor in the batch (a data collator's copy, -100 at ignored positions; measured: the ignored
+    positions change no size, the tensor of its own adds b*s*8 bytes)."""
+    num_items_in_batch: bool = False
+    """HF models only: the loss gets num_items_in_batch (the HF Trainer passes it to models that
+    accept loss kwargs): cross-entropy with reduction='sum' divided by that int64 scalar."""
+    hf_trainer: bool = False
+    """The HF Trainer's own tensors (transformers 5.24 trainer.py, measured): all
+    grad_accum micro-batches of a step fetched before the first (get_batch_samples), on CPU
+    also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), two fp32
+    scalars (the running _tr_loss and the last micro-step's detached loss), its decay / no-decay
+    optimizer groups, and 32-bit bitsandbytes states for nn.Embedding weights."""
+
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
         if self.checkpointing == "every-k" and self.checkpoint_every is None:
@@ -112,6 +144,7 @@ class TrainingConfig(BaseModel):
                                           or self.precision != "fp32"):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
                              "fp32 (the policy, not autocast, makes the bf16 copies)")
+        _check_call_path(self)
         if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
             raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
                              "implementation, a loop over parameters); leave optimizer_impl unset")
@@ -156,6 +189,26 @@ class TrainingConfig(BaseModel):
             return self.weight_decay
         return DEFAULT_WEIGHT_DECAY[self.optimizer]
 
+    @classmethod
+    def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
+                          world_size: int = 1, attention_mask: str = "ones",
+                          pad_tokens: int = 0) -> "TrainingConfig":
+        """The step an HF Trainer runs (memcalc.trainer_args): `args` a dict of
+        TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
+        writes, or the TrainingArguments object; fields not given take transformers' defaults.
+        `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
+        collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
+
+        >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
+        ...     "gradient_checkpointing": True}, seq_len=2048)
+        >>> t.micro_batch, t.precision, t.checkpointing, t.optimizer_impl, t.max_grad_norm
+        (4, 'bf16-amp', 'per-layer', 'fused', 1.0)
+        """
+        from memcalc.trainer_args import training_fields
+
+        return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
+                                          pad_tokens))
+
     def with_(self, **changes) -> "TrainingConfig":
         """A copy with some fields changed, validated again.
 
@@ -163,3 +216,12 @@ class TrainingConfig(BaseModel):
         2
         """
         return type(self).make(**{**self.model_dump(), **changes})
+
+
+def _check_call_path(training: TrainingConfig) -> None:
+    """Cross-field checks of the call-path fields."""
+    if training.attention_mask == "padded" and training.pad_tokens == 0:
+        raise ValueError("attention_mask='padded' needs pad_tokens > 0 (padding tokens per "
+                         "sequence); with no padding use attention_mask='ones'")
+    if training.pad_tokens and training.attention_mask != "padded":
+        raise ValueError("pad_tokens is only used with attention_mask='padded'")

@@ -26,8 +26,33 @@ def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None
 
 
 def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None) -> dict:
-    return {"model": spec.model_dump(mode="json"), "training": training.model_dump(mode="json"),
+    return {"model": spec.model_dump(mode="json"), "training": _training_fields(training),
             "hf_config": hf_config}
+
+
+def _training_fields(training: TrainingConfig) -> dict:
+    """training.model_dump(), less the call-path fields at their defaults (so that keys recorded
+    before those fields existed still match)."""
+    from memcalc.programs.call_path import CALL_PATH_DEFAULTS
+
+    fields = training.model_dump(mode="json")
+    for name, default in CALL_PATH_DEFAULTS.items():
+        if fields.get(name) == default:
+            del fields[name]
+    return fields
+
+
+def call_path_label(training: TrainingConfig) -> str:
+    """The non-default call-path fields, for labels ('' when none).
+
+    >>> call_path_label(TrainingConfig(micro_batch=1, seq_len=8, use_cache=True))
+    ' | use_cache=True'
+    """
+    from memcalc.programs.call_path import CALL_PATH_DEFAULTS
+
+    changed = [f"{n}={getattr(training, n)}" for n, d in CALL_PATH_DEFAULTS.items()
+               if getattr(training, n) != d]
+    return (" | " + " ".join(changed)) if changed else ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +70,9 @@ class Case:
     spec: ModelSpec
     training: TrainingConfig
     hf_config: dict | None = None
+    trainer_args: dict | None = None
+    """TrainingArguments fields: the case runs through transformers.Trainer
+    (validate.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
 
     @property
     def distributed(self) -> bool:
@@ -71,6 +99,8 @@ class Case:
         2
         """
         fields = _key_fields(self.spec, self.training, self.hf_config)
+        if self.trainer_args is not None:
+            fields["trainer_args"] = self.trainer_args
         if self.distributed:
             fields["parallel"] = {"world_size": self.world_size, "sharding": self.sharding}
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -99,7 +129,10 @@ class Case:
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
-                f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else ""))
+                f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
+                + call_path_label(t)
+                + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
+                   if self.trainer_args is not None else ""))
 
 
 __all__ = ["Case", "config_key"]

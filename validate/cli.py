@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--matrix", help=f"a named matrix: {', '.join(MATRICES)}")
     src.add_argument("--model", help="a memcalc preset name, e.g. gpt2, llama-2-7b")
     src.add_argument("--hf-config", help="path of a Hugging Face config.json")
+    run.add_argument("--trainer", help="run through transformers.Trainer with these TrainingArguments: "
+                     "a JSON file (to_json_string()) or a JSON object, e.g. '{\"bf16\": true}' "
+                     "(with --model/--hf-config and --seq-len; --attention-mask/--pad-tokens say "
+                     "how the synthetic batches are padded)")
     run.add_argument("--backend", choices=["auto", "cpu", "fake", "cuda"], default="auto",
                      help="auto: cuda for --device cuda, else the live-tensor tracker")
     run.add_argument("--out", help="JSON lines results file (a .md table is written next to it)")
@@ -127,8 +131,35 @@ def single_case(args) -> Case:
         spec, hf_config = spec.with_(**overrides), None
     if spec.implementation != "hf":
         hf_config = None
+    if args.trainer is not None:
+        return trainer_case(args, spec, hf_config)
     training = TrainingConfig.make(**_given(args, args.training_fields))
     return Case(spec.name, spec, training, hf_config)
+
+
+def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
+    """--trainer: the TrainingArguments fields, and the TrainingConfig memcalc reads from them."""
+    from memcalc.trainer_args import trainer_args_dict
+
+    text = args.trainer.strip()
+    if text.startswith("{"):
+        from memcalc.files import parse_json_object
+
+        fields = parse_json_object(text, "--trainer", "trainer_args")
+    else:
+        fields = trainer_args_dict(text)
+    given = _given(args, args.training_fields)
+    if "seq_len" not in given:
+        raise SpecError("seq_len", "--trainer needs the sequence length", "pass --seq-len N")
+    extra = sorted(set(given) - {"seq_len", "attention_mask", "pad_tokens", "device"})
+    if extra:
+        raise SpecError(extra[0], "comes from the TrainingArguments with --trainer",
+                        f"set it in the --trainer fields, not as --{extra[0].replace('_', '-')}")
+    fields = {**fields, "use_cpu": True}
+    training = TrainingConfig.from_trainer_args(fields, seq_len=given["seq_len"], device="cpu",
+                                                attention_mask=given.get("attention_mask", "ones"),
+                                                pad_tokens=given.get("pad_tokens", 0))
+    return Case(spec.name, spec, training, hf_config, trainer_args=fields)
 
 
 def matrix_cases(args) -> list[Case]:

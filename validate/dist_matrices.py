@@ -43,7 +43,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     (tensor_parallel_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (58, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (61, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -66,7 +66,22 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
                     mixed.with_(checkpointing="per-layer"), 4, "zero2"),
               _case("llama-ref-pad-W4-zero3-mp-ga2", padded, mixed.with_(grad_accum=2), 4, "zero3")]
     cases += dist_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
-    return cases + tensor_parallel_cases(training)
+    return cases + tensor_parallel_cases(training) + call_path_cases(training)
+
+
+def call_path_cases(training: TrainingConfig) -> list[Case]:
+    """HF Llama on DDP and FSDP2 ranks with the Trainer's call path (memcalc.programs.call_path):
+    the DynamicCache, a padded mask, separate labels and num_items_in_batch.
+
+    >>> [c.name for c in call_path_cases(TrainingConfig(micro_batch=2, seq_len=64, device="cpu"))]
+    ['llama-hf-W2-none-callpath', 'llama-hf-W4-zero2-callpath', 'llama-hf-W2-zero3-callpath-bf16-amp']
+    """
+    path = training.with_(use_cache=True, attention_mask="padded", pad_tokens=5, labels="separate",
+                          num_items_in_batch=True)
+    model = dist_model("llama-hf")
+    return [_case("llama-hf-W2-none-callpath", model, path, 2, "none"),
+            _case("llama-hf-W4-zero2-callpath", model, path, 4, "zero2"),
+            _case("llama-hf-W2-zero3-callpath-bf16-amp", model, path.with_(precision="bf16-amp"), 2, "zero3")]
 
 
 # Tensor-parallel rows: (model, degree, TrainingConfig changes). Llama gets 8 query and 4 kv heads

@@ -20,6 +20,8 @@ from memcalc.training import PRECISIONS, TrainingConfig
 from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.ci_families_b import ci_families_b
+from validate.ci_callpath import ci_callpath_cases
+from validate.ci_trainer import ci_trainer_cases
 from validate.ci_optim import ci_optim_matrix
 from validate.dist_matrices import dist_ci_matrix
 
@@ -156,7 +158,9 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
     cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
-    return cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
+    return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
+            + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
+            + ci_trainer_cases(device))  # through transformers.Trainer (validate/ci_trainer.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

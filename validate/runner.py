@@ -51,6 +51,10 @@ def _measure(case: Case, backend: str, steps: int):
 
         return measure_distributed(case.spec, case.training, case.world_size, case.sharding,
                                    steps=steps, hf_config=case.hf_config)
+    if case.trainer_args is not None:  # through transformers.Trainer
+        from validate.trainer_run import measure_trainer
+
+        return measure_trainer(case.spec, case.training, case.trainer_args, case.hf_config, steps)
     from validate.measure import measure
 
     return measure(case.spec, case.training, backend, case.hf_config, steps=steps)

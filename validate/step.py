@@ -107,6 +107,9 @@ def check_runnable(spec, training) -> None:
         raise MemcalcError("seq_len", f"{training.seq_len} exceeds max_position_embeddings="
                            f"{spec.max_position_embeddings}",
                            "lower --seq-len or raise --max-position-embeddings")
+    if training.pad_tokens >= training.seq_len:
+        raise MemcalcError("pad_tokens", f"{training.pad_tokens} leaves no token of a "
+                           f"{training.seq_len}-token sequence", "use pad_tokens < seq_len")
     if training.checkpointing == "every-k" and training.checkpoint_every > spec.num_layers:
         raise MemcalcError("checkpoint_every", f"{training.checkpoint_every} exceeds num_layers="
                            f"{spec.num_layers}", "choose a segment size <= num_layers")
@@ -138,7 +141,7 @@ def _build_model(spec, training, hf_config):
         from validate.hf import build_hf
 
         model, description = build_hf(spec, training, hf_config)
-        return model, description, lambda ids: model(input_ids=ids, labels=ids, use_cache=False).loss
+        return model, description, lambda ids, **batch: model(**hf_call_kwargs(training, ids, batch)).loss
     from validate.models import build_reference
 
     model = build_reference(spec, training)
@@ -169,21 +172,22 @@ def train_step(trainee: Trainee, training, meter, vocab_size: int) -> StepPeaks:
     meter.reset_peak()
     ids = torch.randint(0, vocab_size, (training.micro_batch, training.seq_len),
                         device=training.device)
+    batch = call_path_batch(training, ids)  # attention_mask, labels, num_items_in_batch
     peaks = {"inputs": meter.peak()}
     for _ in range(training.grad_accum):
         # the closures read `ids` and `loss` as cells, so `del loss` frees the loss (ruff's F821
         # does not see the names through the later `del`)
-        loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids))  # noqa: F821
+        loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids, batch))  # noqa: F821
         _phase(meter, "backward", peaks, lambda: _backward(trainee, loss))  # noqa: F821
         del loss
     _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee, training))
-    del ids
+    del ids, batch
     return StepPeaks(peak=max(peaks.values()), phases={p: peaks[p] for p in PHASES})
 
 
-def _forward(trainee, training, ids):
+def _forward(trainee, training, ids, batch):
     with _autocast(training):
-        loss = trainee.loss_fn(ids)
+        loss = trainee.loss_fn(ids, **batch)
         if training.grad_accum > 1:
             loss = loss / training.grad_accum
     return loss
@@ -204,6 +208,51 @@ def _optimizer_step(trainee, training) -> None:
     else:
         trainee.optimizer.step()
     trainee.optimizer.zero_grad(set_to_none=True)
+
+
+# ---- the HF call path (TrainingConfig.use_cache, attention_mask, labels, num_items_in_batch) ---
+def call_path_batch(training, ids) -> dict:
+    """The batch tensors besides input_ids, made before the step as a data collator would: an
+    int64 attention_mask (ones, or the last pad_tokens of each sequence 0), a labels copy with
+    -100 at the first position and at padding, num_items_in_batch = count of labels != -100.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> tc = TrainingConfig(micro_batch=1, seq_len=4, attention_mask="padded", pad_tokens=1,
+    ...                     labels="separate", num_items_in_batch=True)
+    >>> b = call_path_batch(tc, torch.arange(4).view(1, 4))
+    >>> b["attention_mask"].tolist(), b["labels"].tolist(), int(b["num_items_in_batch"])
+    ([[1, 1, 1, 0]], [[-100, 1, 2, -100]], 2)
+    """
+    batch = {}
+    if training.attention_mask != "none":
+        mask = torch.ones_like(ids)
+        if training.pad_tokens:
+            mask[:, training.seq_len - training.pad_tokens:] = 0
+        batch["attention_mask"] = mask
+    labels = ids
+    if training.labels == "separate":
+        labels = ids.clone()
+        labels[:, 0] = -100
+        if "attention_mask" in batch:
+            labels[batch["attention_mask"] == 0] = -100
+        batch["labels"] = labels
+    if training.num_items_in_batch:
+        batch["num_items_in_batch"] = (labels != -100).sum()
+    return batch
+
+
+def hf_call_kwargs(training, ids, batch: dict) -> dict:
+    """model(**kwargs) for the configured call path: use_cache=False unless use_cache (HF's
+    default then applies), labels=input_ids unless a labels tensor is in the batch.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> sorted(hf_call_kwargs(TrainingConfig(micro_batch=1, seq_len=4), "ids", {}))
+    ['input_ids', 'labels', 'use_cache']
+    """
+    kwargs = {"input_ids": ids, "labels": ids, **batch}
+    if not training.use_cache:
+        kwargs["use_cache"] = False
+    return kwargs
 
 
 @dataclass

@@ -54,7 +54,7 @@ def wrap_ddp(trainee: Trainee, job: DistJob) -> dict:
     ddp = DDP(trainee.model, bucket_cap_mb=job.bucket_cap_mb,
               gradient_as_bucket_view=job.gradient_as_bucket_view)
     trainee.model = ddp
-    trainee.loss_fn = _loss_through(ddp, trainee.implementation)
+    trainee.loss_fn = _loss_through(ddp, trainee.implementation, job.training)
     config = getattr(ddp, "_bucket_config", None)
     info = {"ddp": {"bucket_cap_mb": job.bucket_cap_mb,
                     "bucket_bytes_cap": ddp.bucket_bytes_cap,
@@ -98,9 +98,11 @@ def after_run(trainee: Trainee) -> dict:
                             "has_rebuilt_buckets": logged.get("has_rebuilt_buckets")}}
 
 
-def _loss_through(module, implementation: str) -> Callable:
+def _loss_through(module, implementation: str, training) -> Callable:
     if implementation.startswith("hf"):
-        return lambda ids: module(input_ids=ids, labels=ids, use_cache=False).loss
+        from validate.step import hf_call_kwargs
+
+        return lambda ids, **batch: module(**hf_call_kwargs(training, ids, batch)).loss
     return lambda ids: module(ids, ids)
 
 

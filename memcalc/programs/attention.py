@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from memcalc.programs.base import size
+from memcalc.programs.call_path import sdpa_float_mask
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, Grad, Value
@@ -38,31 +39,36 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous_q: bool = False) -> Value:
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
+         contiguous: bool = False, contiguous_q: bool = False) -> Value:
     """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
     returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
     is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
-    rules out the flash kernel and the math composite runs. `contiguous_q`: q arrives
-    contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary cat); the CPU flash kernel lays
-    its output out like q (measured, torch 2.13), so the caller's transpose(1, 2).contiguous()
-    copies it."""
+    rules out the flash kernel and the math composite runs. `mask`: a (b, 1, s, s) bool mask
+    (a padded batch, memcalc.programs.call_path); `contiguous`: k and v are the DynamicCache's
+    contiguous copies; `contiguous_q`: q arrives contiguous (b, heads, s, d) (Phi-3's and
+    GPT-NeoX's rotary cat); the CPU flash kernel lays its output out like q (measured, torch
+    2.13), so the caller's transpose(1, 2).contiguous() copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        return sdpa_math(ops, spec, q, k, v)
-    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+        return sdpa_math(ops, spec, q, k, v, contiguous=contiguous)
+    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size, sdpa_float_mask(ops, mask, q.elt))
     if contiguous_q and ops.device == "cpu":
         out = copy(ops, out, "transpose(1,2).contiguous()")
     return out
 
 
-def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int) -> Value:
+def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int,
+               mask: Value | None = None) -> Value:
     """Flash kernel (CPU: _scaled_dot_product_flash_attention_for_cpu; CUDA: flash, or
-    memory-efficient for fp32): outputs (b,s,heads*d) and an fp32 logsumexp (b,heads,s); saves
-    q, k, v, output, logsumexp; backward allocates grad q, k, v. No s^2 term. The output is laid
-    out (b, s, heads, d), so transpose(1, 2).contiguous() copies nothing."""
-    out, _ = ops.g.op_multi("sdpa", [q, k, v], [size("b s a d", q.elt, a=heads, d=head_dim),
-                                                  size("b a s", 4, a=heads)],
-                            saves=[q, k, v], backward=[Grad(0), Grad(1), Grad(2)], elts=[q.elt, 4],
-                            save_outputs=(0, 1))
+    memory-efficient for fp32 or with a mask): outputs (b,s,heads*d) and an fp32 logsumexp
+    (b,heads,s); saves q, k, v, the float mask if any, output, logsumexp; backward allocates
+    grad q, k, v. No s^2 term but the mask's. The output is laid out (b, s, heads, d), so
+    transpose(1, 2).contiguous() copies nothing."""
+    masks = [mask] if mask is not None else []
+    out, _ = ops.g.op_multi("sdpa", [q, k, v] + masks, [size("b s a d", q.elt, a=heads, d=head_dim),
+                                                          size("b a s", 4, a=heads)],
+                            saves=[q, k, v] + masks, backward=[Grad(0), Grad(1), Grad(2)],
+                            elts=[q.elt, 4], save_outputs=(0, 1))
     return out
 
 
@@ -106,7 +112,7 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
 
 
 def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
-              layouts: tuple[str, str] = ("projection", "projection")) -> Value:
+              layouts: tuple[str, str] = ("projection", "projection"), contiguous: bool = False) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
@@ -117,7 +123,8 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     and v are laid out: 'projection' (transposed views of the projections, kv heads), or all
     heads as repeat_kv made them, 'contiguous' copies (bmm takes them as they are) or
     'expanded' stride-0 views (an elementwise op or an upcast lays them out contiguously; bmm
-    copies an expanded v)."""
+    copies an expanded v). With the DynamicCache's contiguous k and v (`contiguous`), k^T and v
+    need no copy."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
@@ -141,13 +148,13 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
     qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" else ks
+    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" and not contiguous else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
-    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a)
+    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous)
     vc = copy(ops, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
@@ -155,23 +162,27 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
-def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
+               contiguous: bool = False) -> tuple[Value, Value]:
     """transformers' GPT-2 eager_attention_forward: bmm copies of the q, k, v views of the fused
-    projection; scores * scale + float mask; softmax (saves its result) cast to v's dtype;
-    dropout; @ v; transpose(1, 2).contiguous()."""
+    projection (not of k and v when they are the DynamicCache's contiguous copies); scores *
+    scale + float mask; softmax (saves its result) cast to v's dtype; dropout; @ v;
+    transpose(1, 2).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    s = scores_matmul(ops, copy(ops, q, "q reshape copy"), copy(ops, k, "k reshape copy"), a)
+    qc = copy(ops, q, "q reshape copy")
+    s = scores_matmul(ops, qc, k if contiguous else copy(ops, k, "k reshape copy"), a)
     s = add_float_mask(ops, ops.scale(s, "* scale"), mask)
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
-    vc = copy(ops, v, "v reshape copy")
+    vc = v if contiguous else copy(ops, v, "v reshape copy")
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
              backward=[Grad(0), Grad(1)], elt=q.elt)
     return copy(ops, y, "transpose contiguous"), p
 
 
 def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
-                softcap: bool = False, contiguous_qk: bool = False) -> tuple[Value, Value]:
+                softcap: bool = False, contiguous_qk: bool = False, contiguous: bool = False
+                ) -> tuple[Value, Value]:
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
     k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
     kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
@@ -180,7 +191,8 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     acts in that dtype, and autocast casts the probabilities for the second matmul.
     `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
     cat), so bmm's reshape copies neither. With `softcap` (Gemma-2's eager_attention_forward):
-    scores / cap (a new tensor), tanh (saves its result), * cap, before the mask."""
+    scores / cap (a new tensor), tanh (saves its result), * cap, before the mask. The
+    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
@@ -188,12 +200,12 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]  # key_states / value_states: locals until the function returns
-    else:
+    elif not contiguous:
         v = copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
     if not contiguous_qk:
         q = copy(ops, q, "q reshape copy")
-    if kv == a and not contiguous_qk:
+    if kv == a and not contiguous_qk and not contiguous:
         k = copy(ops, k, "k^T reshape copy")
     scores = ops.scale(scores_matmul(ops, q, k, a), "* scale")
     if softcap:

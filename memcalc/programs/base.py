@@ -74,6 +74,9 @@ class DecoderProgram:
 
     def build(self, ops: Ops, spec: ModelSpec, regime: Regime) -> None:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
+        from memcalc.programs.call_path import batch_inputs
+
+        batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
         emb = self.embed(ops, spec, regime)
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
@@ -86,7 +89,7 @@ class DecoderProgram:
         logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
         self.loss(ops, logits, emb.ids)
         ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
-                      + emb.held_until_return)
+                      + emb.held_until_return + emb.context.get("cache", []))
         ops.g.order_params(self.registration_rank)
 
     # ---- hooks ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""transformers GPT2LMHeadModel (models/gpt2/modeling_gpt2.py, transformers 5.x), use_cache=False.
+"""transformers GPT2LMHeadModel (models/gpt2/modeling_gpt2.py, transformers 5.x), use_cache=False by default
+(the other call paths: memcalc.programs.call_path).
 
 Python-level lifetimes that matter: GPT2Model.forward keeps inputs_embeds and position_embeds
 until it returns; GPT2Block.forward keeps attn_output and feed_forward_hidden_states until the
@@ -7,6 +8,7 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 from __future__ import annotations
 
 from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa
+from memcalc.programs.call_path import cache_kv, causal_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import gelu_new
 from memcalc.programs.loss import hf_causal_lm_loss
@@ -46,14 +48,15 @@ def upcast_reordered_attn(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Valu
 
 
 def eager_core(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
-               mask: Value) -> tuple[Value, Value]:
+               mask: Value, contiguous: bool = False) -> tuple[Value, Value]:
     """The eager attention GPT2Attention.forward picks: the upcast path with reorder_and_upcast_attn
     when `config._attn_implementation == "eager"` (`using_eager`), else eager_attention_forward;
     selective checkpointing runs eager through a registered interface of another name
-    (validate.hf.register_selective), so `using_eager` is false there."""
+    (validate.hf.register_selective), so `using_eager` is false there. `contiguous`: k and v are
+    the DynamicCache's copies (use_cache; refused with reorder_and_upcast_attn, check_call_path)."""
     if spec.reorder_and_upcast_attn and not regime.selective:
         return upcast_reordered_attn(ops, spec, q, k, v, mask)
-    return gpt2_eager(ops, spec, q, k, v, mask)
+    return gpt2_eager(ops, spec, q, k, v, mask, contiguous)
 
 
 class HFGPT2(DecoderProgram):
@@ -72,9 +75,7 @@ class HFGPT2(DecoderProgram):
         pos = g.op("wpe embedding", [wpe, pos_ids], size("s h", wpe.elt, h=h), saves=[pos_ids],
                    backward=[Grad(0)], elt=wpe.elt)
         x = ops.add_broadcast(tok, pos, size("s h", wpe.elt, h=h))
-        mask = None
-        if regime.attention == "eager":
-            mask = g.op("causal mask", [], size("b s s", tok.elt), requires_grad=False, elt=tok.elt)
+        mask = causal_mask(ops, regime, tok.elt)  # create_causal_mask (call_path)
         x = ops.dropout(x, spec.embd_dropout)
         return Embedded(x, ids, {"mask": mask}, held_until_norm=[tok, pos, mask])
 
@@ -88,9 +89,10 @@ class HFGPT2(DecoderProgram):
         qkv = ops.linear(ln1, p("attn.c_attn.weight", h * 3 * a * d, h),
                          p("attn.c_attn.bias", 3 * a * d) if spec.qkv_bias else None, N, 3 * a * d, "c_attn")
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         y, weights = attention_core(ops, regime, lambda: (
-            (sdpa(ops, spec, q, k, v), None) if regime.attention == "sdpa"
-            else eager_core(ops, spec, regime, q, k, v, context["mask"])))
+            (sdpa(ops, spec, q, k, v, context["mask"], contiguous), None) if regime.attention == "sdpa"
+            else eager_core(ops, spec, regime, q, k, v, context["mask"], contiguous)))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
                           p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")
         attn = ops.dropout(attn, spec.resid_dropout)

@@ -1,5 +1,6 @@
 """transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM
-(models/llama/modeling_llama.py, mistral/, qwen2/, qwen3/, transformers 5.x), use_cache=False.
+(models/llama/modeling_llama.py, mistral/, qwen2/, qwen3/, transformers 5.x), use_cache=False by
+default (the other call paths: memcalc.programs.call_path; refused with sliding windows).
 
 Qwen3 adds per-head RMSNorms of q and k before rotary (spec.qk_norm). Sliding windows (Mistral's
 sliding_window on every layer, Qwen2/Qwen3's on layers >= max_window_layers) change only the
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa, sdpa_masked
+from memcalc.programs.call_path import cache_kv, causal_mask, repeat_kv
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
@@ -47,14 +49,28 @@ def qk_norms(ops: Ops, spec: ModelSpec, q: Value, k: Value, p: Callable[..., Val
 
 
 def attention_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
-                     mask: Value | None, softcap: bool = False) -> tuple[Value, Value | None]:
+                     mask: Value | None, softcap: bool = False, contiguous: bool = False
+                     ) -> tuple[Value, Value | None]:
     """The attention interface's call: SDPA (no mask: is_causal, enable_gqa; a materialised
-    sliding mask: sdpa_masked) or the eager function; returns (output, weights)."""
+    sliding mask: sdpa_masked; a padded batch's mask: sdpa_call) or the eager function; returns
+    (output, weights). `contiguous`: k and v are the DynamicCache's copies (use_cache)."""
     if regime.attention == "sdpa":
         if mask is None:
-            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
-        return sdpa_masked(ops, spec, q, k, v, mask), None
-    return llama_eager(ops, spec, q, k, v, mask, softcap)
+            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous=contiguous), None
+        if spec.sliding_window is not None:  # call paths are refused with windows (check_call_path)
+            return sdpa_masked(ops, spec, q, k, v, mask), None
+        return sdpa_call(ops, spec, q, k, v, mask, contiguous), None
+    return llama_eager(ops, spec, q, k, v, mask, softcap, contiguous=contiguous)
+
+
+def sdpa_call(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None,
+              contiguous: bool) -> Value:
+    """integrations/sdpa_attention.py with a padded batch's mask: repeat_kv copies k and v (held
+    by sdpa_attention_forward until it returns); autocast casts the operands."""
+    repeated = list(repeat_kv(ops, spec, k, v)) if mask is not None else [k, v]
+    out = sdpa(ops, spec, *(ops.matmul_operand(t) for t in [q] + repeated), mask, contiguous)
+    ops.scope_end(repeated)
+    return out
 
 
 class HFLlama(DecoderProgram):
@@ -72,11 +88,12 @@ class HFLlama(DecoderProgram):
         q, k, v = self.project_qkv(ops, spec, x, p)
         q, k = qk_norms(ops, spec, q, k, p, self.norm)
         q, k = self.position(ops, spec, q, k, layer, context)
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         q_local, k_local, v_local = q, k, v
         mask = layer_mask(context, spec, layer)
 
         def core():
-            return attention_kernel(ops, spec, regime, q, k, v, mask, spec.attn_softcap)
+            return attention_kernel(ops, spec, regime, q, k, v, mask, spec.attn_softcap, contiguous)
 
         y, weights = attention_core(ops, regime, core)
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
@@ -130,7 +147,10 @@ class HFLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         x = self.scale_embeddings(ops, x)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
-        masks = build_masks(ops, spec, regime, x.elt)
+        if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
+            masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
+        else:
+            masks = build_masks(ops, spec, regime, x.elt)
         cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))
         context = {"masks": masks, "rope": {"full": (cos, sin), "sliding": (cos, sin)},
                    "mask": masks.get("full"), "cos": cos, "sin": sin}  # one table, one mask kind

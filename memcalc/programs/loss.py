@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from memcalc.poly import Poly
+from memcalc.programs.call_path import divide_by_num_items
 from memcalc.programs.base import size
 from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
@@ -25,7 +26,8 @@ def hf_causal_lm_loss(ops: Ops, logits: Value) -> Value:
     logits32 = ops.to(logits, 4, "logits.float()")
     padded = g.op("pad labels", [], size("b s", 8) + size("b", 8), requires_grad=False, elt=8)
     target = g.op("shift labels", [padded], size("b s", 8), requires_grad=False, elt=8)
-    return cross_entropy_fp32(ops, logits32, target)
+    # with num_items_in_batch: reduction='sum', then / num_items (memcalc.programs.call_path)
+    return divide_by_num_items(ops, cross_entropy_fp32(ops, logits32, target))
 
 
 def reference_cross_entropy(ops: Ops, logits: Value, target: Value) -> Value:

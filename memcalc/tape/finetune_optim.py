@@ -36,6 +36,10 @@ from memcalc.allocator import round_up
 
 BNB_8BIT = ("adamw-8bit", "paged-adamw-8bit")
 BNB = BNB_8BIT + ("paged-adamw",)
+THIRTY_TWO_BIT = {"adamw-8bit": "adamw-32bit", "paged-adamw-8bit": "paged-adamw"}
+"""The same optimizer with optim_bits=32 for one parameter (GlobalOptimManager's module override,
+which the HF Trainer registers for nn.Embedding weights): 'adamw-32bit' is internal, two fp32
+states and the 32-bit update's temporaries."""
 MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
 BLOCK = 256  # Optimizer2State.init_state: blocksize = 256
 QMAP_BYTES = 256 * 4  # F.create_dynamic_map: 256 fp32 values

@@ -36,9 +36,33 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     return out
 
 
+def _transient(graph: Graph, regime: Regime) -> int:
+    """Peak optimizer temporaries: one parameter group, or the HF Trainer's two (decay and
+    no-decay, memcalc.programs.call_path.trainer_param_groups), stepped one after the other."""
+    if regime.hf_trainer:
+        from memcalc.programs.call_path import trainer_param_groups
+
+        return max(transient_bytes(regime.optimizer, regime.optimizer_impl, decay, sizes)
+                   for sizes, decay in trainer_param_groups(graph, regime.weight_decay))
+    return transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
+                           _param_sizes(graph))
+
+
 def _shapes(graph: Graph, regime: Regime) -> list[tuple[int, int]]:
     """(elements, dim 0) of each parameter in model.parameters() order."""
     return [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.params]
+
+
+def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
+    """The optimizer each parameter is stepped with: the HF Trainer keeps nn.Embedding weights'
+    bitsandbytes states in 32 bits (trainer.py create_optimizer: register_module_override(
+    module, 'weight', {'optim_bits': 32}); measured with validate --trainer)."""
+    if not (regime.hf_trainer and regime.optimizer in ft.THIRTY_TWO_BIT):
+        return [regime.optimizer] * len(graph.params)
+    from memcalc.programs.call_path import is_embedding
+
+    return [ft.THIRTY_TWO_BIT[regime.optimizer] if is_embedding(v.label) else regime.optimizer
+            for v in graph.params]
 
 
 def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[list[Storage]]]:
@@ -48,8 +72,19 @@ def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[
     shared = [Storage(Poly.const(b), "optimizer", "qmap")
               for b in ft.shared_allocations(regime.optimizer, [n for n, _ in shapes], dev)]
     per = [[Storage(Poly.const(b), "optimizer", "optimizer state")
-            for b in ft.state_allocations(regime.optimizer, n, rows, dev)] for n, rows in shapes]
+            for b in ft.state_allocations(opt, n, rows, dev)]
+           for opt, (n, rows) in zip(_param_optimizers(graph, regime), shapes)]
     return shared, per
+
+
+def _finetune_temporaries(graph: Graph, regime: Regime) -> list[int]:
+    """ft.step_temporaries, per parameter when the Trainer's 32-bit overrides apply (bitsandbytes
+    carries nothing from one parameter's update to the next)."""
+    args = (regime.param_elt, regime.device, regime.granularity)
+    names, shapes = _param_optimizers(graph, regime), _shapes(graph, regime)
+    if len(set(names)) <= 1:
+        return ft.step_temporaries(regime.optimizer, shapes, *args)
+    return [ft.step_temporaries(name, [shape], *args)[0] for name, shape in zip(names, shapes)]
 
 
 def _finetune_optimizer(mem: Memory, graph: Graph, regime: Regime, first_step: bool,
@@ -58,8 +93,7 @@ def _finetune_optimizer(mem: Memory, graph: Graph, regime: Regime, first_step: b
     created just before its update (Optimizer8bit.step, Adafactor.step), so the peak is at the
     parameter k maximising states(0..k) + temporaries(k); qmaps (CUDA) come with the first."""
     g = regime.granularity
-    temps = ft.step_temporaries(regime.optimizer, _shapes(graph, regime), regime.param_elt,
-                                regime.device, g)
+    temps = _finetune_temporaries(graph, regime)
     if not temps:
         return
     k = max(range(len(temps)), key=temps.__getitem__)
@@ -132,8 +166,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     if first_step:
         for st in states:
             mem.hold(st)
-    temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
-                           _param_sizes(graph)) if with_optimizer else 0
+    temp = _transient(graph, regime) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
         mem.hold(tmp)
