@@ -15,9 +15,12 @@ Element sizes (bytes per element):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from memcalc.allocator import granularity
+from memcalc.lora import LoRA
 from memcalc.training import TrainingConfig
 
 # optimizer state tensors per parameter, each of the parameter's shape and dtype
@@ -84,6 +87,9 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    lora: LoRA | None = None
+    freeze: tuple[str, ...] = ()
+    quantization: str = "none"
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -102,7 +108,8 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum)
+                   attention=training.attention, grad_accum=training.grad_accum,
+                   lora=training.lora, freeze=training.freeze, quantization=training.quantization)
 
     @property
     def fsdp(self) -> bool:
@@ -141,3 +148,52 @@ class Regime:
         k = {"per-layer": 1, "every-k": self.checkpoint_every or 1,
              "sqrt": sqrt_segment_size(num_layers)}[self.checkpointing]
         return set(range(0, num_layers, k))
+
+    @property
+    def fine_tuning(self) -> bool:
+        """Some base parameters are frozen (LoRA, or TrainingConfig.freeze patterns)."""
+        return self.lora is not None or bool(self.freeze)
+
+    def trainable(self, label: str) -> bool:
+        """Whether the parameter `label` (its torch name in the base model, adapters under
+        `<module>.lora_A.default.weight`) requires grad: peft freezes every base parameter
+        (tuners_utils.BaseTuner._mark_only_adapters_as_trainable) except biases under bias='all'
+        (any name containing "bias") or 'lora_only' (the targeted linears' biases); then
+        TrainingConfig.freeze patterns freeze what they match.
+
+        >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, freeze=("*embed*",)))
+        >>> r.trainable("model.embed_tokens.weight"), r.trainable("lm_head.weight")
+        (False, True)
+        """
+        if any(fnmatchcase(label, p) for p in self.freeze):
+            return False
+        if self.lora is None or is_adapter(label):
+            return True
+        module = label.rsplit(".", 1)[0]
+        if self.lora.bias == "all":
+            return "bias" in label
+        if self.lora.bias == "lora_only":
+            return label.endswith(".bias") and self.lora.targets_module(module, layer_of(module))
+        return False
+
+
+_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer index in a module or parameter name (None outside the layers).
+
+    >>> layer_of("model.layers.12.self_attn.q_proj"), layer_of("transformer.h.3.attn.c_attn"), layer_of("lm_head")
+    (12, 3, None)
+    """
+    found = _LAYER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def is_adapter(label: str) -> bool:
+    """A LoRA adapter parameter (peft's names: <module>.lora_A.default.weight, lora_B ...).
+
+    >>> is_adapter("model.layers.0.self_attn.q_proj.lora_B.default.weight")
+    True
+    """
+    return ".lora_A." in label or ".lora_B." in label

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memcalc.errors import from_pydantic
+from memcalc.lora import LoRA
 
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
@@ -14,6 +15,7 @@ Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
+Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -23,6 +25,7 @@ CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 DEVICES: tuple[str, ...] = get_args(Device)
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}
@@ -76,6 +79,25 @@ class TrainingConfig(BaseModel):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
     parameters, activations and unsharded gradients in bf16; no autocast."""
+    lora: LoRA | None = None
+    """LoRA adapters (memcalc.LoRA, as peft runs them) on a frozen base model; None: no adapters."""
+    freeze: tuple[str, ...] = ()
+    """Parameters to freeze (requires_grad=False), as fnmatch patterns over torch parameter
+    names, e.g. "*embed_tokens*" or "model.layers.[0-3].*": no gradient, no optimizer state,
+    and no saved input for a weight gradient."""
+    quantization: Quantization = "none"
+    """Base weights quantised by bitsandbytes (QLoRA): none, nf4, nf4-double (double
+    quantisation), fp4, int8 (load_in_8bit)."""
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora(cls, v: object) -> object:
+        return LoRA(**v) if isinstance(v, dict) else v
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _freeze(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":

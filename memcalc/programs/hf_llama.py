@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa
-from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
+from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
@@ -54,6 +54,7 @@ class HFLlama(DecoderProgram):
         embed = ops.param("model.embed_tokens.weight", V * h, V)
         x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                  backward=[Grad(0)], elt=embed.elt)
+        input_require_grads(ops, x)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         mask = None
         if regime.attention == "eager":

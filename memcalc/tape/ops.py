@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from memcalc.poly import Poly
 from memcalc.regime import Regime
-from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
+from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value, product_saves
 
 
 def numel(v: Value) -> Poly:
@@ -57,7 +57,7 @@ class Ops:
         and cached until autocast exits (autocast_mode.cpp cached_cast)."""
         if not self.autocast or x.elt == self.low:
             return x
-        if not x.is_param:
+        if not (x.is_param and x.requires_grad):  # cached_cast caches only leaves requiring grad
             return self.to(x, self.low, "autocast cast")
         if id(x) not in self._cast_cache:
             cast = self.to(x, self.low, f"cast {x.label}")
@@ -77,7 +77,8 @@ class Ops:
     def param(self, label: str, count: int, rows: int | None = None) -> Value:
         """A parameter of `count` elements in the regime's parameter dtype; `rows` is its dim 0
         (FSDP shards along it), `count` for 1-D parameters."""
-        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt)
+        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt,
+                         trainable=self.regime.trainable(label))
         v.rows = rows or count
         return v
 
@@ -92,11 +93,12 @@ class Ops:
         elt = self.low if self.autocast else x.elt
         inputs = [xin, win] + ([bin_] if bin_ is not None else [])
         backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
-        out = self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
-                        elt=elt)
-        if xin is not x:
-            self.g.scope_end([x])
-        return out
+        out = self.g.op(name, inputs, tokens * n_out * elt, saves=product_saves(xin, win),
+                        backward=backward, elt=elt)
+        wrapped = lora_branch(self, x, w, out, tokens, n_out) if self.regime.lora else out
+        if xin is not x or wrapped is not out:
+            self.g.scope_end([x])  # the module's caller holds its argument until it returns
+        return wrapped
 
     # ---- tensor parallelism (torch/distributed/tensor/parallel/style.py) ---------------------
     def col_linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
@@ -217,8 +219,8 @@ class Ops:
     def mul(self, x: Value, y: Value, name: str = "mul") -> Value:
         """x * y (same shape): saves both; backward allocates grad x then grad y."""
         elt = max(x.elt, y.elt)
-        return self.g.op(name, [x, y], numel(x) * elt, saves=[x, y], backward=[Grad(0), Grad(1)],
-                         elt=elt)
+        return self.g.op(name, [x, y], numel(x) * elt, saves=product_saves(x, y),
+                         backward=[Grad(0), Grad(1)], elt=elt)
 
     def dropout(self, x: Value, p: float) -> Value:
         """Training dropout. CUDA: native_dropout saves a bool mask. CPU: _dropout_impl draws a
@@ -229,6 +231,36 @@ class Ops:
         mask = self.g.op("dropout mask", [], numel(x) * mask_elt, requires_grad=False, elt=mask_elt)
         return self.g.op("dropout", [x, mask], x.size, saves=[mask], backward=[Grad(0)], elt=x.elt)
 
+    def adapter_param(self, label: str, count: int, rows: int) -> Value:
+        """A LoRA adapter parameter: fp32 under every precision (peft's autocast_adapter_dtype
+        upcasts bf16/fp16 adapters, tuners_utils.cast_adapter_dtype)."""
+        v = self.g.param(label, Poly.const(count * 4), 4, trainable=self.regime.trainable(label),
+                         category="adapter_weights")
+        v.rows = rows
+        return v
+
     def scope_end(self, values: list[Value]) -> None:
         """Python locals alive until their function returns."""
         self.g.scope_end([v for v in values if v is not None])
+
+
+def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out: int) -> Value:
+    """peft's lora.Linear.forward after the base layer, when the linear `w` is targeted:
+    result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling, cast back to result's dtype
+    (peft/tuners/lora/layer.py Linear.forward; memcalc.lora)."""
+    from memcalc.regime import is_adapter, layer_of
+
+    lora, module = ops.regime.lora, w.label.rsplit(".", 1)[0]
+    if lora is None or is_adapter(w.label) or not lora.targets_module(module, layer_of(module)):
+        return result
+    n_in = w.size.terms[(0, 0)] // w.elt // n_out
+    a = ops.adapter_param(f"{module}.lora_A.default.weight", n_in * lora.rank, lora.rank)
+    b = ops.adapter_param(f"{module}.lora_B.default.weight", lora.rank * n_out, n_out)
+    bias = ops.adapter_param(f"{module}.lora_B.default.bias", n_out, n_out) if lora.lora_bias else None
+    xa = ops.to(x, a.elt, "lora x.to(fp32)")  # _cast_input_dtype: a copy when dtypes differ
+    d = ops.dropout(xa, lora.dropout)  # nn.Dropout, or nn.Identity at p = 0 (update_layer)
+    h = ops.linear(d, a, None, tokens, lora.rank, "lora_A")
+    o = ops.scale(ops.linear(h, b, bias, tokens, n_out, "lora_B"), "lora * scaling")
+    out = ops.to(ops.add(result, o, "lora result +"), result.elt, "lora result.to(dtype)")
+    ops.scope_end([xa])  # the local `x`, rebound to the cast, lives until forward returns
+    return out

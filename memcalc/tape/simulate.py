@@ -161,6 +161,7 @@ class StepSimulator:
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
         self._pending: dict[int, int] = {}
+        self._leaf_grads: list[Storage] = []
         self._last_use = self._forward_last_use()
 
     # ---- setup ----------------------------------------------------------------------------
@@ -177,7 +178,8 @@ class StepSimulator:
             if not node.backward:
                 continue
             params = {id(node.inputs[step.index]) for step in node.backward
-                      if isinstance(step, Grad) and node.inputs[step.index].is_param}
+                      if isinstance(step, Grad) and node.inputs[step.index].is_param
+                      and node.inputs[step.index].requires_grad}
             for key in params:
                 counts[key] = counts.get(key, 0) + 1
         return counts
@@ -195,7 +197,7 @@ class StepSimulator:
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
-        kept = {id(v.storage) for v in self.g.keep}
+        kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
@@ -285,10 +287,11 @@ class StepSimulator:
             if node.region is not None and self._first_of_region(i):
                 for st in self._region_inputs.get(node.region, []):
                     mem.release(st)
-        for v in self.g.keep:
+        for v in self.g.keep + self.g.leaves:
             mem.release(v.storage)
-        for st in grads.values():
+        for st in list(grads.values()) + self._leaf_grads:
             mem.release(st)
+        self._leaf_grads = []
         if self.fsdp is not None:
             self.fsdp.end_of_backward(mem, self.param_grads)
         mem.mark("end of backward")
@@ -378,6 +381,9 @@ class StepSimulator:
         """Hand a gradient to its input: an activation's input buffer, or a parameter's
         AccumulateGrad node, which runs once every consumer of the parameter has delivered
         (a tied weight's two gradients are first summed in its input buffer)."""
+        if target.leaf:  # AccumulateGrad of a leaf activation: .grad lives with the graph
+            self._leaf_grads.append(st)
+            return
         if not target.is_param:
             self._buffer(grads, id(target), st, target.size)
             return

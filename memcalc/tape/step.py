@@ -19,18 +19,19 @@ if TYPE_CHECKING:
 
 
 def _param_sizes(graph: Graph) -> list[int]:
-    return [v.size.eval(1, 1) for v in graph.params]
+    return [v.size.eval(1, 1) for v in graph.trainable_params]
 
 
 def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     """One storage per state tensor (each is its own allocation): exp_avg and exp_avg_sq, or
-    momentum_buffer, per parameter, plus Adam's 4-byte `step` scalars, which live on the CPU
+    momentum_buffer, per trainable parameter (torch.optim skips a parameter whose .grad is
+    None), plus Adam's 4-byte `step` scalars, which live on the CPU
     unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
     out = [Storage(Poly.const(size), "optimizer", "optimizer state")
            for size in _param_sizes(graph) for _ in range(regime.states_per_param)]
     if regime.step_on_device:
         out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
-            step_scalar_bytes(regime.optimizer, len(graph.params)) // 4)]
+            step_scalar_bytes(regime.optimizer, len(graph.trainable_params)) // 4)]
     return out
 
 
