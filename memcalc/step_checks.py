@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from memcalc import limits
 from memcalc.errors import NotModelledError, SpecError
+from memcalc.finetune_checks import check_finetuning
 from memcalc.parallel.tensor import check_tensor_parallel
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
@@ -102,6 +103,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
     """
     check_tensor_parallel(model, training)
+    check_finetuning(model, training)
     if training.fsdp_mixed_precision and training.data_parallel == 1:
         raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
                                "data-parallel rank is not modelled (measured +1.3%)",

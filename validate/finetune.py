@@ -22,7 +22,10 @@ def apply_finetuning(model, training):
     except ImportError:  # pragma: no cover - the validate extra installs it
         raise MemcalcError("lora", "the validator needs peft", 'pip install -e ".[validate]"') from None
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    peft_model = get_peft_model(model, LoraConfig(**training.lora.peft_kwargs()))
+    kwargs = training.lora.peft_kwargs()
+    if getattr(model.config, "model_type", None) == "gpt2":
+        kwargs["fan_in_fan_out"] = True  # Conv1D weights are (in, out); peft warns and sets it
+    peft_model = get_peft_model(model, LoraConfig(**kwargs))
     for name, param in model.named_parameters():  # freeze patterns win over bias='all'
         if name.replace(".base_layer", "") in frozen:
             param.requires_grad_(False)

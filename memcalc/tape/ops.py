@@ -95,7 +95,7 @@ class Ops:
         backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
         out = self.g.op(name, inputs, tokens * n_out * elt, saves=product_saves(xin, win),
                         backward=backward, elt=elt)
-        wrapped = lora_branch(self, x, w, out, tokens, n_out) if self.regime.lora else out
+        wrapped = lora_branch(self, x, w, out, tokens, n_out, name) if self.regime.lora else out
         if xin is not x or wrapped is not out:
             self.g.scope_end([x])  # the module's caller holds its argument until it returns
         return wrapped
@@ -244,13 +244,15 @@ class Ops:
         self.g.scope_end([v for v in values if v is not None])
 
 
-def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out: int) -> Value:
+def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out: int,
+                name: str) -> Value:
     """peft's lora.Linear.forward after the base layer, when the linear `w` is targeted:
     result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling, cast back to result's dtype
     (peft/tuners/lora/layer.py Linear.forward; memcalc.lora)."""
     from memcalc.regime import is_adapter, layer_of
 
-    lora, module = ops.regime.lora, w.label.rsplit(".", 1)[0]
+    # the LM head is the module lm_head even when its weight is the tied embedding matrix
+    lora, module = ops.regime.lora, "lm_head" if name == "lm_head" else w.label.rsplit(".", 1)[0]
     if lora is None or is_adapter(w.label) or not lora.targets_module(module, layer_of(module)):
         return result
     n_in = w.size.terms[(0, 0)] // w.elt // n_out

@@ -1,0 +1,86 @@
+"""What the fine-tuning fields of TrainingConfig (lora, freeze, quantization) may be combined
+with, each refusal naming the field and the fix (memcalc.step_checks calls `check_finetuning`).
+"""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from memcalc.errors import NotModelledError, SpecError
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+LINEARS = {"llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+           "gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+LAYERS = {"llama": "model.layers", "gpt2": "transformer.h"}
+EMBEDDINGS = {"llama": ("model.embed_tokens",), "gpt2": ("transformer.wte", "transformer.wpe")}
+
+
+def linear_modules(model: ModelSpec) -> list[str]:
+    """Dotted names of the model's linear modules (HF names, as peft sees them), lm_head last.
+
+    >>> linear_modules(ModelSpec.preset("gpt2").with_(num_layers=1))[::2]
+    ['transformer.h.0.attn.c_attn', 'transformer.h.0.mlp.c_fc', 'lm_head']
+    """
+    prefix = LAYERS[model.family]
+    return [f"{prefix}.{i}.{name}" for i in range(model.num_layers)
+            for name in LINEARS[model.family]] + ["lm_head"]
+
+
+def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
+    """Refuse fine-tuning set-ups memcalc does not model, or that name what the model lacks.
+
+    >>> from memcalc.lora import LoRA
+    >>> check_finetuning(ModelSpec.preset("llama-2-7b"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...     lora=LoRA(targets=["query"])))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: lora.targets: 'query' matches no linear module of llama-2-7b; fix: ...
+    """
+    lora, tuned = training.lora, training.lora is not None or bool(training.freeze)
+    if training.quantization != "none" and lora is None:
+        raise NotModelledError("quantization", "a quantised base model with nothing to train",
+                               "add LoRA adapters (--lora-rank ...), or use quantization none")
+    if training.quantization != "none":
+        raise NotModelledError("quantization", f"{training.quantization!r} base weights are not "
+                               "modelled yet", "use quantization none")
+    if tuned and training.world_size > 1:
+        raise NotModelledError("world_size", "frozen parameters and LoRA are modelled on one rank",
+                               "use world_size 1")
+    if lora is None:
+        return
+    if model.implementation != "hf":
+        raise NotModelledError("lora", "LoRA is modelled on the Hugging Face implementations "
+                               "(peft's module names)", "use implementation hf")
+    if lora.layers is not None and max(lora.layers) >= model.num_layers:
+        raise SpecError("lora.layers", f"layer {max(lora.layers)} does not exist "
+                        f"(num_layers={model.num_layers})", f"use layers below {model.num_layers}")
+    if lora.targets == "all-linear":
+        return
+    modules = linear_modules(model)
+    for target in lora.targets:
+        if any(e == target or e.endswith("." + target) for e in EMBEDDINGS[model.family]):
+            raise NotModelledError("lora.targets", f"{target!r} is an embedding: peft's "
+                                   "lora.Embedding is not modelled", "target linear modules")
+        hits = [m for m in modules if m == target or m.endswith("." + target)]
+        if not hits:
+            names = sorted({m.rsplit(".", 1)[-1] for m in modules})
+            raise SpecError("lora.targets", f"{target!r} matches no linear module of {model.name}",
+                            f"use some of {', '.join(names)} or 'all-linear'")
+        if hits == ["lm_head"] and model.tie_embeddings:
+            raise NotModelledError("lora.targets", "LoRA on an lm_head tied to the embedding is "
+                                   "not modelled", "drop lm_head from the targets")
+
+
+def check_freeze(model_params: list[str], patterns: tuple[str, ...]) -> None:
+    """Each freeze pattern must match some parameter name.
+
+    >>> check_freeze(["lm_head.weight"], ("*embed*",))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: freeze: '*embed*' matches no parameter; fix: ...
+    """
+    for p in patterns:
+        if not any(fnmatchcase(name, p) for name in model_params):
+            raise SpecError("freeze", f"{p!r} matches no parameter",
+                            f"use fnmatch patterns over torch names, e.g. {model_params[0]}")
