@@ -143,12 +143,16 @@ class LoRA(BaseModel):
         True
         >>> LoRA(targets="all-linear").targets_module("lm_head", None)
         False
+        >>> LoRA(targets=["q_proj", "lm_head"], layers=[1]).targets_module("lm_head", None)
+        True
         """
+        if self.targets != ALL_LINEAR and module in self.targets:
+            return True  # a full name is matched before the layer filter (check_target_module_exists)
         if self.layers is not None and (layer is None or layer not in self.layers):
             return False
         if self.targets == ALL_LINEAR:
             return module != "lm_head"
-        return any(module == t or module.endswith("." + t) for t in self.targets)
+        return any(module.endswith("." + t) for t in self.targets)
 
     def peft_kwargs(self) -> dict:
         """Keyword arguments for peft.LoraConfig (the validator builds the same adapters).

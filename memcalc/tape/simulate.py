@@ -275,7 +275,9 @@ class StepSimulator:
             incoming = [grads.pop(id(v), None) for v in node.outputs]
             if all(g is None for g in incoming):
                 continue
-            if node.region is not None and node.region not in started_regions:
+            # checkpoint's unpack hook recomputes at the first saved tensor backward needs:
+            # region nodes that saved nothing (adds, casts, scalar muls) run before it (measured)
+            if node.region is not None and node.region not in started_regions and node.saved:
                 started_regions.add(node.region)
                 recomputed = self._recompute(node.region, i)
             def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
@@ -302,7 +304,10 @@ class StepSimulator:
 
     def _recompute(self, region: int, last: int) -> dict[int, Storage]:
         """Re-run the region's forward up to its last saving op (early stop); return
-        original -> recomputed storage. A recomputed tensor is freed after its last use in the
+        original -> recomputed storage. The generated autograd code saves an op's inputs before
+        it calls the kernel and its outputs after, so when the last saving op saves only
+        inputs the recompute stops before that op allocates anything (measured: a checkpointed
+        Llama layer's recompute ends at down_proj's weight cast, with no mm). A recomputed tensor is freed after its last use in the
         region, or, if Python still refers to it past the stopping point, when the recompute
         stops (checkpoint.py raises _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
@@ -324,6 +329,8 @@ class StepSimulator:
                 key = id(v.storage)
                 if key in copies or any(v.storage is u.storage for u in node.inputs):
                     continue  # already made, or a view of an input
+                if j == stop and not any(v.storage is st for st in node.saved):
+                    continue  # the last pack is of an input: the stop comes before the kernel
                 copies[key] = Storage(v.storage.size, "activations", "recomputed")
                 mem.hold(copies[key])
                 held[key] = last_use.get(key, j)
