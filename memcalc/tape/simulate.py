@@ -309,7 +309,8 @@ class StepSimulator:
         inputs the recompute stops before that op allocates anything (measured: a checkpointed
         Llama layer's recompute ends at down_proj's weight cast, with no mm). A recomputed
         tensor is freed after its last use in the region, or, if Python still refers to it past
-        the stopping point, when the recompute stops (checkpoint.py raises _StopRecomputationError, unwinding the frames)."""
+        the stopping point, when the recompute stops (checkpoint.py raises
+        _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
         first = last
         while first > 0 and nodes[first - 1].region == region:
