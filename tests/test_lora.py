@@ -1,0 +1,207 @@
+"""Frozen parameters and LoRA: adapter counts against peft's own, closed forms and invariants
+drawn over every program, refusals naming the field."""
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from memcalc import LoRA
+from memcalc.engine import build_graph, estimate_peak
+from memcalc.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.finetune_checks import LINEARS
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+from tests.strategies import CHECKPOINTING, cases
+
+HF = [("gpt2", "hf"), ("llama", "hf")]
+TARGETS = {"llama": [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"], ["down_proj"], "all-linear"],
+           "gpt2": [["c_attn"], ["c_attn", "c_proj"], ["c_fc"], "all-linear"]}
+
+
+def _elements(model: ModelSpec, training: TrainingConfig, trainable: bool) -> int:
+    graph = build_graph(model, Regime.of(training))
+    params = graph.trainable_params if trainable else graph.params
+    return sum(v.size.eval(1, 1) // v.elt for v in params)
+
+
+def _tc(**fields) -> TrainingConfig:
+    return TrainingConfig(micro_batch=2, seq_len=16, device="cpu", **fields)
+
+
+def _closed_form_adapters(model: ModelSpec, lora: LoRA) -> int:
+    """r * (in + out) per targeted linear (lora_A: in -> r, lora_B: r -> out)."""
+    h, f, a, kv, d = model.hidden_size, model.ffn_size, model.num_heads, model.kv_heads, model.head_size
+    shapes = {"self_attn.q_proj": (h, a * d), "self_attn.k_proj": (h, kv * d), "self_attn.v_proj": (h, kv * d),
+              "self_attn.o_proj": (a * d, h), "mlp.gate_proj": (h, f), "mlp.up_proj": (h, f),
+              "mlp.down_proj": (f, h), "attn.c_attn": (h, 3 * a * d), "attn.c_proj": (a * d, h),
+              "mlp.c_fc": (h, f), "mlp.c_proj": (f, h)}
+    total = 0
+    for name in LINEARS[model.family]:
+        if lora.targets == "all-linear" or name.rsplit(".", 1)[1] in lora.targets:
+            n_in, n_out = shapes[name]
+            total += lora.rank * (n_in + n_out)
+    return total * model.num_layers
+
+
+@given(cases(programs=HF), st.integers(0, 3), st.sampled_from([1, 4, 16]))
+def test_adapter_parameters_match_the_closed_form(case, which, rank):
+    model, t = case
+    lora = LoRA(rank=rank, targets=TARGETS[model.family][which])
+    assert _elements(model, t.with_(lora=lora), True) == _closed_form_adapters(model, lora)
+    # the base model is all there, frozen; adapters are fp32 under every precision
+    assert _elements(model, t.with_(lora=lora), False) == model.param_count + _closed_form_adapters(model, lora)
+    adapters = [v for v in build_graph(model, Regime.of(t.with_(lora=lora))).params if ".lora_" in v.label]
+    assert {v.elt for v in adapters} == {4}
+
+
+@given(cases(checkpointing=[c for c in CHECKPOINTING if c != "per-layer"]))
+def test_freezing_never_raises_the_peak(case):
+    """Frozen parameters lose their gradients, optimizer states and the inputs saved for their
+    weight gradients; nothing is added (per-layer checkpointing's input-grad hook is apart)."""
+    model, t = case
+    embed = build_graph(model, Regime.of(t)).params[0].label  # first registered: the embedding
+    frozen = t.with_(freeze=(embed, "*.0.*"))
+    assert estimate_peak(model, frozen) <= estimate_peak(model, t)
+
+
+@given(cases(programs=HF), st.sampled_from([1, 2, 8]), st.integers(1, 8))
+def test_lora_peak_grows_with_rank_and_dropout(case, rank, extra):
+    model, t = case
+    lora = LoRA(rank=rank, targets=TARGETS[model.family][0])
+    base = estimate_peak(model, t.with_(lora=lora))
+    assert estimate_peak(model, t.with_(lora=lora.model_copy(update={"rank": rank + extra}))) >= base
+    assert estimate_peak(model, t.with_(lora=lora.model_copy(update={"dropout": 0.1}))) >= base
+
+
+@given(cases(programs=HF))
+def test_lora_never_costs_more_than_training_everything_plus_its_activations(case):
+    """LoRA on every linear frees the base's gradients and optimizer states; what it adds is at
+    most its own activations: per targeted linear the fp32 input copy, its dropout copy and
+    mask, the casts, the A output and the B output twice (scaling, sum): bounded here by 8
+    input-sized fp32 tensors per linear, plus the adapters' weights, grads and states."""
+    model, t = case
+    lora = LoRA(rank=4, dropout=0.1, targets="all-linear")
+    n = t.micro_batch * t.seq_len
+    widest = max(model.hidden_size, model.ffn_size, 3 * model.hidden_size)
+    linears = len(LINEARS[model.family]) * model.num_layers
+    adapters = _closed_form_adapters(model, lora)
+    bound = linears * 8 * n * widest * 4 + 4 * adapters * 4
+    assert estimate_peak(model, t.with_(lora=lora)) <= estimate_peak(model, t) + bound
+
+
+def test_lora_cuts_a_7b_fine_tune_to_its_frozen_weights():
+    """Llama-2-7B, bf16 autocast: LoRA r8 on q/v, the set-up whose print_trainable_parameters()
+    line peft users quote ("trainable params: 4,194,304 || all params: 6,742,609,920"); the
+    peak is a little above the fp32 weights."""
+    model = ModelSpec.preset("llama-2-7b")
+    t = TrainingConfig(micro_batch=1, seq_len=512, precision="bf16-amp", checkpointing="per-layer")
+    lora = LoRA(rank=8, alpha=16, dropout=0.05, targets=["q_proj", "v_proj"])
+    assert _elements(model, t.with_(lora=lora), True) == 4_194_304
+    assert _elements(model, t.with_(lora=lora), False) == 6_742_609_920
+    peak = estimate_peak(model, t.with_(lora=lora))
+    assert 4 * model.param_count < peak < 4 * model.param_count * 1.1
+    assert peak < estimate_peak(model, t) / 3
+
+
+# ---- peft itself -------------------------------------------------------------------------------
+PEFT_CASES = [
+    ("llama", dict(rank=8, targets=["q_proj", "v_proj"])),
+    ("llama", dict(rank=4, targets="all-linear", lora_bias=True)),
+    ("llama", dict(rank=16, targets=["q_proj", "lm_head"], layers=[1])),
+    ("qwen2", dict(rank=8, targets=["q_proj", "k_proj"], bias="all")),
+    ("qwen2", dict(rank=2, targets=["v_proj", "down_proj"], bias="lora_only")),
+    ("gpt2", dict(rank=8, targets=["c_attn", "c_proj"])),
+    ("gpt2", dict(rank=4, targets="all-linear", bias="all")),
+]
+
+
+@pytest.mark.parametrize("kind,fields", PEFT_CASES)
+def test_trainable_parameters_match_peft(kind, fields):
+    """memcalc's trainable and total parameter counts equal peft's get_nb_trainable_parameters()
+    on the same model wrapped the way a user wraps it (validate.finetune)."""
+    pytest.importorskip("peft")
+    import torch  # noqa: F401
+
+    from validate.finetune import apply_finetuning
+    from validate.hf import build_hf
+
+    model = _small(kind)
+    t = _tc(lora=LoRA(**fields))
+    peft_model = apply_finetuning(build_hf(model, t)[0], t)
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    assert _elements(model, t, True) == trainable
+    assert _elements(model, t, False) == total  # tied weights counted once, as parameters() does
+
+
+def _small(kind: str) -> ModelSpec:
+    if kind == "gpt2":
+        return ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
+                              max_position_embeddings=64)
+    return ModelSpec.make(name=f"{kind}-like", family="llama", vocab_size=64, hidden_size=32, num_layers=2,
+                          num_heads=4, num_kv_heads=2, intermediate_size=48, max_position_embeddings=64,
+                          tie_embeddings=False, qkv_bias=kind == "qwen2", out_bias=False, mlp_bias=False,
+                          activation="silu")
+
+
+# ---- adapter_config.json -----------------------------------------------------------------------
+def test_from_peft_config_reads_what_peft_writes(tmp_path):
+    peft = pytest.importorskip("peft")
+    cfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
+                          task_type="CAUSAL_LM", use_rslora=True)
+    cfg.save_pretrained(tmp_path)
+    lora = LoRA.from_peft_config(tmp_path)
+    assert (lora.rank, lora.alpha, lora.dropout, lora.targets, lora.use_rslora) == (
+        16, 32, 0.05, ("q_proj", "v_proj"), True)
+    assert LoRA.from_peft_config(json.loads((tmp_path / "adapter_config.json").read_text())) == lora
+
+
+@pytest.mark.parametrize("key,value", [("use_dora", True), ("modules_to_save", ["lm_head"]),
+                                       ("rank_pattern", {"q_proj": 4}), ("layer_replication", [[0, 1]]),
+                                       ("no_such_key", 1)])
+def test_from_peft_config_refuses_by_name(key, value):
+    with pytest.raises(NotModelledError, match=f"adapter_config.{key}"):
+        LoRA.from_peft_config({"r": 8, "target_modules": ["q_proj"], key: value})
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields,name", [
+    (dict(lora=LoRA(targets=["query"])), "lora.targets"),
+    (dict(lora=LoRA(targets=["embed_tokens"])), "lora.targets"),
+    (dict(lora=LoRA(layers=[9])), "lora.layers"),
+    (dict(freeze=("nothing.*",)), "freeze"),
+    (dict(freeze=("*",)), "freeze"),
+    (dict(quantization="nf4"), "quantization"),
+    (dict(lora=LoRA(), world_size=2), "world_size"),
+])
+def test_bad_fine_tuning_input_names_the_field(fields, name):
+    model = _small("llama")
+    with pytest.raises(MemcalcError) as err:
+        estimate_peak(model, _tc(**fields))
+    assert err.value.field == name
+
+
+def test_lora_fields_are_checked():
+    with pytest.raises(SpecError, match="rank"):
+        LoRA(rank=0)
+    with pytest.raises(SpecError, match="dropout"):
+        LoRA(dropout=1.5)
+    with pytest.raises(SpecError, match="targets"):
+        LoRA(targets=[])
+
+
+def test_cli_lora_flags(capsys):
+    from memcalc.cli import main
+
+    args = ["estimate", "--model", "llama-2-7b", "--seq-len", "512", "--precision", "bf16-amp", "--json"]
+    assert main(args + ["--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout", "0.05",
+                        "--lora-targets", "q_proj,v_proj"]) == 0
+    lora = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert lora["peak_bytes"] < full["peak_bytes"] / 3
+    with pytest.raises(SystemExit) as exit_:
+        main(args + ["--lora-rank", "16", "--lora-targets", "query"])
+    assert exit_.value.code == 2
+    assert "lora.targets" in capsys.readouterr().err
