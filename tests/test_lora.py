@@ -205,3 +205,15 @@ def test_cli_lora_flags(capsys):
         main(args + ["--lora-rank", "16", "--lora-targets", "query"])
     assert exit_.value.code == 2
     assert "lora.targets" in capsys.readouterr().err
+
+
+def test_plan_finds_lora_plans_where_full_fine_tuning_has_none():
+    """A 7B full fine-tune's states alone exceed a 24 GB card; its LoRA fine-tune fits."""
+    from memcalc.planner import plan
+
+    model = ModelSpec.preset("llama-2-7b")
+    t = TrainingConfig(micro_batch=1, seq_len=1024, lora=LoRA(rank=16, targets=["q_proj", "v_proj"]))
+    assert plan(model, "RTX-4090", 4, 1024, training=t.with_(lora=None), precisions=["bf16"],
+                checkpointing=["per-layer"]) == []
+    best = plan(model, "RTX-4090", 4, 1024, training=t, precisions=["bf16"], checkpointing=["per-layer"])
+    assert best and best[0].micro_batch == 4
