@@ -37,6 +37,12 @@ class Moment:
     sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
 
 
+def grad_category(param: Value) -> str:
+    """The report's component of a parameter's gradient: adapter_gradients for LoRA adapters
+    (category adapter_weights), else gradients."""
+    return "adapter_gradients" if param.storage.category == "adapter_weights" else "gradients"
+
+
 class Memory:
     """Live storages with hold counts, the running total, and the kept moments.
 
@@ -367,7 +373,7 @@ class StepSimulator:
                 if not target.requires_grad:
                     continue
                 size = step.size or target.grad_size or target.size
-                st = Storage(size, "gradients" if target.is_param else "activation_grads",
+                st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
                              f"grad {target.label}")
                 mem.hold(st)
                 mem.mark(f"{node.name} backward")
@@ -399,7 +405,7 @@ class StepSimulator:
         self._buffer(self._param_buffers, key, st, target.grad_size or target.size)
         self._pending[key] -= 1
         if self._pending[key] == 0:
-            self._accumulate(key, self._param_buffers.pop(key))
+            self._accumulate(key, self._param_buffers.pop(key), grad_category(target))
 
     def _buffer(self, buffers: dict, key: int, st: Storage, size: Poly) -> None:
         """input_buffer.cpp: the first gradient is stored, a later one summed out of place."""
@@ -414,7 +420,7 @@ class StepSimulator:
         self.mem.release(old)
         buffers[key] = total
 
-    def _accumulate(self, key: int, st: Storage) -> None:
+    def _accumulate(self, key: int, st: Storage, category: str = "gradients") -> None:
         """accumulate_grad.h: steal the gradient into an empty .grad (copy an aliased one);
         add in place into an existing .grad (gradient accumulation)."""
         mem = self.mem
@@ -422,7 +428,7 @@ class StepSimulator:
         if old is not None:
             mem.release(st)
             return
-        own = Storage(st.size, "gradients", "grad")  # same bytes, now owned by .grad
+        own = Storage(st.size, category, "grad")  # same bytes, now owned by .grad
         mem.hold(own)
         mem.release(st)
         self.param_grads[key] = own
