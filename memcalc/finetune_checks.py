@@ -4,10 +4,14 @@ with, each refusal naming the field and the fix (memcalc.step_checks calls `chec
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from memcalc.errors import NotModelledError, SpecError
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from memcalc.lora import LoRA
 
 LINEARS = {"llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
@@ -55,6 +59,7 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
     if lora.layers is not None and max(lora.layers) >= model.num_layers:
         raise SpecError("lora.layers", f"layer {max(lora.layers)} does not exist "
                         f"(num_layers={model.num_layers})", f"use layers below {model.num_layers}")
+    check_modules_to_save(model, lora)
     if lora.targets == "all-linear":
         return
     modules = linear_modules(model)
@@ -84,3 +89,33 @@ def check_freeze(model_params: list[str], patterns: tuple[str, ...]) -> None:
         if not any(fnmatchcase(name, p) for name in model_params):
             raise SpecError("freeze", f"{p!r} matches no parameter",
                             f"use fnmatch patterns over torch names, e.g. {model_params[0]}")
+
+
+def check_modules_to_save(model: ModelSpec, lora: "LoRA") -> None:
+    """modules_to_save: not a tied embedding or head (peft's tied-module handling is not
+    modelled), not also a LoRA target.
+
+    >>> from memcalc.lora import LoRA
+    >>> check_modules_to_save(ModelSpec.preset("gpt2"), LoRA(modules_to_save=["lm_head"]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: lora.modules_to_save: 'lm_head' is tied to the embedding ...
+    """
+    tied = ("lm_head",) + EMBEDDINGS[model.family][:1]
+    for m in lora.modules_to_save:
+        if model.tie_embeddings and any(t == m or t.endswith("." + m) for t in tied):
+            raise NotModelledError("lora.modules_to_save", f"{m!r} is tied to the embedding (or is it): "
+                                   "peft's tied modules_to_save is not modelled", "untie, or drop it")
+        if lora.targets != "all-linear" and m in lora.targets or lora.targets == "all-linear" and m == "lm_head":
+            raise SpecError("lora.modules_to_save", f"{m!r} is also a LoRA target", "pick one of the two")
+
+
+def check_saved_modules(labels: list[str], lora: "LoRA | None") -> None:
+    """Each modules_to_save entry must wrap some module of the model (after the graph is built)."""
+    if lora is None:
+        return
+    for m in lora.modules_to_save:
+        if not any(".modules_to_save." in label and lora.saves_module(label.split(".modules_to_save.")[0])
+                   and label.split(".modules_to_save.")[0].endswith(m) for label in labels):
+            raise SpecError("lora.modules_to_save", f"{m!r} matches no module with parameters",
+                            "name modules such as lm_head or embed_tokens")

@@ -51,11 +51,10 @@ _INERT_WHY = {
     "lora_alpha": "modelled as alpha (a Python float scaling)",
 }
 _MODELLED_KEYS = {"r", "lora_alpha", "lora_dropout", "target_modules", "bias", "layers_to_transform",
-                  "use_rslora", "lora_bias"}
+                  "use_rslora", "lora_bias", "modules_to_save"}
 # keys whose value must be empty/False/None: each names a peft feature memcalc does not model
 _REFUSED_UNLESS_EMPTY = {
     "use_dora": "DoRA's magnitude vector and weight-norm ops are not modelled",
-    "modules_to_save": "peft's ModulesToSaveWrapper copies of whole modules are not modelled",
     "exclude_modules": "exclusion patterns are not modelled; list the targets instead",
     "layers_pattern": "only with layers_to_transform over the standard layer path; not modelled",
     "rank_pattern": "per-module ranks are not modelled",
@@ -108,6 +107,9 @@ class LoRA(BaseModel):
     """Rank-stabilised scaling alpha / sqrt(rank): a float, no memory."""
     layers: tuple[int, ...] | None = None
     """layers_to_transform: only these decoder layers get adapters (None: all)."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapters (e.g. lm_head, embed_tokens): peft's
+    ModulesToSaveWrapper keeps the frozen original and a trainable copy in the base dtype."""
 
     def __init__(self, **fields):
         try:
@@ -123,6 +125,21 @@ class LoRA(BaseModel):
         if isinstance(v, (list, tuple, set, frozenset)):  # peft keeps a set: order is not meaning
             return tuple(sorted(set(v), key=str))
         return v
+
+    @field_validator("modules_to_save", mode="before")
+    @classmethod
+    def _modules(cls, v: object) -> object:
+        if v is None:
+            return ()
+        return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, set)) else v
+
+    def saves_module(self, module: str) -> bool:
+        """Whether `module` is wrapped by ModulesToSaveWrapper (peft matches a name suffix).
+
+        >>> LoRA(modules_to_save=["lm_head"]).saves_module("lm_head")
+        True
+        """
+        return any(module == m or module.endswith("." + m) for m in self.modules_to_save)
 
     @field_validator("targets")
     @classmethod
@@ -163,7 +180,8 @@ class LoRA(BaseModel):
         return dict(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
                     target_modules=self.targets if self.targets == ALL_LINEAR else list(self.targets),
                     bias=self.bias, lora_bias=self.lora_bias, use_rslora=self.use_rslora,
-                    layers_to_transform=list(self.layers) if self.layers is not None else None)
+                    layers_to_transform=list(self.layers) if self.layers is not None else None,
+                    modules_to_save=list(self.modules_to_save) or None)
 
     @classmethod
     def from_peft_config(cls, source: dict | str | Path) -> "LoRA":
@@ -205,7 +223,8 @@ class LoRA(BaseModel):
                    dropout=data.get("lora_dropout", 0.0), targets=targets,
                    bias=data.get("bias", "none"), lora_bias=bool(data.get("lora_bias", False)),
                    use_rslora=bool(data.get("use_rslora", False)),
-                   layers=[layers] if isinstance(layers, int) else layers)
+                   layers=[layers] if isinstance(layers, int) else layers,
+                   modules_to_save=data.get("modules_to_save"))
 
 
 def _load(source: dict | str | Path) -> dict:

@@ -167,8 +167,10 @@ class Regime:
         """
         if any(fnmatchcase(label, p) for p in self.freeze):
             return False
-        if self.lora is None or is_adapter(label):
+        if self.lora is None or is_adapter(label) or ".modules_to_save." in label:
             return True
+        if ".original_module." in label:
+            return False
         module = label.rsplit(".", 1)[0]
         if self.lora.bias == "all":
             return "bias" in label

@@ -114,6 +114,8 @@ PEFT_CASES = [
     ("qwen2", dict(rank=2, targets=["v_proj", "down_proj"], bias="lora_only")),
     ("gpt2", dict(rank=8, targets=["c_attn", "c_proj"])),
     ("gpt2", dict(rank=4, targets="all-linear", bias="all")),
+    ("llama", dict(rank=8, targets=["q_proj"], modules_to_save=["lm_head", "embed_tokens"])),
+    ("gpt2", dict(rank=8, targets=["c_fc"], modules_to_save=["wpe", "ln_f"])),
 ]
 
 
@@ -149,15 +151,15 @@ def _small(kind: str) -> ModelSpec:
 def test_from_peft_config_reads_what_peft_writes(tmp_path):
     peft = pytest.importorskip("peft")
     cfg = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=["q_proj", "v_proj"],
-                          task_type="CAUSAL_LM", use_rslora=True)
+                          task_type="CAUSAL_LM", use_rslora=True, modules_to_save=["lm_head"])
     cfg.save_pretrained(tmp_path)
     lora = LoRA.from_peft_config(tmp_path)
-    assert (lora.rank, lora.alpha, lora.dropout, lora.targets, lora.use_rslora) == (
-        16, 32, 0.05, ("q_proj", "v_proj"), True)
+    assert (lora.rank, lora.alpha, lora.dropout, lora.targets, lora.use_rslora, lora.modules_to_save) == (
+        16, 32, 0.05, ("q_proj", "v_proj"), True, ("lm_head",))
     assert LoRA.from_peft_config(json.loads((tmp_path / "adapter_config.json").read_text())) == lora
 
 
-@pytest.mark.parametrize("key,value", [("use_dora", True), ("modules_to_save", ["lm_head"]),
+@pytest.mark.parametrize("key,value", [("use_dora", True), ("exclude_modules", ["lm_head"]),
                                        ("rank_pattern", {"q_proj": 4}), ("layer_replication", [[0, 1]]),
                                        ("no_such_key", 1)])
 def test_from_peft_config_refuses_by_name(key, value):
@@ -170,6 +172,8 @@ def test_from_peft_config_refuses_by_name(key, value):
     (dict(lora=LoRA(targets=["query"])), "lora.targets"),
     (dict(lora=LoRA(targets=["embed_tokens"])), "lora.targets"),
     (dict(lora=LoRA(layers=[9])), "lora.layers"),
+    (dict(lora=LoRA(modules_to_save=["no_such_module"])), "lora.modules_to_save"),
+    (dict(lora=LoRA(targets=["q_proj"], modules_to_save=["q_proj"])), "lora.modules_to_save"),
     (dict(freeze=("nothing.*",)), "freeze"),
     (dict(freeze=("*",)), "freeze"),
     (dict(quantization="nf4"), "quantization"),
@@ -217,3 +221,15 @@ def test_plan_finds_lora_plans_where_full_fine_tuning_has_none():
                 checkpointing=["per-layer"]) == []
     best = plan(model, "RTX-4090", 4, 1024, training=t, precisions=["bf16"], checkpointing=["per-layer"])
     assert best and best[0].micro_batch == 4
+
+
+def test_modules_to_save_keeps_the_original_and_trains_a_copy():
+    """peft's ModulesToSaveWrapper: the frozen original plus a trainable copy of lm_head."""
+    model = _small("llama")
+    lora = LoRA(rank=4, targets=["q_proj"], modules_to_save=["lm_head"])
+    head = model.vocab_size * model.hidden_size
+    assert _elements(model, _tc(lora=lora), False) == model.param_count + head + _closed_form_adapters(model, lora)
+    assert _elements(model, _tc(lora=lora), True) == head + _closed_form_adapters(model, lora)
+    tied = ModelSpec.preset("gpt2").with_(num_layers=1)
+    with pytest.raises(NotModelledError, match="lora.modules_to_save"):
+        estimate_peak(tied, _tc(lora=LoRA(targets=["c_attn"], modules_to_save=["lm_head"])))

@@ -1,5 +1,5 @@
 """Fine-tuning rows of the ci matrix: peft LoRA adapters (target sets, ranks, dropout on and
-off, every precision and checkpointing mode, GPT-2 Conv1D targets, biases) and frozen
+off, every precision and checkpointing mode, GPT-2 Conv1D targets, biases, modules_to_save) and frozen
 parameters, on the ci shapes (validate.matrices.CI_SHAPES). Appended to `ci_matrix`.
 """
 from __future__ import annotations
@@ -39,6 +39,10 @@ ROWS = (
      dict(freeze=("model.embed_tokens.*",))),
     ("gpt2-hf", 0, "fp32", "none", "sdpa", "adamw", "foreach", 1,
      dict(freeze=("transformer.wte.*", "transformer.wpe.*", "transformer.h.0.*"))),
+    ("llama-hf", 1, "bf16", "none", "sdpa", "adamw", "for-loop", 1,
+     dict(lora=LoRA(rank=8, dropout=0.05, targets=QV, modules_to_save=["lm_head", "embed_tokens"]))),
+    ("gpt2-hf", 3, "fp32", "per-layer", "eager", "adam", "foreach", 1,
+     dict(lora=LoRA(rank=4, targets=["c_attn"], modules_to_save=["wpe"]))),
 )
 
 
@@ -46,7 +50,7 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
     """The fine-tuning ci rows ft00, ft01, ...
 
     >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
-    (14, 'ft00: hf llama-like L2 h64 V500 ')
+    (16, 'ft00: hf llama-like L2 h64 V500 ')
     """
     from validate.matrices import CI_SHAPES, _model
 

@@ -143,7 +143,8 @@ def input_require_grads(ops: Ops, x: Value) -> None:
 
 
 def adapter_base(label: str) -> str:
-    """The base linear's weight name for a LoRA adapter parameter (else the label itself).
+    """The base linear's weight name for a LoRA adapter parameter, the base name for peft's
+    modules_to_save original and copy (else the label itself).
 
     >>> adapter_base("model.layers.0.self_attn.q_proj.lora_B.default.weight")
     'model.layers.0.self_attn.q_proj.weight'
@@ -151,7 +152,7 @@ def adapter_base(label: str) -> str:
     for part in (".lora_A.", ".lora_B."):
         if part in label:
             return label.split(part)[0] + ".weight"
-    return label
+    return label.replace(".original_module.", ".").replace(".modules_to_save.default.", ".")
 
 
 def param_maker(ops: Ops, prefix: str) -> Callable[..., Value]:

@@ -77,6 +77,13 @@ class Ops:
     def param(self, label: str, count: int, rows: int | None = None) -> Value:
         """A parameter of `count` elements in the regime's parameter dtype; `rows` is its dim 0
         (FSDP shards along it), `count` for 1-D parameters."""
+        module, leaf = label.rsplit(".", 1)
+        lora = self.regime.lora
+        if lora is not None and lora.modules_to_save and lora.saves_module(module):
+            # peft's ModulesToSaveWrapper: the frozen original, then a trainable deepcopy that
+            # forward runs (utils/other.py ModulesToSaveWrapper.update); both in the base dtype
+            self.param(f"{module}.original_module.{leaf}", count, rows)
+            label = f"{module}.modules_to_save.default.{leaf}"
         v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt,
                          trainable=self.regime.trainable(label))
         v.rows = rows or count
