@@ -46,8 +46,7 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("quantization", "a quantised base model with nothing to train",
                                "add LoRA adapters (--lora-rank ...), or use quantization none")
     if training.quantization != "none":
-        raise NotModelledError("quantization", f"{training.quantization!r} base weights are not "
-                               "modelled yet", "use quantization none")
+        check_quantization(model, training)
     if tuned and training.world_size > 1:
         raise NotModelledError("world_size", "frozen parameters and LoRA are modelled on one rank",
                                "use world_size 1")
@@ -119,3 +118,30 @@ def check_saved_modules(labels: list[str], lora: "LoRA | None") -> None:
                    and label.split(".modules_to_save.")[0].endswith(m) for label in labels):
             raise SpecError("lora.modules_to_save", f"{m!r} matches no module with parameters",
                             "name modules such as lm_head or embed_tokens")
+
+
+def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
+    """QLoRA is modelled for bitsandbytes 4-bit (nf4, nf4-double, fp4) Linear4bit layers of
+    HF llama-family models without linear biases, loaded in fp32 or bf16 (no autocast).
+
+    >>> from memcalc.lora import LoRA
+    >>> check_quantization(ModelSpec.preset("llama-2-7b"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...     quantization="int8", lora=LoRA()))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.NotModelledError: quantization: 'int8' (load_in_8bit) is not modelled; ...
+    """
+    q = training.quantization
+    if q == "int8":
+        raise NotModelledError("quantization", "'int8' (load_in_8bit) is not modelled: its "
+                               "MatMul8bitLt path differs from Linear4bit", "use nf4, nf4-double or fp4")
+    if training.precision not in ("fp32", "bf16"):
+        raise NotModelledError("precision", f"{training.precision} with quantization {q!r} is not "
+                               "modelled (autocast around Linear4bit)",
+                               "use precision bf16 (weights loaded in bf16) or fp32")
+    if model.family != "llama" or model.implementation != "hf":
+        raise NotModelledError("quantization", f"{q!r} is modelled for HF llama-family models "
+                               "(GPT-2's Conv1D layers are converted differently)", "use a llama-family model")
+    if model.qkv_bias or model.out_bias or model.mlp_bias:
+        raise NotModelledError("quantization", "Linear4bit layers with biases are not modelled "
+                               "(bnb casts the bias in place)", "use a model without linear biases")

@@ -90,6 +90,11 @@ class Regime:
     lora: LoRA | None = None
     freeze: tuple[str, ...] = ()
     quantization: str = "none"
+    quant_elt: int = 0
+    """Bytes per element of a quantised weight's dequantised copy (the dtype it was quantised
+    from: bf16 when the model was loaded in bf16, else fp32); 0 without quantisation."""
+    bnb_compute_elt: int = 0
+    """bnb_4bit_compute_dtype: the dtype Linear4bit computes in (fp32 under fp32, else bf16)."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -97,10 +102,14 @@ class Regime:
         mixed = training.fsdp_mixed_precision
         precision = "bf16" if mixed else training.precision
         param_elt = param_element_size(precision)
+        quantized = training.quantization != "none"
+        if quantized:  # prepare_model_for_kbit_training casts every other parameter to fp32
+            param_elt = 4
         return cls(precision=precision, device=training.device,
                    autocast=precision in AUTOCAST_PRECISIONS,
                    compute_elt=compute_element_size(precision), param_elt=param_elt,
-                   buffer_elt=4 if mixed else param_elt, master_elt=4 if mixed else param_elt,
+                   buffer_elt=4 if mixed else param_element_size(precision),
+                   master_elt=4 if mixed else param_elt,
                    granularity=granularity(training.device),
                    tensor_parallel=training.tensor_parallel,
                    sequence_parallel=training.sequence_parallel and training.tensor_parallel > 1,
@@ -109,7 +118,9 @@ class Regime:
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=training.attention, grad_accum=training.grad_accum,
-                   lora=training.lora, freeze=training.freeze, quantization=training.quantization)
+                   lora=training.lora, freeze=training.freeze, quantization=training.quantization,
+                   quant_elt=param_element_size(precision) if quantized else 0,
+                   bnb_compute_elt=compute_element_size(precision) if quantized else 0)
 
     @property
     def fsdp(self) -> bool:
@@ -177,6 +188,23 @@ class Regime:
         if self.lora.bias == "lora_only":
             return label.endswith(".bias") and self.lora.targets_module(module, layer_of(module))
         return False
+
+
+QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The nn.Linear modules bitsandbytes replaces (every linear but lm_head, transformers'
+get_keys_to_not_convert)."""
+
+
+def quantized_weight(regime: "Regime", label: str) -> bool:
+    """Whether `label` is the weight of a linear that is a bitsandbytes Linear4bit.
+
+    >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, quantization="nf4"))
+    >>> quantized_weight(r, "model.layers.0.mlp.up_proj.weight"), quantized_weight(r, "lm_head.weight")
+    (True, False)
+    """
+    if regime.quantization == "none" or not label.endswith(".weight") or is_adapter(label):
+        return False
+    return label.rsplit(".", 2)[-2] in QUANTIZED_LINEARS
 
 
 _LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")

@@ -117,6 +117,8 @@ def _finetuning_label(t: TrainingConfig) -> str:
         out += "".join(f" {k}" for k, on in (("rslora", lo.use_rslora), ("lora_bias", lo.lora_bias)) if on)
         out += (f" bias={lo.bias}" if lo.bias != "none" else "") + (f" layers={list(lo.layers)}" if lo.layers else "")
         out += f" save={','.join(lo.modules_to_save)}" if lo.modules_to_save else ""
+    if t.quantization != "none":
+        out += f" {t.quantization}"
     if t.freeze:
         out += " | freeze " + ",".join(t.freeze)
     return out

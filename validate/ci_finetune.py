@@ -1,6 +1,6 @@
 """Fine-tuning rows of the ci matrix: peft LoRA adapters (target sets, ranks, dropout on and
-off, every precision and checkpointing mode, GPT-2 Conv1D targets, biases, modules_to_save) and frozen
-parameters, on the ci shapes (validate.matrices.CI_SHAPES). Appended to `ci_matrix`.
+off, every precision and checkpointing mode, GPT-2 Conv1D targets, biases, modules_to_save),
+QLoRA (bitsandbytes nf4, nf4-double, fp4 Linear4bit bases) and frozen parameters, on the ci shapes (validate.matrices.CI_SHAPES). Appended to `ci_matrix`.
 """
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ ROWS = (
      dict(lora=LoRA(rank=8, dropout=0.05, targets=QV, modules_to_save=["lm_head", "embed_tokens"]))),
     ("gpt2-hf", 3, "fp32", "per-layer", "eager", "adam", "foreach", 1,
      dict(lora=LoRA(rank=4, targets=["c_attn"], modules_to_save=["wpe"]))),
+    # QLoRA: bitsandbytes Linear4bit base (validate.finetune.quantize_linears)
+    ("llama-hf", 0, "fp32", "none", "sdpa", "adamw", "for-loop", 1,
+     dict(lora=LoRA(rank=8, targets=QV), quantization="nf4")),
+    ("llama-hf", 1, "bf16", "per-layer", "sdpa", "adamw", "foreach", 1,
+     dict(lora=LoRA(rank=16, alpha=32, dropout=0.05, targets=QV), quantization="nf4-double")),
+    ("llama-hf", 2, "bf16", "per-layer", "sdpa", "adamw", "for-loop", 1,
+     dict(lora=LoRA(rank=4, targets="all-linear"), quantization="fp4")),
+    ("llama-hf", 3, "fp32", "every-k", "eager", "adam", "fused", 1,
+     dict(lora=LoRA(rank=4, targets="all-linear"), quantization="nf4-double")),
+    ("llama-hf", 1, "bf16", "sqrt", "eager", "sgd-momentum", "for-loop", 2,
+     dict(lora=LoRA(rank=8, dropout=0.1, targets=["q_proj", "k_proj", "v_proj", "o_proj"]), quantization="nf4")),
+    ("llama-hf", 0, "fp32", "selective", "sdpa", "adamw", "foreach", 1,
+     dict(lora=LoRA(rank=8, dropout=0.1, targets=QV), quantization="fp4")),
 )
 
 
@@ -50,7 +63,7 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
     """The fine-tuning ci rows ft00, ft01, ...
 
     >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
-    (16, 'ft00: hf llama-like L2 h64 V500 ')
+    (22, 'ft00: hf llama-like L2 h64 V500 ')
     """
     from validate.matrices import CI_SHAPES, _model
 

@@ -21,6 +21,8 @@ def apply_finetuning(model, training):
         from peft import LoraConfig, get_peft_model
     except ImportError:  # pragma: no cover - the validate extra installs it
         raise MemcalcError("lora", "the validator needs peft", 'pip install -e ".[validate]"') from None
+    if training.quantization != "none":
+        quantize_linears(model, training)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     kwargs = training.lora.peft_kwargs()
     if getattr(model.config, "model_type", None) == "gpt2":
@@ -35,3 +37,40 @@ def apply_finetuning(model, training):
 def trainable_parameters(model) -> list:
     """The parameters the optimizer gets (a Trainer passes only those requiring grad)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # memcalc.finetune_checks.check_quantization
+
+
+def quantize_linears(model, training) -> None:
+    """QLoRA as transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type,
+    bnb_4bit_use_double_quant, bnb_4bit_compute_dtype) loads a model, then
+    peft.prepare_model_for_kbit_training: every nn.Linear but lm_head becomes a bitsandbytes
+    Linear4bit quantised from its weight in the model's dtype, and the other parameters are cast
+    to fp32 (checkpointing is applied by validate.hf, non-reentrant, so prepare's own is off)."""
+    import bitsandbytes as bnb
+    import torch
+    from peft import prepare_model_for_kbit_training
+
+    quant_type = "fp4" if training.quantization == "fp4" else "nf4"
+    double = training.quantization == "nf4-double"
+    compute = getattr(torch, COMPUTE_DTYPE[training.precision])
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if not isinstance(child, torch.nn.Linear) or f"{name}.{child_name}".endswith("lm_head") \
+                    or child_name == "lm_head":
+                continue
+            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                  compute_dtype=compute, quant_type=quant_type, compress_statistics=double,
+                                  device="meta")
+            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type=quant_type,
+                                         compress_statistics=double)
+            if child.bias is not None:
+                q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+            setattr(module, child_name, q.to("cpu"))
+    if double:  # the process-global dynamic map made at the first double quantisation: a fresh
+        import bitsandbytes.functional as bnbf  # copy per case, as a new process would make
+
+        bnbf.name2qmap["dynamic"] = bnbf.name2qmap["dynamic"].clone()
+    model.is_loaded_in_4bit = True
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

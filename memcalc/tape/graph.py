@@ -35,6 +35,7 @@ class Value:
     elt: int = 4  # bytes per element (dtype size)
     rows: int = 0  # dim 0 of a parameter (FSDP shards along it)
     leaf: bool = False  # a non-parameter leaf made to require grad (its .grad is accumulated)
+    quant: int = 0  # elements of the matrix a bitsandbytes 4-bit weight packs (0: not quantised)
 
 
 @dataclass
@@ -62,7 +63,10 @@ class Temp:
 
 @dataclass
 class FreeTemps:
-    """Backward step: free the temporaries allocated so far in this node."""
+    """Backward step: free the temporaries allocated so far in this node (only the `first`
+    oldest of them when given)."""
+
+    first: int | None = None
 
 
 BackwardStep = Grad | Alias | Temp | FreeTemps  # what a backward node does, in order

@@ -365,9 +365,10 @@ class StepSimulator:
                 temps.append(st)
                 mem.mark(f"{node.name} backward")
             elif isinstance(step, FreeTemps):
-                for st in temps:
+                k = len(temps) if step.first is None else step.first
+                for st in temps[:k]:
                     mem.release(st)
-                temps = []
+                temps = temps[k:]
             elif isinstance(step, Grad):
                 target = node.inputs[step.index]
                 if not target.requires_grad:
