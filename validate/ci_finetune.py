@@ -1,6 +1,7 @@
 """Fine-tuning rows of the ci matrix: peft LoRA adapters (target sets, ranks, dropout on and
 off, every precision and checkpointing mode, GPT-2 Conv1D targets, biases, modules_to_save),
-QLoRA (bitsandbytes nf4, nf4-double, fp4 Linear4bit bases) and frozen parameters, on the ci shapes (validate.matrices.CI_SHAPES). Appended to `ci_matrix`.
+QLoRA (bitsandbytes nf4, nf4-double, fp4 Linear4bit bases) and frozen parameters, on the ci
+shapes (validate.matrices.CI_SHAPES). Appended to `ci_matrix`.
 """
 from __future__ import annotations
 
