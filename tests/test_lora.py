@@ -233,3 +233,66 @@ def test_modules_to_save_keeps_the_original_and_trains_a_copy():
     tied = ModelSpec.preset("gpt2").with_(num_layers=1)
     with pytest.raises(NotModelledError, match="lora.modules_to_save"):
         estimate_peak(tied, _tc(lora=LoRA(targets=["c_attn"], modules_to_save=["lm_head"])))
+
+
+# ---- QLoRA -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("quantization", ["nf4", "nf4-double", "fp4"])
+@pytest.mark.parametrize("shape", [(512, 256), (96, 176)])
+def test_quant_state_bytes_match_bitsandbytes(quantization, shape):
+    """The QuantState tensors bitsandbytes makes for one weight, against memcalc's sizes."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import torch
+
+    from memcalc.tape.ops import quant_stat_bytes
+
+    double = quantization == "nf4-double"
+    w = bnb.nn.Params4bit(torch.randn(*shape), requires_grad=False, compress_statistics=double,
+                          quant_type="fp4" if quantization == "fp4" else "nf4").to("cpu")
+    qs = w.quant_state
+    tensors = [qs.absmax, qs.code] + ([qs.state2.absmax, qs.state2.code, qs.offset] if double else [])
+    assert [t.untyped_storage().nbytes() for t in tensors] == quant_stat_bytes(shape[0] * shape[1], double)
+    assert w.untyped_storage().nbytes() == -(-shape[0] * shape[1] // 2)
+
+
+@given(cases(programs=[("llama", "hf")]), st.sampled_from(["nf4", "nf4-double", "fp4"]))
+def test_qlora_packs_every_linear_in_half_a_byte(case, quantization):
+    model, t = case
+    model = model.with_(qkv_bias=False, out_bias=False, mlp_bias=False)
+    t = t.with_(precision="bf16" if t.precision != "fp32" else "fp32", quantization=quantization,
+                lora=LoRA(rank=4, targets=["q_proj"]))
+    graph = build_graph(model, Regime.of(t))
+    packed = sum(v.size.eval(1, 1) for v in graph.params if v.storage.category == "quantized_weights")
+    linears = sum(v.quant for v in graph.params)
+    h, f, a, kv, d = model.hidden_size, model.ffn_size, model.num_heads, model.kv_heads, model.head_size
+    assert linears == model.num_layers * (h * a * d * 2 + h * kv * d * 2 + 3 * h * f)
+    assert packed == sum(-(-v.quant // 2) for v in graph.params if v.quant)
+    # every other parameter is fp32 after prepare_model_for_kbit_training
+    assert {v.elt for v in graph.params if not v.quant} == {4}
+
+
+def test_qlora_7b_fits_where_lora_does_not():
+    """Llama-2-7B, nf4 double quantisation, r16 q/v, bf16 compute, per-layer checkpointing:
+    about 3.9 GB of packed weights and statistics, far under LoRA on bf16 weights."""
+    from memcalc.estimate import estimate
+
+    model = ModelSpec.preset("llama-2-7b")
+    t = TrainingConfig(micro_batch=1, seq_len=2048, precision="bf16", checkpointing="per-layer",
+                       lora=LoRA(rank=16, alpha=32, targets=["q_proj", "v_proj"]))
+    qlora = estimate(model, t.with_(quantization="nf4-double"))
+    c = qlora.components
+    assert 3.2e9 < c["quantized_weights"] + c["quantization_stats"] < 3.5e9  # 6.48e9 linear params / 2
+    assert qlora.peak_bytes < estimate(model, t).peak_bytes / 2
+
+
+@pytest.mark.parametrize("fields,name", [
+    (dict(quantization="int8"), "quantization"),
+    (dict(quantization="nf4", precision="bf16-amp"), "precision"),
+])
+def test_qlora_refusals_name_the_field(fields, name):
+    with pytest.raises(NotModelledError) as err:
+        estimate_peak(_small("llama"), _tc(lora=LoRA(targets=["q_proj"]), **fields))
+    assert err.value.field == name
+    with pytest.raises(NotModelledError, match="biases"):
+        estimate_peak(_small("qwen2"), _tc(lora=LoRA(targets=["q_proj"]), quantization="nf4"))
+    with pytest.raises(NotModelledError, match="llama-family"):
+        estimate_peak(_small("gpt2"), _tc(lora=LoRA(targets=["c_attn"]), quantization="nf4"))
