@@ -122,7 +122,8 @@ def check_saved_modules(labels: list[str], lora: "LoRA | None") -> None:
 
 def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
     """QLoRA is modelled for bitsandbytes 4-bit (nf4, nf4-double, fp4) Linear4bit layers of
-    HF llama-family models without linear biases, loaded in fp32 or bf16 (no autocast).
+    HF llama-family models without linear biases (weights loaded in bf16 under precision bf16,
+    else fp32; compute dtype bf16, fp16 under fp16-amp, fp32 under fp32).
 
     >>> from memcalc.lora import LoRA
     >>> check_quantization(ModelSpec.preset("llama-2-7b"), TrainingConfig(micro_batch=1, seq_len=8,
@@ -135,10 +136,6 @@ def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
     if q == "int8":
         raise NotModelledError("quantization", "'int8' (load_in_8bit) is not modelled: its "
                                "MatMul8bitLt path differs from Linear4bit", "use nf4, nf4-double or fp4")
-    if training.precision not in ("fp32", "bf16"):
-        raise NotModelledError("precision", f"{training.precision} with quantization {q!r} is not "
-                               "modelled (autocast around Linear4bit)",
-                               "use precision bf16 (weights loaded in bf16) or fp32")
     if model.family != "llama" or model.implementation != "hf":
         raise NotModelledError("quantization", f"{q!r} is modelled for HF llama-family models "
                                "(GPT-2's Conv1D layers are converted differently)", "use a llama-family model")

@@ -94,7 +94,8 @@ class Regime:
     """Bytes per element of a quantised weight's dequantised copy (the dtype it was quantised
     from: bf16 when the model was loaded in bf16, else fp32); 0 without quantisation."""
     bnb_compute_elt: int = 0
-    """bnb_4bit_compute_dtype: the dtype Linear4bit computes in (fp32 under fp32, else bf16)."""
+    """bnb_4bit_compute_dtype: the dtype Linear4bit computes in (fp32 under fp32, else the
+    half dtype: bf16, fp16 under fp16-amp)."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":

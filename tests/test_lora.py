@@ -258,8 +258,7 @@ def test_quant_state_bytes_match_bitsandbytes(quantization, shape):
 def test_qlora_packs_every_linear_in_half_a_byte(case, quantization):
     model, t = case
     model = model.with_(qkv_bias=False, out_bias=False, mlp_bias=False)
-    t = t.with_(precision="bf16" if t.precision != "fp32" else "fp32", quantization=quantization,
-                lora=LoRA(rank=4, targets=["q_proj"]))
+    t = t.with_(quantization=quantization, lora=LoRA(rank=4, targets=["q_proj"]))
     graph = build_graph(model, Regime.of(t))
     packed = sum(v.size.eval(1, 1) for v in graph.params if v.storage.category == "quantized_weights")
     linears = sum(v.quant for v in graph.params)
@@ -286,7 +285,6 @@ def test_qlora_7b_fits_where_lora_does_not():
 
 @pytest.mark.parametrize("fields,name", [
     (dict(quantization="int8"), "quantization"),
-    (dict(quantization="nf4", precision="bf16-amp"), "precision"),
 ])
 def test_qlora_refusals_name_the_field(fields, name):
     with pytest.raises(NotModelledError) as err:

@@ -57,6 +57,10 @@ ROWS = (
      dict(lora=LoRA(rank=8, dropout=0.1, targets=["q_proj", "k_proj", "v_proj", "o_proj"]), quantization="nf4")),
     ("llama-hf", 0, "fp32", "selective", "sdpa", "adamw", "foreach", 1,
      dict(lora=LoRA(rank=8, dropout=0.1, targets=QV), quantization="fp4")),
+    ("llama-hf", 1, "bf16-amp", "per-layer", "sdpa", "adamw", "fused", 1,
+     dict(lora=LoRA(rank=4, targets="all-linear"), quantization="nf4-double")),
+    ("llama-hf", 3, "fp16-amp", "none", "eager", "adamw", "for-loop", 1,
+     dict(lora=LoRA(rank=8, dropout=0.05, targets=["q_proj", "v_proj", "down_proj"]), quantization="fp4")),
 )
 
 
@@ -64,7 +68,7 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
     """The fine-tuning ci rows ft00, ft01, ...
 
     >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
-    (22, 'ft00: hf llama-like L2 h64 V500 ')
+    (24, 'ft00: hf llama-like L2 h64 V500 ')
     """
     from validate.matrices import CI_SHAPES, _model
 

@@ -39,7 +39,8 @@ def trainable_parameters(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}  # memcalc.finetune_checks.check_quantization
+# bnb_4bit_compute_dtype per precision (memcalc.regime: bnb_compute_elt)
+COMPUTE_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "bf16-amp": "bfloat16", "fp16-amp": "float16"}
 
 
 def quantize_linears(model, training) -> None:
