@@ -84,7 +84,7 @@ class LoRA(BaseModel):
     >>> LoRA(rank=0)
     Traceback (most recent call last):
     ...
-    memcalc.errors.SpecError: rank: Input should be greater than 0
+    memcalc.errors.SpecError: lora.rank: Input should be greater than 0; fix: see memcalc.LoRA's fields
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -115,7 +115,8 @@ class LoRA(BaseModel):
         try:
             super().__init__(**fields)
         except ValidationError as err:
-            raise from_pydantic(err, type(self).__name__) from None
+            e = from_pydantic(err, type(self).__name__)
+            raise SpecError(f"lora.{e.field}", e.problem, e.fix or "see memcalc.LoRA's fields") from None
 
     @field_validator("targets", mode="before")
     @classmethod
