@@ -129,7 +129,8 @@ def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, precision: 
 
     if training.lora is not None or training.freeze:
         return False
-    return model_state_bytes(model.param_count, precision, training.optimizer) > card.usable_bytes
+    return (model_state_bytes(model.param_count, precision, training.optimizer, training.device)
+            > card.usable_bytes)
 
 
 def _peaks(model: ModelSpec, training: TrainingConfig, global_batch: int, card: GPU) -> dict[int, int]:

@@ -87,6 +87,8 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    max_grad_norm: float | None = None
+    """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
     lora: LoRA | None = None
     freeze: tuple[str, ...] = ()
     quantization: str = "none"
@@ -119,6 +121,7 @@ class Regime:
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=training.attention, grad_accum=training.grad_accum,
+                   max_grad_norm=training.max_grad_norm,
                    lora=training.lora, freeze=training.freeze, quantization=training.quantization,
                    quant_elt=param_element_size(precision) if quantized else 0,
                    bnb_compute_elt=compute_element_size(precision) if quantized else 0)
