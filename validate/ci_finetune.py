@@ -61,6 +61,12 @@ ROWS = (
      dict(lora=LoRA(rank=4, targets="all-linear"), quantization="nf4-double")),
     ("llama-hf", 3, "fp16-amp", "none", "eager", "adamw", "for-loop", 1,
      dict(lora=LoRA(rank=8, dropout=0.05, targets=["q_proj", "v_proj", "down_proj"]), quantization="fp4")),
+    # with the fine-tuning optimizers and clipping (validate/ci_optim.py's optimizers)
+    ("llama-hf", 1, "bf16", "none", "sdpa", "adamw-8bit", None, 1,
+     dict(lora=LoRA(rank=16, targets="all-linear"), max_grad_norm=1.0)),
+    ("llama-hf", 0, "bf16", "per-layer", "sdpa", "paged-adamw-8bit", None, 1,
+     dict(lora=LoRA(rank=8, targets=QV), quantization="nf4-double", max_grad_norm=1.0)),
+    ("llama-hf", 0, "fp32", "none", "sdpa", "adafactor", None, 1, dict(lora=LoRA(rank=8, targets=QV))),
 )
 
 
@@ -68,7 +74,7 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
     """The fine-tuning ci rows ft00, ft01, ...
 
     >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
-    (24, 'ft00: hf llama-like L2 h64 V500 ')
+    (27, 'ft00: hf llama-like L2 h64 V500 ')
     """
     from validate.matrices import CI_SHAPES, _model
 
