@@ -55,6 +55,9 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
     if model.implementation != "hf":
         raise NotModelledError("lora", "LoRA is modelled on the Hugging Face implementations "
                                "(peft's module names)", "use implementation hf")
+    if model.family not in LINEARS:
+        raise NotModelledError("lora", f"LoRA is modelled and measured for the gpt2 and llama "
+                               f"families, not {model.family}", "use a GPT-2 or llama-family model")
     if lora.layers is not None and max(lora.layers) >= model.num_layers:
         raise SpecError("lora.layers", f"layer {max(lora.layers)} does not exist "
                         f"(num_layers={model.num_layers})", f"use layers below {model.num_layers}")

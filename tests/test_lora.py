@@ -294,3 +294,13 @@ def test_qlora_refusals_name_the_field(fields, name):
         estimate_peak(_small("qwen2"), _tc(lora=LoRA(targets=["q_proj"]), quantization="nf4"))
     with pytest.raises(NotModelledError, match="llama-family"):
         estimate_peak(_small("gpt2"), _tc(lora=LoRA(targets=["c_attn"]), quantization="nf4"))
+
+
+def test_lora_on_an_unmeasured_family_is_refused():
+    phi3 = [name for name in __import__("memcalc.presets", fromlist=["PRESETS"]).PRESETS
+            if ModelSpec.preset(name).family not in ("gpt2", "llama")]
+    if not phi3:
+        pytest.skip("no preset of another family")
+    with pytest.raises(NotModelledError) as err:
+        estimate_peak(ModelSpec.preset(phi3[0]), _tc(lora=LoRA(targets="all-linear")))
+    assert err.value.field == "lora"
