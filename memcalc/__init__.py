@@ -7,6 +7,7 @@ True
 """
 from memcalc.errors import MemcalcError, SpecError, UnknownNameError
 from memcalc.estimate import MemoryReport, candidates, estimate, optimal_segment_size, sqrt_segment_size
+from memcalc.lora import LoRA
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
@@ -20,7 +21,7 @@ _LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
          "local_gpus": "memcalc.gpus", "check": "memcalc.preflight", "Verdict": "memcalc.preflight"}
 
 __all__ = ["MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate",
-           "candidates", "optimal_segment_size", "sqrt_segment_size", "ModelSpec", "TrainingConfig", *_LAZY]
+           "candidates", "optimal_segment_size", "sqrt_segment_size", "ModelSpec", "TrainingConfig", "LoRA", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -79,6 +79,7 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
                    help="tensor-parallel degree t (Megatron column/row splits; default 1); "
                         "--world-size defaults to t")
     _call_path_args(g)
+    add_finetuning_args(p)
 
 
 def _call_path_args(g: argparse._ArgumentGroup) -> None:
@@ -92,6 +93,45 @@ def _call_path_args(g: argparse._ArgumentGroup) -> None:
                    help="the loss gets num_items_in_batch (as the HF Trainer passes it)")
     g.add_argument("--hf-trainer", action="store_true", default=None,
                    help="the HF Trainer's own tensors (held micro-batches, loss scalars, param groups)")
+
+
+def add_finetuning_args(p: argparse.ArgumentParser, freeze_and_quantization: bool = True) -> None:
+    """--lora-* (peft LoRA adapters), --lora-config, and (unless the caller generates them from
+    TrainingConfig's fields) --freeze, --quantization."""
+    g = p.add_argument_group("fine-tuning")
+    g.add_argument("--lora-rank", type=int, help="LoRA adapters of this rank r on a frozen model")
+    g.add_argument("--lora-alpha", type=float, help="lora_alpha (default 8; scaling alpha/r)")
+    g.add_argument("--lora-dropout", type=float, help="lora_dropout (default 0: no input copy)")
+    g.add_argument("--lora-targets", help="comma-separated module names (default q_proj,v_proj) "
+                                          "or all-linear")
+    g.add_argument("--lora-config", help="peft adapter_config.json (or its folder)")
+    if freeze_and_quantization:
+        g.add_argument("--freeze", action="append",
+                       help="freeze parameters matching this fnmatch pattern (repeatable)")
+        g.add_argument("--quantization", help="none, nf4, nf4-double, fp4 or int8 (bitsandbytes)")
+
+
+def lora_from_args(args: argparse.Namespace):
+    """The LoRA of --lora-config and the --lora-* flags (None without any of them).
+
+    >>> a = argparse.Namespace(lora_rank=16, lora_alpha=32.0, lora_dropout=None,
+    ...                        lora_targets="q_proj,v_proj", lora_config=None)
+    >>> lora_from_args(a).scaling
+    2.0
+    """
+    from memcalc.lora import LoRA
+
+    flags = {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
+             "targets": _targets(args.lora_targets) if args.lora_targets else None}
+    given = {k: v for k, v in flags.items() if v is not None}
+    if args.lora_config is None:
+        return LoRA(**given) if given else None
+    base = LoRA.from_peft_config(args.lora_config)
+    return LoRA(**{**base.model_dump(), **given}) if given else base
+
+
+def _targets(text: str):
+    return "all-linear" if text == "all-linear" else [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -165,6 +205,13 @@ def training_from_args(args: argparse.Namespace, **fixed):
              "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
              "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
+    if lora is not None:
+        fields["lora"] = lora
+    if getattr(args, "freeze", None):
+        fields["freeze"] = tuple(args.freeze)
+    if getattr(args, "quantization", None) is not None:
+        fields["quantization"] = args.quantization
     if "tensor_parallel" in fields and "world_size" not in fields:
         fields["world_size"] = fields["tensor_parallel"]
     return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})

@@ -12,6 +12,8 @@ from operator import attrgetter
 from typing import Callable
 
 from memcalc.allocator import device_constants
+from memcalc.errors import SpecError
+from memcalc.finetune_checks import check_freeze, check_saved_modules
 from memcalc.parallel.fsdp import Fsdp
 from memcalc.parallel.tensor import local_spec
 from memcalc.poly import ZERO, Poly
@@ -38,6 +40,12 @@ def build_graph(model: ModelSpec, regime: Regime) -> Graph:
     ops = Ops(Graph(), regime)
     spec = local_spec(model, regime.tensor_parallel)
     program_for(spec).build(ops, spec, regime)
+    if regime.freeze:
+        check_freeze([v.label for v in ops.g.params], regime.freeze)
+    check_saved_modules([v.label for v in ops.g.params], regime.lora)
+    if not ops.g.trainable_params:
+        raise SpecError("freeze", "every parameter is frozen: nothing to train",
+                        "leave some parameters trainable (or add LoRA adapters)")
     return ops.g
 
 

@@ -138,6 +138,9 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if not isinstance(model_type, str):  # a list or dict is unhashable: no raw TypeError
+        raise SpecError("hf_config.model_type", f"expected a string, got {type(model_type).__name__}",
+                        f"use one of {', '.join(SUPPORTED)}")
     if model_type in REFUSED_TYPES:
         from memcalc.errors import NotModelledError
 

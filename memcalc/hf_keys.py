@@ -127,7 +127,9 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
     "pruned_heads": ((None, "empty"), "pruned heads change the projections' widths",
                      "use the unpruned config"),
     "cross_attention_hidden_size": ((None,), "cross-attention is not modelled", "remove it"),
-    "quantization_config": ((None,), "quantized base weights are not modelled yet", "remove it"),
+    "quantization_config": ((None,), "not read from config.json (bitsandbytes 4-bit bases are "
+                            "TrainingConfig.quantization)",
+                            "remove it and pass --quantization nf4, nf4-double or fp4 with LoRA adapters"),
     "auto_map": ((None,), "the model runs custom code memcalc has no program for",
                  "use a transformers model type"),
 }

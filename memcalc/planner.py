@@ -123,9 +123,12 @@ def plan(model: ModelSpec, device: str | GPU, global_batch: int, seq_len: int, t
 
 def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, precision: str, card: GPU) -> bool:
     """Weights + gradients + optimizer states, all alive at optimizer.step(), exceed the GPU: no
-    plan of this precision can fit, and its simulations are skipped."""
+    plan of this precision can fit, and its simulations are skipped. Not a shortcut when some
+    parameters are frozen (LoRA, freeze patterns): they have no gradient or state."""
     from memcalc.formulas.model_states import model_state_bytes
 
+    if training.lora is not None or training.freeze:
+        return False
     return (model_state_bytes(model.param_count, precision, training.optimizer, training.device)
             > card.usable_bytes)
 

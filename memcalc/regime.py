@@ -15,9 +15,12 @@ Element sizes (bytes per element):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from memcalc.allocator import granularity
+from memcalc.lora import LoRA
 from memcalc.training import TrainingConfig
 
 # optimizer state tensors per parameter, each of the parameter's shape and dtype
@@ -95,6 +98,15 @@ class Regime:
     """seq_len >= the model's sliding_window: transformers then materialises the sliding layers'
     mask for SDPA (masking_utils._ignore_causal_mask_sdpa). A function of the shape, not of the
     TrainingConfig's other fields: memcalc.engine.candidates sets it and caches per value."""
+    lora: LoRA | None = None
+    freeze: tuple[str, ...] = ()
+    quantization: str = "none"
+    quant_elt: int = 0
+    """Bytes per element of a quantised weight's dequantised copy (the dtype it was quantised
+    from: bf16 when the model was loaded in bf16, else fp32); 0 without quantisation."""
+    bnb_compute_elt: int = 0
+    """bnb_4bit_compute_dtype: the dtype Linear4bit computes in (fp32 under fp32, else the
+    half dtype: bf16, fp16 under fp16-amp)."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -102,10 +114,14 @@ class Regime:
         mixed = training.fsdp_mixed_precision
         precision = "bf16" if mixed else training.precision
         param_elt = param_element_size(precision)
+        quantized = training.quantization != "none"
+        if quantized:  # prepare_model_for_kbit_training casts every other parameter to fp32
+            param_elt = 4
         return cls(precision=precision, device=training.device,
                    autocast=precision in AUTOCAST_PRECISIONS,
                    compute_elt=compute_element_size(precision), param_elt=param_elt,
-                   buffer_elt=4 if mixed else param_elt, master_elt=4 if mixed else param_elt,
+                   buffer_elt=4 if mixed else param_element_size(precision),
+                   master_elt=4 if mixed else param_elt,
                    granularity=granularity(training.device),
                    tensor_parallel=training.tensor_parallel,
                    sequence_parallel=training.sequence_parallel and training.tensor_parallel > 1,
@@ -116,7 +132,10 @@ class Regime:
                    attention=training.attention, grad_accum=training.grad_accum,
                    use_cache=training.use_cache, attention_mask=training.attention_mask,
                    labels=training.labels, num_items_in_batch=training.num_items_in_batch,
-                   hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm)
+                   hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm,
+                   lora=training.lora, freeze=training.freeze, quantization=training.quantization,
+                   quant_elt=param_element_size(precision) if quantized else 0,
+                   bnb_compute_elt=compute_element_size(precision) if quantized else 0)
 
     @property
     def fsdp(self) -> bool:
@@ -161,3 +180,71 @@ class Regime:
         k = {"per-layer": 1, "every-k": self.checkpoint_every or 1,
              "sqrt": sqrt_segment_size(num_layers)}[self.checkpointing]
         return set(range(0, num_layers, k))
+
+    @property
+    def fine_tuning(self) -> bool:
+        """Some base parameters are frozen (LoRA, or TrainingConfig.freeze patterns)."""
+        return self.lora is not None or bool(self.freeze)
+
+    def trainable(self, label: str) -> bool:
+        """Whether the parameter `label` (its torch name in the base model, adapters under
+        `<module>.lora_A.default.weight`) requires grad: peft freezes every base parameter
+        (tuners_utils.BaseTuner._mark_only_adapters_as_trainable) except biases under bias='all'
+        (any name containing "bias") or 'lora_only' (the targeted linears' biases); then
+        TrainingConfig.freeze patterns freeze what they match.
+
+        >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, freeze=("*embed*",)))
+        >>> r.trainable("model.embed_tokens.weight"), r.trainable("lm_head.weight")
+        (False, True)
+        """
+        if any(fnmatchcase(label, p) for p in self.freeze):
+            return False
+        if self.lora is None or is_adapter(label) or ".modules_to_save." in label:
+            return True
+        if ".original_module." in label:
+            return False
+        module = label.rsplit(".", 1)[0]
+        if self.lora.bias == "all":
+            return "bias" in label
+        if self.lora.bias == "lora_only":
+            return label.endswith(".bias") and self.lora.targets_module(module, layer_of(module))
+        return False
+
+
+QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The nn.Linear modules bitsandbytes replaces (every linear but lm_head, transformers'
+get_keys_to_not_convert)."""
+
+
+def quantized_weight(regime: "Regime", label: str) -> bool:
+    """Whether `label` is the weight of a linear that is a bitsandbytes Linear4bit.
+
+    >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, quantization="nf4"))
+    >>> quantized_weight(r, "model.layers.0.mlp.up_proj.weight"), quantized_weight(r, "lm_head.weight")
+    (True, False)
+    """
+    if regime.quantization == "none" or not label.endswith(".weight") or is_adapter(label):
+        return False
+    return label.rsplit(".", 2)[-2] in QUANTIZED_LINEARS
+
+
+_LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """The decoder layer index in a module or parameter name (None outside the layers).
+
+    >>> layer_of("model.layers.12.self_attn.q_proj"), layer_of("transformer.h.3.attn.c_attn"), layer_of("lm_head")
+    (12, 3, None)
+    """
+    found = _LAYER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def is_adapter(label: str) -> bool:
+    """A LoRA adapter parameter (peft's names: <module>.lora_A.default.weight, lora_B ...).
+
+    >>> is_adapter("model.layers.0.self_attn.q_proj.lora_B.default.weight")
+    True
+    """
+    return ".lora_A." in label or ".lora_B." in label

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from memcalc import limits
 from memcalc.errors import NotModelledError, SpecError
+from memcalc.finetune_checks import check_finetuning
 from memcalc.parallel.tensor import check_tensor_parallel
 from memcalc.programs.call_path import check_call_path
 from memcalc.specs import ModelSpec
@@ -105,6 +106,7 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     check_tensor_parallel(model, training)
     check_attention(model, training)
     check_call_path(model, training)
+    check_finetuning(model, training)
     if training.world_size > 1 and training.optimizer in FINE_TUNE_OPTIMIZERS:
         raise NotModelledError("optimizer", f"optimizer='{training.optimizer}' is modelled on one "
                                "process (its states under DDP/ZeRO/FSDP are not validated)",

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memcalc.errors import from_pydantic
+from memcalc.lora import LoRA
 
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
 TorchOptimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
@@ -20,6 +21,7 @@ Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
 AttentionMask = Literal["none", "ones", "padded"]
 Labels = Literal["input_ids", "separate"]
+Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -34,6 +36,7 @@ DEVICES: tuple[str, ...] = get_args(Device)
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
 ATTENTION_MASKS: tuple[str, ...] = get_args(AttentionMask)
 LABELS: tuple[str, ...] = get_args(Labels)
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -100,6 +103,25 @@ class TrainingConfig(BaseModel):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
     parameters, activations and unsharded gradients in bf16; no autocast."""
+    lora: LoRA | None = None
+    """LoRA adapters (memcalc.LoRA, as peft runs them) on a frozen base model; None: no adapters."""
+    freeze: tuple[str, ...] = ()
+    """Parameters to freeze (requires_grad=False), as fnmatch patterns over torch parameter
+    names, e.g. "*embed_tokens*" or "model.layers.[0-3].*": no gradient, no optimizer state,
+    and no saved input for a weight gradient."""
+    quantization: Quantization = "none"
+    """Base weights quantised by bitsandbytes (QLoRA): none, nf4, nf4-double (double
+    quantisation), fp4, int8 (load_in_8bit)."""
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora(cls, v: object) -> object:
+        return LoRA(**v) if isinstance(v, dict) else v
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _freeze(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
 
     # ---- the call path: what the training loop passes to an HF model (memcalc.programs.call_path)
     use_cache: bool = False

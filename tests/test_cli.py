@@ -21,7 +21,7 @@ def test_public_api_is_pinned():
     assert sorted(memcalc.__all__) == sorted([
         "MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate", "sqrt_segment_size",
         "candidates", "optimal_segment_size",
-        "ModelSpec", "TrainingConfig", "model_state_bytes", "zero_paper_mixed_precision_bytes",
+        "ModelSpec", "TrainingConfig", "LoRA", "model_state_bytes", "zero_paper_mixed_precision_bytes",
         "max_micro_batch", "max_seq_len", "max_layers", "fits", "Capacity", "estimate_grid", "plan",
         "check", "Verdict",
         "Plan", "GPUS", "GPU", "parse_budget", "local_gpus"])

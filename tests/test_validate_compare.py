@@ -97,7 +97,7 @@ def test_ci_matrix_covers_every_value_and_the_important_pairs():
     from validate.matrices import ci_matrix
 
     everything = ci_matrix()
-    cases = [c for c in everything if c.name[:2] == "ci" and c.name[2:].isdigit()]  # pairwise ciNN
+    cases = [c for c in everything if c.name.startswith("ci") and c.name[2:].isdigit()]  # pairwise ciNN
     assert {c.training.optimizer for c in everything} - {c.training.optimizer for c in cases} == {
         "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"}  # validate/ci_optim.py
     impl = lambda c: c.spec.implementation  # noqa: E731

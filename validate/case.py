@@ -130,9 +130,31 @@ class Case:
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
                 f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
-                + call_path_label(t)
+                + call_path_label(t) + _finetuning_label(t)
                 + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
                    if self.trainer_args is not None else ""))
+
+
+def _finetuning_label(t: TrainingConfig) -> str:
+    """' | lora r8 a16 d0.05 q_proj,v_proj' and ' | freeze ...' (empty for full training).
+
+    >>> from memcalc.lora import LoRA
+    >>> _finetuning_label(TrainingConfig(micro_batch=1, seq_len=8, lora=LoRA(rank=8, targets="all-linear")))
+    ' | lora r8 a8 d0.0 all-linear'
+    """
+    out = ""
+    if t.lora is not None:
+        lo = t.lora
+        targets = lo.targets if isinstance(lo.targets, str) else ",".join(lo.targets)
+        out += f" | lora r{lo.rank} a{lo.alpha:g} d{lo.dropout} {targets}"
+        out += "".join(f" {k}" for k, on in (("rslora", lo.use_rslora), ("lora_bias", lo.lora_bias)) if on)
+        out += (f" bias={lo.bias}" if lo.bias != "none" else "") + (f" layers={list(lo.layers)}" if lo.layers else "")
+        out += f" save={','.join(lo.modules_to_save)}" if lo.modules_to_save else ""
+    if t.quantization != "none":
+        out += f" {t.quantization}"
+    if t.freeze:
+        out += " | freeze " + ",".join(t.freeze)
+    return out
 
 
 __all__ = ["Case", "config_key"]

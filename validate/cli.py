@@ -25,6 +25,7 @@ import types
 import typing
 from pathlib import Path
 
+from memcalc.cli import add_finetuning_args, lora_from_args
 from memcalc.errors import MemcalcError, SpecError
 from memcalc.hf_config import load_config
 from memcalc.specs import ModelSpec
@@ -101,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object per configuration")
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
-                     training_fields=_add_fields(run, TrainingConfig))
+                     training_fields=_add_fields(run, TrainingConfig, skip=("lora",)))
+    add_finetuning_args(run, freeze_and_quantization=False)
     demo = sub.add_parser("demo", help="the lecture's demonstrations, measured on CPU")
     demo.add_argument("--out", default="tables", help="folder for tables and the plot")
     demo.add_argument("--real", action="store_true",
@@ -133,7 +135,9 @@ def single_case(args) -> Case:
         hf_config = None
     if args.trainer is not None:
         return trainer_case(args, spec, hf_config)
-    training = TrainingConfig.make(**_given(args, args.training_fields))
+    fields = _given(args, args.training_fields)
+    lora = lora_from_args(args)
+    training = TrainingConfig.make(**fields, **({"lora": lora} if lora is not None else {}))
     return Case(spec.name, spec, training, hf_config)
 
 

@@ -19,6 +19,7 @@ from memcalc.training import OPTIMIZER_IMPLS as IMPLS
 from memcalc.training import PRECISIONS, TrainingConfig
 from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
+from validate.ci_finetune import finetune_cases
 from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
@@ -160,7 +161,8 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
-            + ci_trainer_cases(device))  # through transformers.Trainer (validate/ci_trainer.py)
+            + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)
+            + finetune_cases(device))  # LoRA, QLoRA, frozen parameters (validate/ci_finetune.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

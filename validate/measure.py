@@ -151,6 +151,8 @@ def measure(spec, training, backend: str = "cpu", hf_config: dict | None = None,
     # make at import time (module globals, 128 and 144 bytes measured) are not the step's
     optimizer_class(training.optimizer)
     start = time.perf_counter()
+    if training.lora is not None:  # peft imports bitsandbytes, whose import-time tables
+        import peft  # noqa: F401  # (FP4/NF4 lookup tensors) must not count as the step's
     runner = {"cpu": _measure_tracker, "fake": _measure_fake, "cuda": _measure_cuda}[backend]
     result = runner(spec, training, hf_config, steps, seed)
     result.wall_s = round(time.perf_counter() - start, 3)

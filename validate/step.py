@@ -131,7 +131,12 @@ def build_trainee(spec, training, hf_config: dict | None = None, seed: int = 0) 
         model, description, loss_fn = _build_model(spec, training, hf_config)
     if training.precision == "bf16":
         model.to(torch.bfloat16)
-    optimizer = make_optimizer(model.parameters(), training)
+    params = model.parameters()
+    if training.lora is not None or training.freeze:
+        from validate.finetune import apply_finetuning, trainable_parameters
+
+        params = trainable_parameters(apply_finetuning(model, training))  # adapts `model` in place
+    optimizer = make_optimizer(params, training)
     scaler = torch.amp.GradScaler(training.device) if training.precision == "fp16-amp" else None
     return Trainee(model, loss_fn, optimizer, scaler, description)
 

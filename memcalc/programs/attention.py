@@ -16,7 +16,7 @@ from memcalc.programs.base import size
 from memcalc.programs.call_path import sdpa_float_mask
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Alias, Grad, Value
+from memcalc.tape.graph import Alias, Grad, Value, product_saves
 from memcalc.tape.ops import Ops, numel
 
 
@@ -27,7 +27,7 @@ def copy(ops: Ops, x: Value, name: str) -> Value:
 
 def scores_matmul(ops: Ops, q: Value, k: Value, heads: int) -> Value:
     """q @ k^T: (b, heads, s, s) scores; bmm saves both operands."""
-    return ops.g.op("q@k^T", [q, k], size("b a s s", q.elt, a=heads), saves=[q, k],
+    return ops.g.op("q@k^T", [q, k], size("b a s s", q.elt, a=heads), saves=product_saves(q, k),
                     backward=[Grad(0), Grad(1)], elt=q.elt)
 
 
@@ -156,7 +156,7 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
     needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous)
     vc = copy(ops, v, "v reshape copy") if needs_copy else v
-    y = g.op("p@v", [p, vc], full, saves=[p, vc], backward=[Grad(1), Grad(0)], elt=elt)
+    y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
     ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
@@ -175,7 +175,7 @@ def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Va
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
     vc = v if contiguous else copy(ops, v, "v reshape copy")
-    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
+    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
     return copy(ops, y, "transpose contiguous"), p
 
@@ -214,7 +214,7 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
-    y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=[pm, vm],
+    y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
     out = copy(ops, y, "transpose contiguous")
     ops.scope_end(repeated)
@@ -238,7 +238,7 @@ def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, cop
     s = g.op("masked_fill", [s, cond], s.size, saves=[cond], backward=[Grad(0)], elt=s.elt)
     p = ops.dropout(ops.unary_saving_output("softmax", s), spec.attn_dropout)
     vc = copy(ops, v, "v reshape copy") if copies[2] else v
-    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=[p, vc],
+    y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
     return copy(ops, y, "transpose contiguous")
 

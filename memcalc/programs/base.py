@@ -90,7 +90,9 @@ class DecoderProgram:
         self.loss(ops, logits, emb.ids)
         ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                       + emb.held_until_return + emb.context.get("cache", []))
-        ops.g.order_params(self.registration_rank)
+        # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
+        # peft registers lora_A / lora_B after base_layer in the wrapping lora.Linear
+        ops.g.order_params(lambda label: self.registration_rank(adapter_base(label)))
 
     # ---- hooks ---------------------------------------------------------------------------
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
@@ -138,6 +140,29 @@ def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x
         if layer + 1 in segments or layer == num_layers - 1:
             g.end_region()
     return x
+
+
+def input_require_grads(ops: Ops, x: Value) -> None:
+    """transformers' activation_checkpointing_enable (what gradient_checkpointing=True runs)
+    calls enable_input_require_grads for every input_ids model (modeling_utils.py,
+    transformers 5.24), and peft's PeftModel does when checkpointing is on: a forward hook
+    makes the input embedding's output require grad. It changes memory only when that output
+    does not already require grad (a frozen embedding)."""
+    if ops.regime.checkpointing == "per-layer":
+        ops.g.require_grad_leaf(x)
+
+
+def adapter_base(label: str) -> str:
+    """The base linear's weight name for a LoRA adapter parameter, the base name for peft's
+    modules_to_save original and copy (else the label itself).
+
+    >>> adapter_base("model.layers.0.self_attn.q_proj.lora_B.default.weight")
+    'model.layers.0.self_attn.q_proj.weight'
+    """
+    for part in (".lora_A.", ".lora_B."):
+        if part in label:
+            return label.split(part)[0] + ".weight"
+    return label.replace(".original_module.", ".").replace(".modules_to_save.default.", ".")
 
 
 def param_maker(ops: Ops, prefix: str) -> Callable[..., Value]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa
 from memcalc.programs.call_path import cache_kv, causal_mask
-from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
+from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.layers import gelu_new
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
@@ -72,6 +72,7 @@ class HFGPT2(DecoderProgram):
         pos_ids = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         tok = g.op("wte embedding", [wte, ids], size("b s h", wte.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=wte.elt)
+        input_require_grads(ops, tok)  # get_input_embeddings() is wte
         pos = g.op("wpe embedding", [wpe, pos_ids], size("s h", wpe.elt, h=h), saves=[pos_ids],
                    backward=[Grad(0)], elt=wpe.elt)
         x = ops.add_broadcast(tok, pos, size("s h", wpe.elt, h=h))

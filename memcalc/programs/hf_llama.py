@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa, sdpa_masked
 from memcalc.programs.call_path import cache_kv, causal_mask, repeat_kv
-from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
+from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
@@ -145,6 +145,7 @@ class HFLlama(DecoderProgram):
         embed = ops.param("model.embed_tokens.weight", V * h, V)
         x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                  backward=[Grad(0)], elt=embed.elt)
+        input_require_grads(ops, x)
         x = self.scale_embeddings(ops, x)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)

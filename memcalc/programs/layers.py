@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.base import TOKENS, size
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value, product_saves
 from memcalc.tape.ops import Ops, numel
 
 from memcalc.poly import ZERO
@@ -31,12 +31,12 @@ def rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly, weight_in_fp32: bool) -
     var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
     normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
     if weight_in_fp32:
-        out = g.op("* weight", [normed32, w], normed32.size, saves=[normed32, w],  # promotes, no copy
+        out = g.op("* weight", [normed32, w], normed32.size, saves=product_saves(normed32, w),  # promotes, no copy
                    backward=[Grad(0), Temp(normed32.size), Grad(1), FreeTemps()], elt=4)
         return ops.to(out, x.elt, "rms_norm downcast")
     normed = ops.to(normed32, x.elt, "rmsnorm .to(input_dtype)")
     out_elt = max(w.elt, normed.elt)
-    out = g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=[w, normed],
+    out = g.op("weight * x", [w, normed], numel(normed) * out_elt, saves=product_saves(w, normed),
                backward=[Temp(numel(normed) * out_elt), Grad(0), FreeTemps(), Grad(1)], elt=out_elt)
     ops.scope_end([normed32])  # the local `hidden_states` holds it until forward returns
     return out

@@ -34,6 +34,8 @@ class Value:
     grad_size: Poly | None = None  # bytes of its gradient when it differs (params under autocast)
     elt: int = 4  # bytes per element (dtype size)
     rows: int = 0  # dim 0 of a parameter (FSDP shards along it)
+    leaf: bool = False  # a non-parameter leaf made to require grad (its .grad is accumulated)
+    quant: int = 0  # elements of the matrix a bitsandbytes 4-bit weight packs (0: not quantised)
 
 
 @dataclass
@@ -61,10 +63,28 @@ class Temp:
 
 @dataclass
 class FreeTemps:
-    """Backward step: free the temporaries allocated so far in this node."""
+    """Backward step: free the temporaries allocated so far in this node (only the `first`
+    oldest of them when given)."""
+
+    first: int | None = None
 
 
 BackwardStep = Grad | Alias | Temp | FreeTemps  # what a backward node does, in order
+
+
+def product_saves(x: "Value", y: "Value") -> list["Value"]:
+    """What autograd saves for a product of x and y (mul, mm, bmm, addmm): each operand only
+    when the other requires grad, since it appears only in the other's gradient formula
+    (the generated autograd code guards each save with should_compute_output; measured with
+    torch 2.13: F.linear with a frozen weight saves no input, mul saves `_saved_self` None).
+
+    >>> from memcalc.poly import Poly
+    >>> a = Value(Storage(Poly.const(4), "activations", "a"), Poly.const(4), True)
+    >>> w = Value(Storage(Poly.const(4), "weights", "w"), Poly.const(4), False, True)
+    >>> [v.storage.label for v in product_saves(a, w)]
+    ['w']
+    """
+    return ([x] if y.requires_grad else []) + ([y] if x.requires_grad else [])
 
 
 @dataclass(eq=False)
@@ -97,13 +117,21 @@ class Graph:
         self.region: int | None = None
         self._next_region = 0
         self.keep: list[Value] = []  # outputs kept alive past the forward (the loss)
+        self.leaves: list[Value] = []  # activations made leaves requiring grad (require_grad_leaf)
 
     # ---- leaves ------------------------------------------------------------------------------
-    def param(self, label: str, size: Poly, elt: int = 4) -> Value:
-        """A trainable parameter (a leaf that accumulates .grad)."""
-        v = Value(Storage(size, "weights", label), size, True, True, label, None, elt)
+    def param(self, label: str, size: Poly, elt: int = 4, trainable: bool = True,
+              category: str = "weights") -> Value:
+        """A parameter: trainable (a leaf that accumulates .grad) or frozen (requires_grad=False:
+        no gradient, no optimizer state, and ops save nothing for its gradient)."""
+        v = Value(Storage(size, category, label), size, trainable, True, label, None, elt)
         self.params.append(v)
         return v
+
+    @property
+    def trainable_params(self) -> list[Value]:
+        """The parameters the optimizer updates (those that receive a .grad)."""
+        return [v for v in self.params if v.requires_grad]
 
     def input(self, label: str, size: Poly, elt: int = 8) -> Value:
         """A batch tensor created before the step (token ids, labels)."""
@@ -163,6 +191,16 @@ class Graph:
         """Put parameters in nn.Module registration order (model.parameters(), the order the
         optimizer's for-loop visits them): a stable sort by `rank(label)`."""
         self.params.sort(key=lambda v: rank(v.label))
+
+    def require_grad_leaf(self, x: Value) -> None:
+        """`x.requires_grad_(True)` on a tensor that does not require grad (transformers'
+        enable_input_require_grads hook on a frozen embedding's output): x becomes a leaf whose
+        AccumulateGrad node keeps x, and the .grad it receives, alive until the graph is freed
+        with the loss (after backward)."""
+        if x.requires_grad:
+            return  # a non-leaf that already requires grad: requires_grad_ changes nothing
+        x.requires_grad, x.leaf = True, True
+        self.leaves.append(x)
 
     def module_boundary(self, kind: str, group: str) -> None:
         """Where a wrapped module's forward begins or ends (FSDP's hooks run there)."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from memcalc.poly import Poly
-from memcalc.regime import Regime
-from memcalc.tape.graph import Alias, Grad, Graph, Temp, Value
+from memcalc.regime import Regime, quantized_weight
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Temp, Value, product_saves
 
 
 def numel(v: Value) -> Poly:
@@ -57,7 +57,7 @@ class Ops:
         and cached until autocast exits (autocast_mode.cpp cached_cast)."""
         if not self.autocast or x.elt == self.low:
             return x
-        if not x.is_param:
+        if not (x.is_param and x.requires_grad):  # cached_cast caches only leaves requiring grad
             return self.to(x, self.low, "autocast cast")
         if id(x) not in self._cast_cache:
             cast = self.to(x, self.low, f"cast {x.label}")
@@ -77,7 +77,17 @@ class Ops:
     def param(self, label: str, count: int, rows: int | None = None) -> Value:
         """A parameter of `count` elements in the regime's parameter dtype; `rows` is its dim 0
         (FSDP shards along it), `count` for 1-D parameters."""
-        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt)
+        if quantized_weight(self.regime, label):
+            return quantized_param(self, label, count, rows or count)
+        module, leaf = label.rsplit(".", 1)
+        lora = self.regime.lora
+        if lora is not None and lora.modules_to_save and lora.saves_module(module):
+            # peft's ModulesToSaveWrapper: the frozen original, then a trainable deepcopy that
+            # forward runs (utils/other.py ModulesToSaveWrapper.update); both in the base dtype
+            self.param(f"{module}.original_module.{leaf}", count, rows)
+            label = f"{module}.modules_to_save.default.{leaf}"
+        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt,
+                         trainable=self.regime.trainable(label))
         v.rows = rows or count
         return v
 
@@ -87,16 +97,23 @@ class Ops:
         """x @ w.T + bias (addmm/mm): saves x and w; backward makes grad x, grad w, grad bias.
         Autocast casts the bias, the weight, then the input (the order aten's linear passes them
         to addmm, measured), and the caller holds the uncast input until the module returns."""
+        if w.quant:  # a bitsandbytes Linear4bit (QLoRA), possibly wrapped by peft
+            out = linear_4bit(self, x, w, tokens, n_out, name)
+            wrapped = lora_branch(self, x, w, out, tokens, n_out, name) if self.regime.lora else out
+            if wrapped is not out:
+                self.g.scope_end([x])
+            return wrapped
         bin_ = self.matmul_operand(bias) if bias is not None else None
         win, xin = self.matmul_operand(w), self.matmul_operand(x)
         elt = self.low if self.autocast else x.elt
         inputs = [xin, win] + ([bin_] if bin_ is not None else [])
         backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
-        out = self.g.op(name, inputs, tokens * n_out * elt, saves=[xin, win], backward=backward,
-                        elt=elt)
-        if xin is not x:
-            self.g.scope_end([x])
-        return out
+        out = self.g.op(name, inputs, tokens * n_out * elt, saves=product_saves(xin, win),
+                        backward=backward, elt=elt)
+        wrapped = lora_branch(self, x, w, out, tokens, n_out, name) if self.regime.lora else out
+        if xin is not x or wrapped is not out:
+            self.g.scope_end([x])  # the module's caller holds its argument until it returns
+        return wrapped
 
     # ---- tensor parallelism (torch/distributed/tensor/parallel/style.py) ---------------------
     def col_linear(self, x: Value, w: Value, bias: Value | None, tokens: Poly, n_out: int,
@@ -217,8 +234,8 @@ class Ops:
     def mul(self, x: Value, y: Value, name: str = "mul") -> Value:
         """x * y (same shape): saves both; backward allocates grad x then grad y."""
         elt = max(x.elt, y.elt)
-        return self.g.op(name, [x, y], numel(x) * elt, saves=[x, y], backward=[Grad(0), Grad(1)],
-                         elt=elt)
+        return self.g.op(name, [x, y], numel(x) * elt, saves=product_saves(x, y),
+                         backward=[Grad(0), Grad(1)], elt=elt)
 
     def dropout(self, x: Value, p: float) -> Value:
         """Training dropout. CUDA: native_dropout saves a bool mask. CPU: _dropout_impl draws a
@@ -229,6 +246,109 @@ class Ops:
         mask = self.g.op("dropout mask", [], numel(x) * mask_elt, requires_grad=False, elt=mask_elt)
         return self.g.op("dropout", [x, mask], x.size, saves=[mask], backward=[Grad(0)], elt=x.elt)
 
+    def adapter_param(self, label: str, count: int, rows: int) -> Value:
+        """A LoRA adapter parameter: fp32 under every precision (peft's autocast_adapter_dtype
+        upcasts bf16/fp16 adapters, tuners_utils.cast_adapter_dtype)."""
+        v = self.g.param(label, Poly.const(count * 4), 4, trainable=self.regime.trainable(label),
+                         category="adapter_weights")
+        v.rows = rows
+        return v
+
     def scope_end(self, values: list[Value]) -> None:
         """Python locals alive until their function returns."""
         self.g.scope_end([v for v in values if v is not None])
+
+
+def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out: int,
+                name: str) -> Value:
+    """peft's lora.Linear.forward after the base layer, when the linear `w` is targeted:
+    result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling, cast back to result's dtype
+    (peft/tuners/lora/layer.py Linear.forward; memcalc.lora)."""
+    from memcalc.regime import is_adapter, layer_of
+
+    # the LM head is the module lm_head even when its weight is the tied embedding matrix
+    lora, module = ops.regime.lora, "lm_head" if name == "lm_head" else w.label.rsplit(".", 1)[0]
+    if lora is None or is_adapter(w.label) or not lora.targets_module(module, layer_of(module)):
+        return result
+    n_in = (w.quant or w.size.terms[(0, 0)] // w.elt) // n_out
+    a = ops.adapter_param(f"{module}.lora_A.default.weight", n_in * lora.rank, lora.rank)
+    b = ops.adapter_param(f"{module}.lora_B.default.weight", lora.rank * n_out, n_out)
+    bias = ops.adapter_param(f"{module}.lora_B.default.bias", n_out, n_out) if lora.lora_bias else None
+    if w.quant:  # peft's lora/bnb.py Linear4bit: "for 4bit, we need to defensively clone here"
+        result = ops.g.op("lora result.clone()", [result], result.size, backward=[Alias(0)], elt=result.elt)
+    xa = ops.to(x, a.elt, "lora x.to(fp32)")  # _cast_input_dtype: a copy when dtypes differ
+    d = ops.dropout(xa, lora.dropout)  # nn.Dropout, or nn.Identity at p = 0 (update_layer)
+    h = ops.linear(d, a, None, tokens, lora.rank, "lora_A")
+    o = ops.scale(ops.linear(h, b, bias, tokens, n_out, "lora_B"), "lora * scaling")
+    out = ops.to(ops.add(result, o, "lora result +"), result.elt, "lora result.to(dtype)")
+    ops.scope_end([xa])  # the local `x`, rebound to the cast, lives until forward returns
+    return out
+
+
+# ---- bitsandbytes 4-bit (QLoRA) ----------------------------------------------------------------
+BLOCKSIZE = 64  # bnb_4bit blocksize (Params4bit default); double quantisation: 256 absmax a block
+CODE_BYTES = 16 * 4  # quant_state.code: the 16-value nf4/fp4 table, fp32, one per weight
+DYNAMIC_MAP = "bitsandbytes name2qmap['dynamic']"
+
+
+def quant_stat_bytes(n: int, double: bool) -> list[int]:
+    """Bytes of the QuantState tensors of an n-element weight (bitsandbytes functional.py
+    quantize_4bit; measured): absmax fp32 per 64-block, or with double quantisation absmax uint8
+    per block + state2.absmax fp32 per 256 blocks + state2.code (256 fp32) + offset (fp32).
+
+    >>> quant_stat_bytes(512 * 256, False), quant_stat_bytes(512 * 256, True)
+    ([8192, 64], [2048, 64, 32, 1024, 4])
+    """
+    blocks = -(-n // BLOCKSIZE)
+    if not double:
+        return [blocks * 4, CODE_BYTES]
+    return [blocks, CODE_BYTES, -(-blocks // 256) * 4, 256 * 4, 4]
+
+
+def quantized_param(ops: Ops, label: str, count: int, rows: int) -> Value:
+    """A Params4bit weight: two 4-bit values a byte (uint8), frozen, plus its QuantState
+    tensors (alive all run, category quantization_stats)."""
+    v = ops.g.param(label, Poly.const(-(-count // 2)), 1, trainable=False, category="quantized_weights")
+    v.rows, v.quant = rows, count
+    double = ops.regime.quantization == "nf4-double"
+    if double and not any(b.label == DYNAMIC_MAP for b in ops.g.buffers):
+        # functional.quantize_blockwise caches create_dynamic_map() (256 fp32) on the weights'
+        # device in the process-global name2qmap["dynamic"] at the first double quantisation
+        ops.g.buffer(DYNAMIC_MAP, Poly.const(256 * 4), 4).storage.category = "quantization_stats"
+    for i, nbytes in enumerate(quant_stat_bytes(count, double)):
+        ops.g.buffer(f"{label} quant_state {i}", Poly.const(nbytes), 4).storage.category = "quantization_stats"
+    return v
+
+
+def linear_4bit(ops: Ops, x: Value, w: Value, tokens: Poly, n_out: int, name: str) -> Value:
+    """bnb.nn.Linear4bit.forward (bitsandbytes 0.50.2 nn/modules.py, autograd MatMul4Bit):
+    x.to(compute_dtype); gemm_4bit (dequantises the weight into a compute-dtype temporary and
+    runs F.linear: on CUDA the caching allocator sees that temporary, on CPU the op runs below
+    the dispatch mode and its temporaries are not live tensors); .to(input dtype). Nothing is
+    saved but the packed weight (ctx.tensors, no saved-tensor hooks, so it never triggers a
+    checkpoint recompute). Backward (MatMul4Bit.backward): [nested: absmax dequantised, fp32
+    per block], the weight dequantised in its original dtype, cast to the gradient's dtype when
+    they differ, grad_A = grad @ W (measured op by op with validate.tracker)."""
+    g, regime = ops.g, ops.regime
+    c, q, n = regime.bnb_compute_elt, regime.quant_elt, w.quant
+    double = regime.quantization == "nf4-double"
+    blocks = -(-n // BLOCKSIZE)
+    xc = ops.to(x, c, f"{name} x.to(compute_dtype)")
+    extra = []
+    if regime.device == "cuda":  # backends/default/ops.py _gemm_4bit_default_impl
+        absmax = None
+        if double:
+            a1 = g.op(f"{name} dequantize absmax", [], Poly.const(blocks * 4), requires_grad=False)
+            absmax = g.op(f"{name} absmax + offset", [a1], Poly.const(blocks * 4), requires_grad=False)
+        deq = g.op(f"{name} dequantize_4bit", [absmax] if absmax else [], Poly.const(n * c),
+                   requires_grad=False, elt=c)
+        extra = [deq] + ([absmax] if absmax else [])
+    back = ([Temp(Poly.const(blocks * 4))] if double else []) + [Temp(Poly.const(n * q))]
+    back += [FreeTemps(1)] if double else []  # dequantize_4bit's local absmax, on return
+    if q != c:  # F.dequantize_4bit(B, state).to(grad_output.dtype): the first copy then freed
+        back += [Temp(Poly.const(n * c)), FreeTemps(1)]
+    out = g.op(f"{name} gemm_4bit", [xc, w] + extra, tokens * n_out * c, backward=back + [Grad(0)], elt=c)
+    out = ops.to(out, x.elt, f"{name} .to(input dtype)")
+    if xc is not x:
+        ops.scope_end([xc])  # the local `x`, rebound to the cast, lives until forward returns
+    return out

@@ -37,6 +37,12 @@ class Moment:
     sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
 
 
+def grad_category(param: Value) -> str:
+    """The report's component of a parameter's gradient: adapter_gradients for LoRA adapters
+    (category adapter_weights), else gradients."""
+    return "adapter_gradients" if param.storage.category == "adapter_weights" else "gradients"
+
+
 class Memory:
     """Live storages with hold counts, the running total, and the kept moments.
 
@@ -161,6 +167,7 @@ class StepSimulator:
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
         self._pending: dict[int, int] = {}
+        self._leaf_grads: list[Storage] = []
         self._last_use = self._forward_last_use()
 
     # ---- setup ----------------------------------------------------------------------------
@@ -177,7 +184,8 @@ class StepSimulator:
             if not node.backward:
                 continue
             params = {id(node.inputs[step.index]) for step in node.backward
-                      if isinstance(step, Grad) and node.inputs[step.index].is_param}
+                      if isinstance(step, Grad) and node.inputs[step.index].is_param
+                      and node.inputs[step.index].requires_grad}
             for key in params:
                 counts[key] = counts.get(key, 0) + 1
         return counts
@@ -195,7 +203,7 @@ class StepSimulator:
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
-        kept = {id(v.storage) for v in self.g.keep}
+        kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
@@ -273,7 +281,9 @@ class StepSimulator:
             incoming = [grads.pop(id(v), None) for v in node.outputs]
             if all(g is None for g in incoming):
                 continue
-            if node.region is not None and node.region not in started_regions:
+            # checkpoint's unpack hook recomputes at the first saved tensor backward needs:
+            # region nodes that saved nothing (adds, casts, scalar muls) run before it (measured)
+            if node.region is not None and node.region not in started_regions and node.saved:
                 started_regions.add(node.region)
                 recomputed = self._recompute(node.region, i)
             def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
@@ -285,10 +295,11 @@ class StepSimulator:
             if node.region is not None and self._first_of_region(i):
                 for st in self._region_inputs.get(node.region, []):
                     mem.release(st)
-        for v in self.g.keep:
+        for v in self.g.keep + self.g.leaves:
             mem.release(v.storage)
-        for st in grads.values():
+        for st in list(grads.values()) + self._leaf_grads:
             mem.release(st)
+        self._leaf_grads = []
         if self.fsdp is not None:
             self.fsdp.end_of_backward(mem, self.param_grads)
         mem.mark("end of backward")
@@ -299,9 +310,13 @@ class StepSimulator:
 
     def _recompute(self, region: int, last: int) -> dict[int, Storage]:
         """Re-run the region's forward up to its last saving op (early stop); return
-        original -> recomputed storage. A recomputed tensor is freed after its last use in the
-        region, or, if Python still refers to it past the stopping point, when the recompute
-        stops (checkpoint.py raises _StopRecomputationError, unwinding the frames)."""
+        original -> recomputed storage. The generated autograd code saves an op's inputs before
+        it calls the kernel and its outputs after, so when the last saving op saves only
+        inputs the recompute stops before that op allocates anything (measured: a checkpointed
+        Llama layer's recompute ends at down_proj's weight cast, with no mm). A recomputed
+        tensor is freed after its last use in the region, or, if Python still refers to it past
+        the stopping point, when the recompute stops (checkpoint.py raises
+        _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
         first = last
         while first > 0 and nodes[first - 1].region == region:
@@ -321,6 +336,8 @@ class StepSimulator:
                 key = id(v.storage)
                 if key in copies or any(v.storage is u.storage for u in node.inputs):
                     continue  # already made, or a view of an input
+                if j == stop and not any(v.storage is st for st in node.saved):
+                    continue  # the last pack is of an input: the stop comes before the kernel
                 copies[key] = Storage(v.storage.size, "activations", "recomputed")
                 mem.hold(copies[key])
                 held[key] = last_use.get(key, j)
@@ -348,15 +365,16 @@ class StepSimulator:
                 temps.append(st)
                 mem.mark(f"{node.name} backward")
             elif isinstance(step, FreeTemps):
-                for st in temps:
+                k = len(temps) if step.first is None else step.first
+                for st in temps[:k]:
                     mem.release(st)
-                temps = []
+                temps = temps[k:]
             elif isinstance(step, Grad):
                 target = node.inputs[step.index]
                 if not target.requires_grad:
                     continue
                 size = step.size or target.grad_size or target.size
-                st = Storage(size, "gradients" if target.is_param else "activation_grads",
+                st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
                              f"grad {target.label}")
                 mem.hold(st)
                 mem.mark(f"{node.name} backward")
@@ -378,6 +396,9 @@ class StepSimulator:
         """Hand a gradient to its input: an activation's input buffer, or a parameter's
         AccumulateGrad node, which runs once every consumer of the parameter has delivered
         (a tied weight's two gradients are first summed in its input buffer)."""
+        if target.leaf:  # AccumulateGrad of a leaf activation: .grad lives with the graph
+            self._leaf_grads.append(st)
+            return
         if not target.is_param:
             self._buffer(grads, id(target), st, target.size)
             return
@@ -385,7 +406,7 @@ class StepSimulator:
         self._buffer(self._param_buffers, key, st, target.grad_size or target.size)
         self._pending[key] -= 1
         if self._pending[key] == 0:
-            self._accumulate(key, self._param_buffers.pop(key))
+            self._accumulate(key, self._param_buffers.pop(key), grad_category(target))
 
     def _buffer(self, buffers: dict, key: int, st: Storage, size: Poly) -> None:
         """input_buffer.cpp: the first gradient is stored, a later one summed out of place."""
@@ -400,7 +421,7 @@ class StepSimulator:
         self.mem.release(old)
         buffers[key] = total
 
-    def _accumulate(self, key: int, st: Storage) -> None:
+    def _accumulate(self, key: int, st: Storage, category: str = "gradients") -> None:
         """accumulate_grad.h: steal the gradient into an empty .grad (copy an aliased one);
         add in place into an existing .grad (gradient accumulation)."""
         mem = self.mem
@@ -408,7 +429,7 @@ class StepSimulator:
         if old is not None:
             mem.release(st)
             return
-        own = Storage(st.size, "gradients", "grad")  # same bytes, now owned by .grad
+        own = Storage(st.size, category, "grad")  # same bytes, now owned by .grad
         mem.hold(own)
         mem.release(st)
         self.param_grads[key] = own

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from memcalc.errors import NotModelledError
 from memcalc.poly import Poly
 from memcalc.regime import Regime
 from memcalc.tape.graph import Graph, Storage
@@ -21,18 +22,19 @@ if TYPE_CHECKING:
 
 
 def _param_sizes(graph: Graph) -> list[int]:
-    return [v.size.eval(1, 1) for v in graph.params]
+    return [v.size.eval(1, 1) for v in graph.trainable_params]
 
 
 def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     """One storage per state tensor (each is its own allocation): exp_avg and exp_avg_sq, or
-    momentum_buffer, per parameter, plus Adam's 4-byte `step` scalars, which live on the CPU
+    momentum_buffer, per trainable parameter (torch.optim skips a parameter whose .grad is
+    None), plus Adam's 4-byte `step` scalars, which live on the CPU
     unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
     out = [Storage(Poly.const(size), "optimizer", "optimizer state")
            for size in _param_sizes(graph) for _ in range(regime.states_per_param)]
     if regime.step_on_device:
         out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
-            step_scalar_bytes(regime.optimizer, len(graph.params)) // 4)]
+            step_scalar_bytes(regime.optimizer, len(graph.trainable_params)) // 4)]
     return out
 
 
@@ -48,9 +50,23 @@ def _transient(graph: Graph, regime: Regime) -> int:
                            _param_sizes(graph))
 
 
-def _shapes(graph: Graph, regime: Regime) -> list[tuple[int, int]]:
-    """(elements, dim 0) of each parameter in model.parameters() order."""
-    return [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.params]
+def _shapes(graph: Graph) -> list[tuple[int, int]]:
+    """(elements, dim 0) of each trainable parameter (those with a .grad, which the optimizer
+    and clip_grad_norm_ visit) in model.parameters() order."""
+    return [(v.size.eval(1, 1) // v.elt, v.rows) for v in graph.trainable_params]
+
+
+def trainable_elt(graph: Graph) -> int:
+    """The one element size of the trainable parameters (the parameter dtype; fp32 for LoRA
+    adapters under every precision). Parameters of two dtypes (bf16 biases or modules_to_save
+    copies beside fp32 adapters) form several foreach groups, which the optimizer and clipping
+    temporaries here do not model."""
+    elts = {v.elt for v in graph.trainable_params}
+    if len(elts) > 1:
+        raise NotModelledError("lora", "trainable parameters of two dtypes (fp32 adapters beside "
+                               "bf16 biases or modules_to_save copies) with this optimizer or clipping",
+                               "use bias='none' and no modules_to_save, or precision fp32/bf16-amp")
+    return elts.pop() if elts else 4
 
 
 def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
@@ -58,16 +74,16 @@ def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
     bitsandbytes states in 32 bits (trainer.py create_optimizer: register_module_override(
     module, 'weight', {'optim_bits': 32}); measured with validate --trainer)."""
     if not (regime.hf_trainer and regime.optimizer in ft.THIRTY_TWO_BIT):
-        return [regime.optimizer] * len(graph.params)
+        return [regime.optimizer] * len(graph.trainable_params)
     from memcalc.programs.call_path import is_embedding
 
     return [ft.THIRTY_TWO_BIT[regime.optimizer] if is_embedding(v.label) else regime.optimizer
-            for v in graph.params]
+            for v in graph.trainable_params]
 
 
 def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[list[Storage]]]:
     """(shared qmaps, state storages per parameter) of a memcalc.tape.finetune_optim optimizer."""
-    shapes = _shapes(graph, regime)
+    shapes = _shapes(graph)
     dev = regime.device
     shared = [Storage(Poly.const(b), "optimizer", "qmap")
               for b in ft.shared_allocations(regime.optimizer, [n for n, _ in shapes], dev)]
@@ -80,8 +96,8 @@ def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[
 def _finetune_temporaries(graph: Graph, regime: Regime) -> list[int]:
     """ft.step_temporaries, per parameter when the Trainer's 32-bit overrides apply (bitsandbytes
     carries nothing from one parameter's update to the next)."""
-    args = (regime.param_elt, regime.device, regime.granularity)
-    names, shapes = _param_optimizers(graph, regime), _shapes(graph, regime)
+    args = (trainable_elt(graph), regime.device, regime.granularity)
+    names, shapes = _param_optimizers(graph, regime), _shapes(graph)
     if len(set(names)) <= 1:
         return ft.step_temporaries(regime.optimizer, shapes, *args)
     return [ft.step_temporaries(name, [shape], *args)[0] for name, shape in zip(names, shapes)]
@@ -120,8 +136,8 @@ def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
     """clip_grad_norm_ between backward and optimizer.step (memcalc.tape.optimizer.clip_bytes)."""
     if regime.max_grad_norm is None:
         return
-    numels = [n for n, _ in _shapes(graph, regime)]
-    nbytes = clip_bytes(numels, regime.param_elt, regime.device, regime.granularity)
+    numels = [n for n, _ in _shapes(graph)]
+    nbytes = clip_bytes(numels, trainable_elt(graph), regime.device, regime.granularity)
     tmp = Storage(Poly.const(nbytes), "temporaries", "clip_grad_norm_ norms")
     mem.hold(tmp)
     mem.mark("clip_grad_norm_")
