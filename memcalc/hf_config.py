@@ -13,7 +13,9 @@ from memcalc.errors import SpecError
 if TYPE_CHECKING:
     import os
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+REFUSED_TYPES = {"gpt_oss": "GPT-OSS's attention sinks, alternating sliding-window layers and clamped "
+                            "SwiGLU experts with biases are not modelled"}
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -79,6 +81,42 @@ def _llama_fields(cfg: dict, model_type: str) -> dict:
                 attn_dropout=_get(cfg, "attention_dropout", 0.0))
 
 
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def _moe_fields(cfg: dict, model_type: str) -> dict:
+    """configuration_mixtral.py / qwen2_moe / qwen3_moe / olmoe: the Llama fields, the experts
+    (Mixtral and OLMoE experts are intermediate_size wide, Qwen-MoE moe_intermediate_size), and the
+    dense layers of Qwen-MoE (mlp_only_layers, and the layers decoder_sparse_step skips:
+    modeling_qwen2_moe.py Qwen2MoeDecoderLayer)."""
+    fields = _llama_fields(cfg, "llama")
+    fields["family"] = model_type
+    bias = _flag(cfg, "attention_bias", False)
+    fields["qkv_bias"] = _flag(cfg, "qkv_bias", True) if model_type == "qwen2_moe" else bias
+    fields["out_bias"] = bias and model_type in ("qwen3_moe", "olmoe")
+    fields["mlp_bias"] = False
+    E = _get(cfg, "num_local_experts" if model_type == "mixtral" else "num_experts")
+    if E is None:
+        E = _get(cfg, "num_experts" if model_type == "mixtral" else "num_local_experts", required=True)
+    ffn = _get(cfg, "intermediate_size" if model_type in ("mixtral", "olmoe") else "moe_intermediate_size",
+               required=True)
+    moe = dict(num_experts=E, top_k=_get(cfg, "num_experts_per_tok", 2), expert_ffn_size=ffn,
+               norm_topk_prob=model_type == "mixtral" or _flag(cfg, "norm_topk_prob", False))
+    if model_type == "qwen2_moe":
+        moe["shared_expert_ffn_size"] = _get(cfg, "shared_expert_intermediate_size", required=True)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        step, only = _get(cfg, "decoder_sparse_step", 1), _get(cfg, "mlp_only_layers", [])
+        if not isinstance(step, int) or step < 1 or not isinstance(only, list):
+            raise SpecError("hf_config.decoder_sparse_step", f"{str(step)[:20]!r} / mlp_only_layers "
+                            f"{str(only)[:20]!r} are not a step >= 1 and a list", "fix the config")
+        moe["dense_layers"] = tuple(i for i in range(fields["num_layers"])
+                                    if i in only or (i + 1) % step != 0)
+    from memcalc.moe import MoESpec
+
+    fields["moe"] = MoESpec(**moe)
+    return fields
+
+
 def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     """ModelSpec fields from a HF config.
 
@@ -90,13 +128,23 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if model_type in REFUSED_TYPES:
+        from memcalc.errors import NotModelledError
+
+        raise NotModelledError("hf_config.model_type", f"{model_type!r}: {REFUSED_TYPES[model_type]}",
+                               f"use one of {', '.join(SUPPORTED)}")
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")
     from memcalc.hf_keys import check_config_keys
 
     check_config_keys(cfg, model_type)  # every key modelled, known inert, or refused by name
-    fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
+    if model_type == "gpt2":
+        fields = _gpt2_fields(cfg)
+    elif model_type in MOE_TYPES:
+        fields = _moe_fields(cfg, model_type)
+    else:
+        fields = _llama_fields(cfg, model_type)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}
 
@@ -128,7 +176,7 @@ def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: st
     try:
         return cls.make(implementation=implementation, **fields)
     except SpecError as err:
-        key = CONFIG_KEYS[fields["family"]].get(err.field.split(".")[0])
+        key = CONFIG_KEYS.get(fields["family"], CONFIG_KEYS["llama"]).get(err.field.split(".")[0])
         if key is None:
             raise
         raise SpecError(f"hf_config.{key}", err.problem, err.fix) from None

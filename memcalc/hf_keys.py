@@ -21,6 +21,12 @@ MODELLED = {
               "_name_or_path"},
 }
 MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
+_MOE_KEYS = {"num_experts_per_tok", "num_local_experts", "num_experts"}
+MODELLED["mixtral"] = MODELLED["llama"] | _MOE_KEYS
+MODELLED["qwen3_moe"] = MODELLED["llama"] | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob",
+                                                         "decoder_sparse_step", "mlp_only_layers"}
+MODELLED["qwen2_moe"] = MODELLED["qwen3_moe"] | {"shared_expert_intermediate_size", "qkv_bias"}
+MODELLED["olmoe"] = MODELLED["llama"] | _MOE_KEYS | {"norm_topk_prob"}
 
 _METADATA = "metadata: names and versions, read by no op"
 _TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
@@ -60,6 +66,8 @@ INERT: dict[str, str] = {
     "rope_scaling": "older name of rope_parameters (same tables)",
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+    "router_aux_loss_coef": ("scales the auxiliary loss, a scalar; the loss itself is computed only "
+                             "with output_router_logits (refused)"),
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)
@@ -89,6 +97,12 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
                      "use the unpruned config"),
     "cross_attention_hidden_size": ((None,), "cross-attention is not modelled", "remove it"),
     "quantization_config": ((None,), "quantized base weights are not modelled yet", "remove it"),
+    "output_router_logits": ((False, None), "the auxiliary load-balancing loss keeps every layer's "
+                             "router logits until the loss and adds its own ops (not modelled yet)",
+                             "set it to false"),
+    "router_jitter_noise": ((0, 0.0, None), "Mixtral's jitter multiplies the hidden states by a "
+                            "uniform noise tensor in training (not modelled)", "set it to 0.0"),
+    "clip_qkv": ((None,), "OLMoE's in-place clamp of q, k and v is not modelled", "set it to null"),
     "auto_map": ((None,), "the model runs custom code memcalc has no program for",
                  "use a transformers model type"),
 }
@@ -99,6 +113,8 @@ def _allowed(key: str, value: object, allowed: tuple) -> bool:
         return value is None or (isinstance(value, list) and all(v == "full_attention" for v in value))
     if key == "pruned_heads":
         return value is None or value == {} or value == []
+    if key == "router_jitter_noise":
+        return value is None or (type(value) in (int, float) and value == 0)
     return any(value is a if a in (None, True, False) else value == a for a in allowed)
 
 
@@ -116,7 +132,7 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     for key, value in cfg.items():
         if key in modelled or key in INERT:
             continue
-        if key == "sliding_window" and family_type == "qwen2":
+        if key == "sliding_window" and family_type in ("qwen2", "qwen2_moe", "qwen3_moe"):
             continue  # Qwen2 reads it only with use_sliding_window (refused when true)
         if key in REFUSED_UNLESS:
             allowed, why, fix = REFUSED_UNLESS[key]

@@ -84,6 +84,9 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    experts_implementation: str = "grouped_mm"
+    moe_routing: object = "worst"
+    """TrainingConfig.moe_routing: 'worst', 'balanced' or counts per MoE layer and expert."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -102,7 +105,9 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum)
+                   attention=training.attention, grad_accum=training.grad_accum,
+                   experts_implementation=training.experts_implementation,
+                   moe_routing=training.moe_routing)
 
     @property
     def fsdp(self) -> bool:

@@ -11,11 +11,16 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memcalc.errors import UnknownNameError, closest_names, from_pydantic
+from memcalc.moe import MoESpec
 
 if TYPE_CHECKING:
     import os
 
-Family = Literal["gpt2", "llama"]
+Family = Literal["gpt2", "llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+"""Llama-style families whose MLPs are mixtures of experts (ModelSpec.moe), named as transformers'
+model types: Mixtral; Qwen2-MoE (shared expert); Qwen3-MoE (per-head q/k RMSNorm); OLMoE (q/k
+RMSNorm over the whole projection)."""
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -69,6 +74,8 @@ class ModelSpec(BaseModel):
     """Dropout on the attention probabilities (attn_pdrop / attention_dropout)."""
     resid_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on each residual branch (GPT-2's resid_pdrop)."""
+    moe: MoESpec | None = None
+    """The experts of a mixture-of-experts family (memcalc.moe); None for dense families."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -77,12 +84,17 @@ class ModelSpec(BaseModel):
                              f"{self.hidden_size}; choose a divisor or set head_dim")
         if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
-        if self.family == "llama" and self.intermediate_size is None:
-            raise ValueError("intermediate_size is required for the llama family")
+        if self.family != "gpt2" and self.intermediate_size is None:
+            raise ValueError(f"intermediate_size is required for the {self.family} family")
+        if (self.moe is not None) != (self.family in MOE_FAMILIES):
+            raise ValueError(f"moe must be set exactly for the mixture-of-experts families "
+                             f"{', '.join(MOE_FAMILIES)} (family is {self.family})")
+        if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
+            raise ValueError(f"moe.dense_layers lists a layer >= num_layers={self.num_layers}")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
-        if self.family == "llama" and (self.embd_dropout or self.resid_dropout):
-            raise ValueError("llama family has only attn_dropout; set embd/resid_dropout to 0")
+        if self.family != "gpt2" and (self.embd_dropout or self.resid_dropout):
+            raise ValueError(f"{self.family} family has only attn_dropout; set embd/resid_dropout to 0")
         return self
 
     def __init__(self, **fields):

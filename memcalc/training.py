@@ -14,6 +14,8 @@ Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
+MoERouting = Literal["worst", "balanced"]
+ExpertsImplementation = Literal["grouped_mm", "eager"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -23,6 +25,8 @@ CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 DEVICES: tuple[str, ...] = get_args(Device)
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
+MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
+EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
 DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}
@@ -76,6 +80,16 @@ class TrainingConfig(BaseModel):
     """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
     parameters, activations and unsharded gradients in bf16; no autocast."""
+    experts_implementation: ExpertsImplementation = "grouped_mm"
+    """Mixture-of-experts models: transformers' experts path (config experts_implementation):
+    grouped_mm (the default; every tensor sized by tokens*top_k, so routing does not change
+    memory) or eager (a loop over the hit experts, tensors sized by each expert's tokens).
+    Dense models: no effect."""
+    moe_routing: MoERouting | tuple[tuple[int, ...], ...] = "worst"
+    """Mixture-of-experts models, eager experts: tokens per expert (memcalc.moe.token_counts).
+    'worst' (one expert receives every token: the bound a capacity plan must use), 'balanced'
+    (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
+    summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -88,6 +102,8 @@ class TrainingConfig(BaseModel):
                              f"world_size={self.world_size}")
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("sequence_parallel needs tensor_parallel > 1")
+        if not isinstance(self.moe_routing, str) and any(n < 0 for row in self.moe_routing for n in row):
+            raise ValueError("moe_routing counts must be >= 0 (tokens per expert)")
         if self.fsdp_mixed_precision and (self.sharding not in ("zero2", "zero3")
                                           or self.precision != "fp32"):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "

@@ -3,7 +3,7 @@ picked from a registry by (implementation, family)."""
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError
-from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+from memcalc.programs import hf_gpt2, hf_llama, hf_moe, ref_gpt2, ref_llama
 from memcalc.programs.base import Program
 from memcalc.specs import ModelSpec
 
@@ -12,6 +12,7 @@ PROGRAMS: dict[tuple[str, str], Program] = {
     ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral and Qwen2 (memcalc.hf_config)
     ("reference", "gpt2"): ref_gpt2.PROGRAM,
     ("reference", "llama"): ref_llama.PROGRAM,
+    **{("hf", family): program for family, program in hf_moe.PROGRAMS.items()},
 }
 
 
