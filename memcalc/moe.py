@@ -135,9 +135,10 @@ def check_routing(model: ModelSpec, training: TrainingConfig) -> None:
     >>> spec = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
     >>> check_routing(spec, TrainingConfig(micro_batch=1, seq_len=4, moe_routing=((4, 4, 0, 0, 0, 0, 0, 0),)))
     >>> check_routing(spec, TrainingConfig(micro_batch=1, seq_len=4, moe_routing=((4, 3, 0, 0, 0, 0, 0, 0),)))
+    ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.errors.SpecError: moe_routing: layer 0's counts sum to 7, not b*s*top_k = 1*4*2 = 8; fix: give each MoE layer's token counts per expert, summing to micro_batch*seq_len*top_k
+    memcalc.errors.SpecError: moe_routing: layer 0's counts sum to 7, not b*s*top_k = 1*4*2 = 8; fix: ...
     """
     routing = training.moe_routing
     if isinstance(routing, str):

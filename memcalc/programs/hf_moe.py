@@ -79,9 +79,8 @@ class HFMoE(HFLlama):
         return (1, int(i), LAYER_ORDER.index(name))
 
 
-ATTENTION_ORDER = [f"self_attn.{n}.{w}" for n in ("q_proj", "k_proj", "v_proj")
-                   for w in ("weight", "bias")] + ["self_attn.o_proj.weight", "self_attn.o_proj.bias", "self_attn.q_norm.weight",
-                                                   "self_attn.k_norm.weight"]
+ATTENTION_ORDER = [f"self_attn.{n}.{w}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+                   for w in ("weight", "bias")] + ["self_attn.q_norm.weight", "self_attn.k_norm.weight"]
 # Qwen3-MoE registers experts before the router; the others the router first (modeling_*.py)
 LAYER_ORDER = ATTENTION_ORDER + [
     "mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight", "mlp.experts.gate_up_proj",

@@ -49,8 +49,10 @@ def inplace(ops: Ops, name: str, target: Value, others: list[Value], saves: list
     return out
 
 
-def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value]:
-    """The top-k router on (N, h) hidden states; returns (routing weights (N, k), indices (N, k))."""
+def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
+    """The top-k router on (N, h) hidden states; returns (logits (N, E), routing weights (N, k),
+    indices (N, k)); the MoE block holds the logits (`_, weights, index = self.gate(x)`) until it
+    returns."""
     g, E, k = ops.g, spec.moe.num_experts, spec.moe.top_k
     logits = ops.linear(x, p("mlp.gate.weight", E * spec.hidden_size, E), None, TOKENS, E, "router")
     probs = ops.unary_saving_output("router softmax", ops.to(logits, 4, "router logits fp32"))
@@ -60,11 +62,11 @@ def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tupl
         total = g.op("topk sum", [values], TOKENS * 4, backward=[Grad(0)], elt=4)
         original = g.op("div_ clone", [values], values.size, backward=[Alias(0)], elt=4)
         # div_'s backward: grad / total and -grad * result / total (N, k) temporaries
-        values = inplace(ops, "topk div_", values, [total], [original, total],
+        values = inplace(ops, "topk div_", values, [total, original], [original, total],
                          [Temp(values.size), Temp(values.size), Grad(0), Grad(1), FreeTemps()])
     if spec.family != "mixtral":  # router_top_value.to(router_logits.dtype)
         values = ops.to(values, logits.elt, "routing weights .to(logits dtype)")
-    return values, indices
+    return logits, values, indices
 
 
 def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indices: Value,
@@ -86,20 +88,28 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     offsets = g.op("cumsum offsets", [histc], Poly.const(E * 4), requires_grad=False)
     pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
     xin = ops.to(gathered, pe, "input.to(weight.dtype)")
-    up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up],
+    up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up, offsets],
               backward=[Grad(1), Grad(0)], elt=pe)
     act, mul = _gated(ops, up, S, f)
-    y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down],
+    y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down, offsets],
              backward=[Grad(1), Grad(0)], elt=pe)
     elt = max(y.elt, w_sorted.elt)
+    # mul backward (measured): grad * weights (y's gradient; in the promoted dtype, then cast to
+    # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1) gradient
+    wide = S * (h * elt)
+    back = [Grad(0), Temp(wide), Grad(1), FreeTemps()] if elt == y.elt else \
+        [Temp(wide), Temp(wide), Grad(0), FreeTemps(), Grad(1)]
     weighted = g.op("* routing weights", [y, w_sorted], S * (h * elt), saves=[y, w_sorted],
-                    backward=[Grad(0), Temp(S * (h * elt)), Grad(1), FreeTemps()], elt=elt)
+                    backward=back, elt=elt)
     inv = g.op("inv_perm", [perm], S * INDEX, requires_grad=False, elt=INDEX)
     g.op("arange", [], S * INDEX, requires_grad=False, elt=INDEX)
+    # index backward: new_zeros (S, h) and index_put's result
     unperm = g.op("weighted_out[inv_perm]", [weighted, inv], weighted.size, saves=[inv],
-                  backward=[Temp(weighted.size), Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
-    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Alias(0)], elt=elt)
-    ops.scope_end([act, perm, sorted_ids, w_sorted, inv, offsets])
+                  backward=[Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
+    # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape)
+    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
+    # locals of grouped_mm_experts_forward until it returns
+    ops.scope_end([perm, sorted_ids, token_of, w_sorted, as_float, histc, offsets, inv, unperm])
     return ops.to(out, x.elt, "experts out .to(hidden dtype)")
 
 
@@ -150,12 +160,12 @@ def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer:
     """The MoE block on the post-attention-norm hidden states (N, h): router, experts and, for
     Qwen2-MoE, the shared expert (run first) scaled by sigmoid(shared_expert_gate(x))."""
     shared = _shared_expert(ops, spec, x, p) if spec.moe.shared_expert_ffn_size else None
-    weights, indices = router(ops, spec, x, p)
+    logits, weights, indices = router(ops, spec, x, p)
     if regime.experts_implementation == "eager":
         out = eager_experts(ops, spec, regime, x, weights, indices, layer, p)
     else:
         out = grouped_mm_experts(ops, spec, x, weights, indices, p)
-    ops.scope_end([weights, indices])
+    ops.scope_end([logits, weights, indices])
     if shared is None:
         return out
     gate = ops.linear(x, p("mlp.shared_expert_gate.weight", spec.hidden_size, 1), None, TOKENS, 1,
