@@ -17,6 +17,7 @@ from memcalc.units import GIB
 
 if TYPE_CHECKING:
     from memcalc.planner import Plan
+    from memcalc.training import TrainingConfig
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                    "head_dim", "intermediate_size", "max_position_embeddings")
@@ -173,7 +174,7 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
     return out
 
 
-def routing_note(training) -> str:
+def routing_note(training: TrainingConfig) -> str:
     """What a MoE answer assumed about routing (memcalc.moe).
 
     >>> from memcalc.training import TrainingConfig
