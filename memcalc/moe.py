@@ -82,12 +82,12 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
     """Tokens each expert of a MoE layer receives, as polynomials in b and s (N = b*s tokens,
     S = N*top_k token-expert pairs):
     - "balanced": S/E each;
-    - "worst": `worst_counts`;
+    - ("worst", i): the i-th of `worst_routings` (the engine simulates each for "worst");
     - explicit counts per MoE layer and expert (constants: they fix b*s).
 
     >>> from memcalc.specs import ModelSpec
     >>> spec = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
-    >>> token_counts(spec, "worst", 0)[-2], token_counts(spec, "balanced", 0)[0]
+    >>> token_counts(spec, ("worst", 0), 0)[-2], token_counts(spec, "balanced", 0)[0]
     (Poly(1*b*s), Poly(1/4*b*s))
     >>> token_counts(spec, ((10, 0, 0, 0, 0, 0, 0, 6),), 0)[:2]
     [Poly(10), Poly(0)]
@@ -95,8 +95,8 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
     E, k = spec.moe.num_experts, spec.moe.top_k
     if routing == "balanced":
         return [Poly({(1, 1): Fraction(k, E) if k % E else k // E})] * E
-    if routing == "worst":
-        return worst_counts(E, k)
+    if isinstance(routing, tuple) and routing[:1] == ("worst",):  # one of worst_routings
+        return worst_routings(E, k)[routing[1]]
     return [Poly.const(n) for n in routing[moe_layers(spec).index(layer)]]
 
 
@@ -104,26 +104,43 @@ def _frac(num: int, den: int) -> int | Fraction:
     return num // den if num % den == 0 else Fraction(num, den)
 
 
-def worst_counts(E: int, k: int) -> list[Poly]:
-    """The routing the eager loop peaks highest on. Its backward runs the experts in reverse
-    order; from the second expert it runs on, each expert's full-size expert-weight gradient
-    (select_backward) is summed into the first one's (two more weight-sized buffers), while the
-    saved tensors of every expert before it are still alive. So: expert E-2 receives all N tokens
-    (the largest transients an expert can have: top-k experts are distinct, so at most N), expert
-    E-1 one token (hit, so that E-2 is not the first), the rest share what remains.
+def _share(total: Poly, experts: int) -> list[Poly]:
+    """`total` tokens shared evenly by `experts` experts (fractional counts stand for an even
+    split; the sums that matter stay exact)."""
+    return [Poly({m: _frac(c, experts) for m, c in total.terms.items()})] * experts
 
-    >>> worst_counts(4, 2)
-    [Poly(-1/2 + 1/2*b*s), Poly(-1/2 + 1/2*b*s), Poly(1*b*s), Poly(1)]
-    >>> worst_counts(2, 1), worst_counts(2, 2)
-    ([Poly(-1 + 1*b*s), Poly(1)], [Poly(1*b*s), Poly(1*b*s)])
+
+def worst_routings(E: int, k: int) -> list[list[Poly]]:
+    """Routings whose peaks together bound the eager loop's peak over every routing (estimate
+    takes the largest). The loop's backward runs the experts in reverse order; while it runs
+    expert e, the saved tensors of experts 0..e-1 are alive (memory grows with their tokens) and
+    e's own tensors add or remove memory depending on the moment; from the second expert on,
+    each expert-weight gradient (select_backward, full size) is summed into the first. Memory at
+    a moment of expert e is linear in the counts, so its largest value over the counts (each at
+    most N = b*s: top-k experts are distinct; summing to N*k) is at a vertex: the experts before
+    e as full as they can be, e with N tokens or 1, the experts after it with 1 (hit) or none.
+    For the first two experts backward runs (E-1, E-2), the others' moments being dominated:
+
+    >>> [[str(p) for p in r] for r in worst_routings(4, 2)]  # doctest: +NORMALIZE_WHITESPACE
+    [['Poly(-1/2 + 1/2*b*s)', 'Poly(-1/2 + 1/2*b*s)', 'Poly(1*b*s)', 'Poly(1)'],
+     ['Poly(-1 + 1*b*s)', 'Poly(-1 + 1*b*s)', 'Poly(1)', 'Poly(1)'],
+     ['Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1*b*s)'],
+     ['Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(1)']]
     """
-    N = Poly.bs(1)
+    N, one = Poly.bs(1), Poly.const(1)
+    total = N * k
     if k == E:
-        return [N] * E
-    if k == 1:
-        return [Poly()] * (E - 2) + [N - Poly.const(1), Poly.const(1)]
-    rest = Poly({(1, 1): _frac(k - 1, E - 2), (0, 0): _frac(-1, E - 2)})
-    return [rest] * (E - 2) + [N, Poly.const(1)]
+        return [[N] * E]
+    out = []
+    if E >= 2:  # E-2 second: with N tokens (k=1: all but E-1's one), or with 1 token
+        second = N if k >= 2 else N - one
+        out.append(_share(total - second - one, E - 2) + [second, one])
+        if k <= E - 2:
+            out.append(_share(total - one * 2, E - 2) + [one, one])
+    out.append(_share(total - N, E - 1) + [N])  # E-1 first, with N tokens
+    if k <= E - 1:
+        out.append(_share(total - one, E - 1) + [one])  # or with 1
+    return [[p if not p.is_zero() else Poly() for p in r] for r in out]
 
 
 def check_routing(model: ModelSpec, training: TrainingConfig) -> None:

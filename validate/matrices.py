@@ -18,6 +18,7 @@ from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
 from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
 from validate.case import Case
+from validate.ci_moe import ci_moe_cases
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -140,11 +141,12 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Two independent pairwise designs (seeds 0 and 1), so every pair is covered twice.
 
-    >>> cases = ci_matrix(); 40 < len(cases) < 90
+    >>> cases = [c for c in ci_matrix() if c.name.startswith("ci")]; 40 < len(cases) < 90
     True
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)] \
+        + ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------
