@@ -49,11 +49,11 @@ PRESETS: dict[str, dict] = {
                           moe=dict(num_experts=128, top_k=8, expert_ffn_size=768)),
     # OLMoE-1B-7B-0924 (Muennighoff et al. 2024, arXiv 2409.02060: 6.9B total, 1.3B active)
     "olmoe-1b-7b": dict(_MOE, family="olmoe", vocab_size=50304, hidden_size=2048, num_layers=16,
-                        num_heads=16, intermediate_size=1024, max_position_embeddings=4096,
+                        num_heads=16, num_kv_heads=16, intermediate_size=1024, max_position_embeddings=4096,
                         moe=dict(num_experts=64, top_k=8, expert_ffn_size=1024, norm_topk_prob=False)),
     # Qwen1.5-MoE-A2.7B (model card: 14.3B total, 2.7B active)
     "qwen1.5-moe-a2.7b": dict(_MOE, family="qwen2_moe", qkv_bias=True, vocab_size=151936, hidden_size=2048,
-                              num_layers=24, num_heads=16, intermediate_size=5632,
+                              num_layers=24, num_heads=16, num_kv_heads=16, intermediate_size=5632,
                               max_position_embeddings=8192,
                               moe=dict(num_experts=60, top_k=4, expert_ffn_size=1408, norm_topk_prob=False,
                                        shared_expert_ffn_size=5632)),
