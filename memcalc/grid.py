@@ -117,6 +117,10 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
     np = _numpy()
     check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
     cands, g = _candidates(model, training)
+    if model.moe is not None and cands.steady_set.fractional and b.size:
+        # MoE routings sized in fractions of b*s (memcalc.moe): exact, as estimate() rounds them
+        flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
+        return np.array(flat, dtype=np.int64).reshape(b.shape)
     if g <= 1 or not b.size:
         return eval_polys([m.total for m in cands.steady], b, s)
     bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)

@@ -1,7 +1,8 @@
 """Shared hypothesis strategies: small random ModelSpecs and TrainingConfigs (fast to simulate).
 
 Every program the engine has is drawn: both families (gpt2, llama) in both implementations (hf,
-reference), with multi-head, grouped-query and multi-query attention, tied or untied embeddings,
+reference) and the transformers mixture-of-experts families (both experts paths, worst and
+balanced routing), with multi-head, grouped-query and multi-query attention, tied or untied embeddings,
 biases on or off, dropouts, every precision, optimizer and checkpointing mode, and, where asked
 for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
@@ -18,6 +19,7 @@ import os
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from memcalc.moe import MoESpec
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
@@ -29,7 +31,8 @@ settings.load_profile(os.environ.get("MEMCALC_HYPOTHESIS_PROFILE", "quick"))
 
 FAMILIES = ["gpt2", "llama"]
 IMPLEMENTATIONS = ["hf", "reference"]
-PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS]
+MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # transformers only (memcalc.programs.hf_moe)
+PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in MOE_FAMILIES]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
 CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
@@ -37,7 +40,8 @@ SHARDINGS = ["none", "zero1", "zero2", "zero3"]
 # what each program runs as its MLP activation (hf_gpt2.activation; the reference GPT-2 is
 # nn.GELU(approximate='tanh'); both Llama programs are SwiGLU)
 ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "reference"): ["gelu_tanh"],
-               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"]}
+               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"],
+               **{(f, "hf"): ["silu"] for f in MOE_FAMILIES}}
 DROPOUTS = [0.0, 0.1]
 # (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
 # biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
@@ -47,7 +51,12 @@ ANY_BIASES = [(q, o, m) for q in (False, True) for o in (False, True) for m in (
 BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASES,
           ("llama", "hf"): [(False, False, False), (True, False, False), (True, True, False),
                             (False, False, True), (True, True, True)],
-          ("llama", "reference"): ANY_BIASES}
+          ("llama", "reference"): ANY_BIASES,
+          # validate.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
+          # all four attention projections (attention_bias)
+          ("mixtral", "hf"): [(False, False, False)], ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
+          ("qwen3_moe", "hf"): [(False, False, False), (True, True, False)],
+          ("olmoe", "hf"): [(False, False, False), (True, True, False)]}
 
 
 @st.composite
@@ -70,14 +79,29 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
     else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
         fields.update(num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
                       intermediate_size=draw(st.sampled_from([64, 96, 128, 192, 256])))
+    if family in MOE_FAMILIES:
+        fields["moe"] = draw(moe_specs(family, fields["num_layers"]))
     return ModelSpec.make(**fields)
+
+
+@st.composite
+def moe_specs(draw, family: str, layers: int) -> MoESpec:
+    """Experts of a MoE family: 1-8 experts, any top_k, Qwen2-MoE's shared expert, Qwen-MoE's
+    dense layers."""
+    experts = draw(st.integers(1, 8))
+    dense = draw(st.sets(st.integers(0, layers - 1), max_size=layers - 1)) if family.startswith("qwen") else set()
+    return MoESpec(num_experts=experts, top_k=draw(st.integers(1, experts)),
+                   expert_ffn_size=draw(st.sampled_from([32, 64, 96])),
+                   norm_topk_prob=draw(st.booleans()) if family != "mixtral" else True,
+                   shared_expert_ffn_size=draw(st.sampled_from([32, 64])) if family == "qwen2_moe" else None,
+                   dense_layers=tuple(sorted(dense)))
 
 
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
     none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
-    if model is None or (model.family, model.implementation) == ("gpt2", "hf"):
-        return [1]
+    if model is None or (model.family, model.implementation) == ("gpt2", "hf") or model.moe is not None:
+        return [1]  # HF GPT-2's Conv1D and 3-D expert weights are not split
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 
 
@@ -97,7 +121,9 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         optimizer_impl=draw(st.sampled_from([None, "foreach", "for-loop", "fused"])),
         checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
         attention=draw(st.sampled_from(["eager", "sdpa"])),
-        device=draw(st.sampled_from(["cpu", "cuda"])))
+        device=draw(st.sampled_from(["cpu", "cuda"])),
+        experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
+        moe_routing=draw(st.sampled_from(["worst", "balanced"])))
     if parallel:
         tp = draw(st.sampled_from(tensor_parallel_degrees(model)))
         dp = draw(st.sampled_from([1, 2, 3, 4] if tp == 1 else [1, 2]))
