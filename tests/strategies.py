@@ -54,7 +54,8 @@ BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASE
           ("llama", "reference"): ANY_BIASES,
           # validate.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
           # all four attention projections (attention_bias)
-          ("mixtral", "hf"): [(False, False, False)], ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
+          ("mixtral", "hf"): [(False, False, False)],
+          ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
           ("qwen3_moe", "hf"): [(False, False, False), (True, True, False)],
           ("olmoe", "hf"): [(False, False, False), (True, True, False)]}
 
