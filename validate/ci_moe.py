@@ -72,3 +72,23 @@ def _case(name: str, row: dict, device: str) -> Case:
         attention=row["attention"], device=device, experts_implementation=row["experts"])
     spec = ModelSpec.from_hf_config(cfg).with_(name=f"{row['model']}-like")
     return Case(name, spec, training, cfg)
+
+
+def dist_moe_cases(device: str = "cpu") -> list[Case]:
+    """Data-parallel rows of MoE models for the dist-ci matrix (FSDP2 per decoder layer, DDP):
+    grouped_mm experts, whose memory does not depend on each rank's routing.
+
+    >>> [c.name for c in dist_moe_cases()]
+    ['mixtral-W2-zero3-bf16-amp', 'qwen3_moe-W4-zero2', 'qwen2_moe-W2-none-per-layer']
+    """
+    rows = (("mixtral", 2, "zero3", dict(precision="bf16-amp"), "-bf16-amp"),
+            ("qwen3_moe", 4, "zero2", {}, ""),
+            ("qwen2_moe", 2, "none", dict(checkpointing="per-layer"), "-per-layer"))
+    cases = []
+    for kind, world, sharding, changes, suffix in rows:
+        cfg = MOE_CONFIGS[kind]
+        training = TrainingConfig.make(micro_batch=2, seq_len=40, device=device, world_size=world,
+                                       sharding=sharding, **changes)
+        spec = ModelSpec.from_hf_config(cfg).with_(name=f"{kind}-like")
+        cases.append(Case(f"{kind}-W{world}-{sharding}{suffix}", spec, training, cfg))
+    return cases
