@@ -82,7 +82,8 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
     """Tokens each expert of a MoE layer receives, as polynomials in b and s (N = b*s tokens,
     S = N*top_k token-expert pairs):
     - "balanced": S/E each;
-    - ("worst", i): the i-th of `worst_routings` (the engine simulates each for "worst");
+    - ("worst", i): the i-th of `worst_routings` (the engine simulates each for "worst"; a
+      graph built directly from a regime with "worst" takes the first);
     - explicit counts per MoE layer and expert (constants: they fix b*s).
 
     >>> from memcalc.specs import ModelSpec
@@ -95,6 +96,8 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
     E, k = spec.moe.num_experts, spec.moe.top_k
     if routing == "balanced":
         return [Poly({(1, 1): Fraction(k, E) if k % E else k // E})] * E
+    if routing == "worst":  # a graph built outside the engine: the first of worst_routings
+        routing = ("worst", 0)
     if isinstance(routing, tuple) and routing[:1] == ("worst",):  # one of worst_routings
         return worst_routings(E, k)[routing[1]]
     return [Poly.const(n) for n in routing[moe_layers(spec).index(layer)]]
