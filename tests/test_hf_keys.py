@@ -7,7 +7,9 @@ from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS
 from memcalc.specs import ModelSpec
 
-CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
+CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+           "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
+           "olmoe": "OlmoeConfig"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.
