@@ -109,7 +109,7 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape)
     out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
     # locals of grouped_mm_experts_forward until it returns
-    ops.scope_end([perm, sorted_ids, token_of, w_sorted, as_float, histc, offsets, inv, unperm])
+    ops.scope_end([perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets, y, inv, unperm])
     return ops.to(out, x.elt, "experts out .to(hidden dtype)")
 
 
