@@ -87,6 +87,8 @@ class Regime:
     experts_implementation: str = "grouped_mm"
     moe_routing: object = "worst"
     """TrainingConfig.moe_routing: 'worst', 'balanced' or counts per MoE layer and expert."""
+    max_grad_norm: float | None = None
+    """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -106,6 +108,7 @@ class Regime:
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=training.attention, grad_accum=training.grad_accum,
+                   max_grad_norm=training.max_grad_norm,
                    experts_implementation=training.experts_implementation,
                    moe_routing=training.moe_routing)
 

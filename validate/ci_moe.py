@@ -10,7 +10,7 @@ extra['moe'] also holds the predictions under 'worst' and 'balanced' routing.
 from __future__ import annotations
 
 from memcalc.specs import ModelSpec
-from memcalc.training import CHECKPOINTINGS, EXPERTS_IMPLEMENTATIONS, OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import CHECKPOINTINGS, EXPERTS_IMPLEMENTATIONS, PRECISIONS, TrainingConfig
 from validate.case import Case
 
 _COMMON = {"vocab_size": 96, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 256,
@@ -42,7 +42,7 @@ AXES = {
     "experts": EXPERTS_IMPLEMENTATIONS,
     "precision": PRECISIONS,
     "checkpointing": CHECKPOINTINGS,
-    "optimizer": OPTIMIZERS,
+    "optimizer": ("sgd", "sgd-momentum", "adam", "adamw"),  # torch.optim (the fine-tuning ones: ci_optim)
     "impl": ("foreach", "fused", "for-loop"),
     "attention": ("eager", "sdpa"),
     "shape": tuple(range(len(SHAPES))),

@@ -53,6 +53,11 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("tensor_parallel", f"tensor parallelism of {model.family}'s experts "
                                "(3-D expert parameters; expert parallelism) is not modelled",
                                "use tensor_parallel=1 with data-parallel sharding (zero1-3)")
+    if model.implementation == "hf" and model.family in ("phi3", "gpt_neox", "olmo2", "granite") \
+            or model.no_rope_layers:
+        raise NotModelledError("tensor_parallel", f"tensor parallelism is modelled (and measured) for "
+                               f"the llama and gpt2 programs, not HF {model.family}",
+                               "use tensor_parallel=1 (data parallelism and FSDP are modelled)")
     if model.implementation == "hf" and model.family == "gpt2":
         raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
                                "torch's ColwiseParallel/RowwiseParallel",
