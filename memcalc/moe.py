@@ -41,9 +41,10 @@ class MoESpec(BaseModel):
     """The top-k routing weights are renormalised to sum to 1 (an in-place division)."""
     shared_expert_ffn_size: int | None = Field(default=None, gt=0)
     """Qwen2-MoE: a dense SwiGLU every token passes through, scaled by sigmoid(shared_expert_gate)."""
-    dense_layers: tuple[int, ...] = ()
+    dense_layers: tuple[int, ...] = Field(default=(), strict=False)
     """Layers whose MLP is dense (ModelSpec.intermediate_size wide): Qwen-MoE's mlp_only_layers and
-    the layers decoder_sparse_step skips."""
+    the layers decoder_sparse_step skips. A JSON list is accepted (lax for this field only: a spec
+    read back from a results file)."""
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
