@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from memcalc.checks import check_int
@@ -72,6 +73,8 @@ def largest_root(coeffs: dict[int, int], budget: int, cap: int = NO_LIMIT) -> in
     >>> largest_root({0: 10, 1: 3}, 100), largest_root({2: 1}, 99), largest_root({0: 5}, 4)
     (30, 9, 0)
     """
+    scale = math.lcm(*(Fraction(c).denominator for c in coeffs.values()))  # MoE routings: fractions
+    coeffs, budget = {p: int(c * scale) for p, c in coeffs.items()}, budget * scale
     c0, c1, c2 = coeffs.get(0, 0), coeffs.get(1, 0), coeffs.get(2, 0)
     room = budget - c0
     if c2 > 0:

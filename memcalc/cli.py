@@ -18,6 +18,7 @@ from memcalc.units import GIB
 if TYPE_CHECKING:
     from memcalc.planner import Plan
     from memcalc.preflight import Verdict
+    from memcalc.training import TrainingConfig
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                    "head_dim", "intermediate_size", "max_position_embeddings")
@@ -78,6 +79,10 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
     g.add_argument("--tensor-parallel", type=int,
                    help="tensor-parallel degree t (Megatron column/row splits; default 1); "
                         "--world-size defaults to t")
+    g.add_argument("--experts-implementation", help="MoE models: grouped_mm (transformers' default) "
+                   "or eager (a loop over the experts)")
+    g.add_argument("--moe-routing", help="MoE models, eager experts: worst (default) or balanced "
+                   "tokens per expert")
     _call_path_args(g)
     add_finetuning_args(p)
 
@@ -203,7 +208,8 @@ def training_from_args(args: argparse.Namespace, **fixed):
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
              "weight_decay", "max_grad_norm", "checkpointing", "checkpoint_every", "attention", "device",
              "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
-             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer")
+             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer",
+             "experts_implementation", "moe_routing")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
     if lora is not None:
@@ -230,14 +236,34 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
            "components": r.components, "rank_peak_bytes": r.rank_peak_bytes}
     if args.formula:
         out["formula"] = str(r.expr)
+    if model.moe is not None:
+        out["moe_routing"] = routing_note(training)
     if not args.json:
         _print_estimate(out)
     return out
 
 
+def routing_note(training: TrainingConfig) -> str:
+    """What a MoE answer assumed about routing (memcalc.moe).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> routing_note(TrainingConfig(micro_batch=1, seq_len=8))
+    'grouped_mm experts: every tensor is sized by tokens*top_k, so routing does not change memory'
+    """
+    if training.experts_implementation == "grouped_mm":
+        return "grouped_mm experts: every tensor is sized by tokens*top_k, so routing does not change memory"
+    routing = training.moe_routing
+    what = {"worst": "the worst case (one expert receives every token; the bound to plan with)",
+            "balanced": "balanced routing (b*s*top_k/E tokens per expert)"}.get(routing, "the given counts") \
+        if isinstance(routing, str) else "the given counts per layer and expert"
+    return f"eager experts with {what}"
+
+
 def _print_estimate(out: dict) -> None:
     print(f"{out['model']} ({out['params']:,} parameters): peak {out['peak_gib']:.3f} GiB "
           f"in {out['peak_phase']} ({out['moment']})")
+    if "moe_routing" in out:
+        print(f"  routing: {out['moe_routing']}")
     print("  at the peak:")
     for name, nbytes in out["components"].items():
         if nbytes:
@@ -265,7 +291,11 @@ def cmd_capacity(args: argparse.Namespace) -> dict:
     r = solver(model, training, budget)
     out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes,
            "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
+    if model.moe is not None:
+        out["moe_routing"] = routing_note(training)
     if not args.json:
+        if "moe_routing" in out:
+            print(f"routing: {out['moe_routing']}")
         if r.field == "world_size" and r.fits:
             t = training.tensor_parallel
             split = f" = {r.value // t} data-parallel x {t} tensor-parallel" if t > 1 else ""

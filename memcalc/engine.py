@@ -230,6 +230,21 @@ def window_reached(model: ModelSpec, seq_len: int) -> bool:
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
+    """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
+    experts path is the largest of several routings (memcalc.moe.worst_routings): the union of
+    their moments, so that every query (peak, grid, capacity) takes their maximum."""
+    regimes = [regime]
+    if model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst":
+        from memcalc.moe import worst_routings
+
+        count = len(worst_routings(model.moe.num_experts, model.moe.top_k))
+        regimes = [replace(regime, moe_routing=("worst", i)) for i in range(count)]
+    runs = [_simulate_one(model, r) for r in regimes]
+    return Candidates(regime, [m for c in runs for m in c.steady], [m for c in runs for m in c.first],
+                      runs[0].param_shapes, regime.master_elt)
+
+
+def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
     def run(first_step: bool) -> tuple[list[Moment], list[tuple[int, int]]]:
         graph = build_graph(model, regime)
         constants = device_constants(regime.device)

@@ -119,6 +119,10 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
     if model.sliding_window is not None and b.size:  # the program differs on each side of the
         return _split_at_window(np, model, training, b, s)  # window (engine.window_reached)
     cands, g = _candidates(model, training)
+    if model.moe is not None and cands.steady_set.fractional and b.size:
+        # MoE routings sized in fractions of b*s (memcalc.moe): exact, as estimate() rounds them
+        flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
+        return np.array(flat, dtype=np.int64).reshape(b.shape)
     return _eval_side(np, cands, g, b, s)
 
 

@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     import os
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-             "phi3", "gpt_neox", "olmo2", "granite", "smollm3")
+             "phi3", "gpt_neox", "olmo2", "granite", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # model types read but refused as a whole, with why (transformers 5.24 modeling files)
 REFUSED_TYPES = {
     "ministral": ("MinistralModel builds per-layer-type masks from layer_types (full and sliding) "
                   "and its program is not validated",
                   "use model_type mistral (with or without sliding_window) for a Mistral-shaped model"),
+    "gpt_oss": ("GPT-OSS's attention sinks, alternating sliding-window layers and clamped SwiGLU "
+                "experts with biases are not modelled", "use mixtral, qwen2_moe, qwen3_moe or olmoe"),
 }
 
 
@@ -127,6 +129,42 @@ def check_layer_types(cfg: dict, fields: dict) -> None:
                         "max_window_layers / sliding_window_pattern to give it")
 
 
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def _moe_fields(cfg: dict, model_type: str) -> dict:
+    """configuration_mixtral.py / qwen2_moe / qwen3_moe / olmoe: the Llama fields, the experts
+    (Mixtral and OLMoE experts are intermediate_size wide, Qwen-MoE moe_intermediate_size), and the
+    dense layers of Qwen-MoE (mlp_only_layers, and the layers decoder_sparse_step skips:
+    modeling_qwen2_moe.py Qwen2MoeDecoderLayer)."""
+    fields = _llama_fields(cfg, "llama")
+    fields["family"] = model_type
+    bias = flag(cfg, "attention_bias", False)
+    fields["qkv_bias"] = flag(cfg, "qkv_bias", True) if model_type == "qwen2_moe" else bias
+    fields["out_bias"] = bias and model_type in ("qwen3_moe", "olmoe")
+    fields["mlp_bias"] = False
+    E = get(cfg, "num_local_experts" if model_type == "mixtral" else "num_experts")
+    if E is None:
+        E = get(cfg, "num_experts" if model_type == "mixtral" else "num_local_experts", required=True)
+    ffn = get(cfg, "intermediate_size" if model_type in ("mixtral", "olmoe") else "moe_intermediate_size",
+               required=True)
+    moe = dict(num_experts=E, top_k=get(cfg, "num_experts_per_tok", 2), expert_ffn_size=ffn,
+               norm_topk_prob=model_type == "mixtral" or flag(cfg, "norm_topk_prob", False))
+    if model_type == "qwen2_moe":
+        moe["shared_expert_ffn_size"] = get(cfg, "shared_expert_intermediate_size", required=True)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        step, only = get(cfg, "decoder_sparse_step", 1), get(cfg, "mlp_only_layers", [])
+        if not isinstance(step, int) or step < 1 or not isinstance(only, list):
+            raise SpecError("hf_config.decoder_sparse_step", f"{str(step)[:20]!r} / mlp_only_layers "
+                            f"{str(only)[:20]!r} are not a step >= 1 and a list", "fix the config")
+        moe["dense_layers"] = tuple(i for i in range(fields["num_layers"])
+                                    if i in only or (i + 1) % step != 0)
+    from memcalc.moe import MoESpec
+
+    fields["moe"] = MoESpec(**moe)
+    return fields
+
+
 def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     """ModelSpec fields from a HF config.
 
@@ -164,6 +202,8 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
         from memcalc.hf_gemma import gemma_fields
 
         fields = gemma_fields(cfg, model_type)
+    elif model_type in MOE_TYPES:
+        fields = _moe_fields(cfg, model_type)
     else:
         fields = _llama_fields(cfg, model_type)
     if model_type != "gpt2":
@@ -302,7 +342,7 @@ def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: st
     try:
         return cls.make(implementation=implementation, **fields)
     except SpecError as err:
-        key = CONFIG_KEYS[fields["family"]].get(err.field.split(".")[0])
+        key = CONFIG_KEYS.get(fields["family"], CONFIG_KEYS["llama"]).get(err.field.split(".")[0])
         if key is None:
             raise
         raise SpecError(f"hf_config.{key}", err.problem, err.fix) from None

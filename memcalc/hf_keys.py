@@ -31,6 +31,12 @@ MODELLED["gemma"] = _GEMMA
 MODELLED["gemma2"] = _GEMMA | {"sliding_window", "layer_types", "attn_logit_softcapping",
                                "final_logit_softcapping"}
 MODELLED["gemma3_text"] = MODELLED["gemma2"] | {"sliding_window_pattern", "_sliding_window_pattern"}
+_MOE_KEYS = {"num_experts_per_tok", "num_local_experts", "num_experts"}
+MODELLED["mixtral"] = MODELLED["llama"] | _MOE_KEYS
+MODELLED["qwen3_moe"] = MODELLED["llama"] | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob",
+                                                         "decoder_sparse_step", "mlp_only_layers"}
+MODELLED["qwen2_moe"] = MODELLED["qwen3_moe"] | {"shared_expert_intermediate_size", "qkv_bias"}
+MODELLED["olmoe"] = MODELLED["llama"] | _MOE_KEYS | {"norm_topk_prob"}
 # ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
 MODELLED["olmo2"] = MODELLED["llama"]
 # rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
@@ -82,6 +88,8 @@ INERT: dict[str, str] = {
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": ("which layers slide when use_sliding_window is true (modelled for qwen2/qwen3, "
                           "MODELLED); no effect without a sliding window"),
+    "router_aux_loss_coef": ("scales the auxiliary loss, a scalar; the loss itself is computed only "
+                             "with output_router_logits (refused)"),
     "scale_attn_by_inverse_layer_idx": ("GPT-2: transformers 5.x folds 1/(layer_idx+1) into the scaling "
                                         "constant of the same op (modeling_gpt2.py GPT2Attention.__init__)"),
     "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
@@ -130,6 +138,12 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
     "quantization_config": ((None,), "not read from config.json (bitsandbytes 4-bit bases are "
                             "TrainingConfig.quantization)",
                             "remove it and pass --quantization nf4, nf4-double or fp4 with LoRA adapters"),
+    "output_router_logits": ((False, None), "the auxiliary load-balancing loss keeps every layer's "
+                             "router logits until the loss and adds its own ops (not modelled yet)",
+                             "set it to false"),
+    "router_jitter_noise": ((0, 0.0, None), "Mixtral's jitter multiplies the hidden states by a "
+                            "uniform noise tensor in training (not modelled)", "set it to 0.0"),
+    "clip_qkv": ((None,), "OLMoE's in-place clamp of q, k and v is not modelled", "set it to null"),
     "auto_map": ((None,), "the model runs custom code memcalc has no program for",
                  "use a transformers model type"),
 }
@@ -140,6 +154,8 @@ def _allowed(key: str, value: object, allowed: tuple) -> bool:
         return value is None or (isinstance(value, list) and all(v == "full_attention" for v in value))
     if key == "pruned_heads":
         return value is None or value == {} or value == []
+    if key == "router_jitter_noise":
+        return value is None or (type(value) in (int, float) and value == 0)
     return any(value is a if a in (None, True, False) else value == a for a in allowed)
 
 
@@ -157,6 +173,8 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     for key, value in cfg.items():
         if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
             continue
+        if key == "sliding_window" and family_type in ("qwen2_moe", "qwen3_moe"):
+            continue  # Qwen2/Qwen3-MoE read it only with use_sliding_window (refused when true)
         if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
             continue  # SmolLM3 reads it only with use_sliding_window (refused when true)
         if key in REFUSED_UNLESS:

@@ -7,6 +7,7 @@ _GPT2 = dict(family="gpt2", vocab_size=50257, max_position_embeddings=1024, tie_
 _LLAMA = dict(family="llama", tie_embeddings=False, qkv_bias=False, out_bias=False, mlp_bias=False,
               activation="silu")
 _QWEN2 = dict(_LLAMA, qkv_bias=True)
+_MOE = dict(_LLAMA)
 # families of issue 12, part b (model cards' config.json on huggingface.co)
 _PHI3 = dict(_LLAMA, family="phi3")
 _NEOX = dict(family="gpt_neox", vocab_size=50304, max_position_embeddings=2048, tie_embeddings=False,
@@ -49,6 +50,26 @@ PRESETS: dict[str, dict] = {
                        max_position_embeddings=32768),
     "qwen2-7b": dict(_QWEN2, vocab_size=152064, hidden_size=3584, num_layers=28, num_heads=28,
                      num_kv_heads=4, intermediate_size=18944, max_position_embeddings=32768),
+    # Mixture of experts (HF config.json of each; total and active counts in tests/test_moe.py)
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088: 46.7B total, 12.9B active)
+    "mixtral-8x7b": dict(_MOE, family="mixtral", vocab_size=32000, hidden_size=4096, num_layers=32,
+                         num_heads=32, num_kv_heads=8, intermediate_size=14336, max_position_embeddings=32768,
+                         moe=dict(num_experts=8, top_k=2, expert_ffn_size=14336)),
+    # Qwen3-30B-A3B (Qwen3 technical report, arXiv 2505.09388: 30.5B total, 3.3B active)
+    "qwen3-30b-a3b": dict(_MOE, family="qwen3_moe", vocab_size=151936, hidden_size=2048, num_layers=48,
+                          num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144,
+                          max_position_embeddings=40960,
+                          moe=dict(num_experts=128, top_k=8, expert_ffn_size=768)),
+    # OLMoE-1B-7B-0924 (Muennighoff et al. 2024, arXiv 2409.02060: 6.9B total, 1.3B active)
+    "olmoe-1b-7b": dict(_MOE, family="olmoe", vocab_size=50304, hidden_size=2048, num_layers=16,
+                        num_heads=16, num_kv_heads=16, intermediate_size=1024, max_position_embeddings=4096,
+                        moe=dict(num_experts=64, top_k=8, expert_ffn_size=1024, norm_topk_prob=False)),
+    # Qwen1.5-MoE-A2.7B (model card: 14.3B total, 2.7B active)
+    "qwen1.5-moe-a2.7b": dict(_MOE, family="qwen2_moe", qkv_bias=True, vocab_size=151936, hidden_size=2048,
+                              num_layers=24, num_heads=16, num_kv_heads=16, intermediate_size=5632,
+                              max_position_embeddings=8192,
+                              moe=dict(num_experts=60, top_k=4, expert_ffn_size=1408, norm_topk_prob=False,
+                                       shared_expert_ffn_size=5632)),
     # Llama 3.1 / 3.2 (meta-llama/Llama-3.1-8B, Llama-3.2-1B, Llama-3.2-3B)
     "llama-3.1-8b": dict(_LLAMA3, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                          intermediate_size=14336),

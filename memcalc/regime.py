@@ -92,6 +92,9 @@ class Regime:
     labels: str = "input_ids"
     num_items_in_batch: bool = False
     hf_trainer: bool = False
+    experts_implementation: str = "grouped_mm"
+    moe_routing: object = "worst"
+    """TrainingConfig.moe_routing: 'worst', 'balanced' or counts per MoE layer and expert."""
     max_grad_norm: float | None = None
     """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
     sliding_window_reached: bool = False
@@ -135,7 +138,9 @@ class Regime:
                    hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm,
                    lora=training.lora, freeze=training.freeze, quantization=training.quantization,
                    quant_elt=param_element_size(precision) if quantized else 0,
-                   bnb_compute_elt=compute_element_size(precision) if quantized else 0)
+                   bnb_compute_elt=compute_element_size(precision) if quantized else 0,
+                   experts_implementation=training.experts_implementation,
+                   moe_routing=training.moe_routing)
 
     @property
     def fsdp(self) -> bool:

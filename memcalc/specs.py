@@ -14,14 +14,20 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memcalc.errors import UnknownNameError, closest_names, from_pydantic
+from memcalc.moe import MoESpec
 
 if TYPE_CHECKING:
     import os
 
-Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "gemma2", "gemma3"]
+Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "gemma2", "gemma3",
+                 "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 # families whose blocks are Llama-shaped (RMSNorm, SwiGLU MLP of intermediate_size, rotary)
 LLAMA_LIKE = ("llama", "phi3", "olmo2", "granite")
 GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+"""Llama-style families whose MLPs are mixtures of experts (ModelSpec.moe), named as transformers'
+model types: Mixtral; Qwen2-MoE (shared expert); Qwen3-MoE (per-head q/k RMSNorm); OLMoE (q/k
+RMSNorm over the whole projection)."""
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -106,6 +112,8 @@ class ModelSpec(BaseModel):
     """Gemma-2's attention logit soft-capping: scores / cap, tanh, * cap before the mask."""
     logit_softcap: bool = False
     """Final logit soft-capping (Gemma-2, optional on Gemma-3): logits / cap, tanh, * cap."""
+    moe: MoESpec | None = None
+    """The experts of a mixture-of-experts family (memcalc.moe); None for dense families."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -114,11 +122,17 @@ class ModelSpec(BaseModel):
                              f"{self.hidden_size}; choose a divisor or set head_dim")
         if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
-        if self.family in LLAMA_LIKE and self.intermediate_size is None:
+        if (self.family in LLAMA_LIKE or self.family in MOE_FAMILIES) and self.intermediate_size is None:
             raise ValueError(f"intermediate_size is required for the {self.family} family")
+        if (self.moe is not None) != (self.family in MOE_FAMILIES):
+            raise ValueError(f"moe must be set exactly for the mixture-of-experts families "
+                             f"{', '.join(MOE_FAMILIES)} (family is {self.family})")
+        if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
+            raise ValueError(f"moe.dense_layers lists a layer >= num_layers={self.num_layers}")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
-        if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES) and (self.embd_dropout or self.resid_dropout):
+        if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES, *MOE_FAMILIES) and \
+                (self.embd_dropout or self.resid_dropout):
             raise ValueError(f"{self.family} family has only attn_dropout; set embd/resid_dropout to 0")
         if self.family in GEMMA_FAMILIES and self.intermediate_size is None:
             raise ValueError("intermediate_size is required for the gemma families")

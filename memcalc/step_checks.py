@@ -62,7 +62,11 @@ def learned_positions(model: ModelSpec) -> bool:
 
 
 def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
-    """What the implementation can run: seq_len within a fixed position table."""
+    """What the implementation can run: seq_len within a fixed position table; explicit MoE
+    routing counts that fit the model and the shape (memcalc.moe.check_routing)."""
+    from memcalc.moe import check_routing
+
+    check_routing(model, training)
     if learned_positions(model) and training.seq_len > model.max_position_embeddings:
         p = model.max_position_embeddings
         table = ("GPT-2's learned position table" if model.family == "gpt2"
@@ -145,6 +149,10 @@ def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None
     from memcalc.specs import ModelSpec
     if not isinstance(model, ModelSpec) or not isinstance(training, TrainingConfig):
         check_step(model, training)  # raises, naming the argument of the wrong type
+    if not isinstance(training.moe_routing, str):
+        raise NotModelledError("moe_routing", "explicit routing counts fix micro_batch*seq_len, "
+                               "which a capacity search varies",
+                               "use moe_routing='worst' (the default) or 'balanced'")
     t = training.tensor_parallel
     if field == "num_layers":
         model = model.with_(num_layers=1)

@@ -22,6 +22,8 @@ Sharding = Literal["none", "zero1", "zero2", "zero3"]
 AttentionMask = Literal["none", "ones", "padded"]
 Labels = Literal["input_ids", "separate"]
 Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
+MoERouting = Literal["worst", "balanced"]
+ExpertsImplementation = Literal["grouped_mm", "eager"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -37,6 +39,8 @@ SHARDINGS: tuple[str, ...] = get_args(Sharding)
 ATTENTION_MASKS: tuple[str, ...] = get_args(AttentionMask)
 LABELS: tuple[str, ...] = get_args(Labels)
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
+EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -150,6 +154,16 @@ class TrainingConfig(BaseModel):
     also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), two fp32
     scalars (the running _tr_loss and the last micro-step's detached loss), its decay / no-decay
     optimizer groups, and 32-bit bitsandbytes states for nn.Embedding weights."""
+    experts_implementation: ExpertsImplementation = "grouped_mm"
+    """Mixture-of-experts models: transformers' experts path (config experts_implementation):
+    grouped_mm (the default; every tensor sized by tokens*top_k, so routing does not change
+    memory) or eager (a loop over the hit experts, tensors sized by each expert's tokens).
+    Dense models: no effect."""
+    moe_routing: MoERouting | tuple[tuple[int, ...], ...] = "worst"
+    """Mixture-of-experts models, eager experts: tokens per expert (memcalc.moe.token_counts).
+    'worst' (one expert receives every token: the bound a capacity plan must use), 'balanced'
+    (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
+    summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -162,6 +176,8 @@ class TrainingConfig(BaseModel):
                              f"world_size={self.world_size}")
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("sequence_parallel needs tensor_parallel > 1")
+        if not isinstance(self.moe_routing, str) and any(n < 0 for row in self.moe_routing for n in row):
+            raise ValueError("moe_routing counts must be >= 0 (tokens per expert)")
         if self.fsdp_mixed_precision and (self.sharding not in ("zero2", "zero3")
                                           or self.precision != "fp32"):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "

@@ -32,4 +32,11 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
         attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
             + a * d * h // t + (h if spec.out_bias else 0)
         mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)
+    if spec.moe is not None:  # mixture of experts (t = 1): q/k norms, router, experts, shared expert
+        m = spec.moe
+        attn += {"qwen3_moe": 2 * d, "olmoe": (a + kv) * d}.get(spec.family, 0)
+        sparse = m.num_experts * h + 3 * m.num_experts * h * m.expert_ffn_size \
+            + (3 * h * m.shared_expert_ffn_size + h if m.shared_expert_ffn_size else 0)
+        dense = len(m.dense_layers)
+        return embed + norms + L * attn + dense * mlp + (L - dense) * sparse
     return embed + norms + L * (attn + mlp)

@@ -6,7 +6,8 @@ llama; GPT-2's reorder_and_upcast_attn) and the Gemma generations (hf), with Qwe
 sliding windows on the HF llama program, multi-head, grouped-query and multi-query attention, tied
 or untied embeddings, biases on or off, dropouts, every precision, optimizer and checkpointing
 mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and
-FSDP2 mixed precision.
+FSDP2 mixed precision; and the transformers mixture-of-experts families (both experts paths,
+worst and balanced routing).
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
 1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
 than its position table has rows).
@@ -21,6 +22,7 @@ import os
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from memcalc.moe import MoESpec
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
@@ -34,7 +36,8 @@ FAMILIES = ["gpt2", "llama"]
 IMPLEMENTATIONS = ["hf", "reference"]
 HF_ONLY = ["phi3", "gpt_neox", "olmo2", "granite"]  # issue 12 part b: HF programs only
 GEMMAS = ["gemma", "gemma2", "gemma3"]  # transformers' code only (implementation hf)
-PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY + GEMMAS]
+MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # transformers only (memcalc.programs.hf_moe)
+PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY + GEMMAS + MOE_FAMILIES]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
 CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
@@ -45,7 +48,8 @@ ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "refe
                ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"],
                ("phi3", "hf"): ["silu"], ("olmo2", "hf"): ["silu"], ("granite", "hf"): ["silu"],
                ("gpt_neox", "hf"): ["gelu", "gelu_new", "gelu_tanh"],
-               **{(f, "hf"): ["gelu_tanh"] for f in GEMMAS}}  # GemmaMLP's gelu_pytorch_tanh
+               **{(f, "hf"): ["gelu_tanh"] for f in GEMMAS},  # GemmaMLP's gelu_pytorch_tanh
+               **{(f, "hf"): ["silu"] for f in MOE_FAMILIES}}
 DROPOUTS = [0.0, 0.1]
 # (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
 # biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
@@ -61,7 +65,13 @@ BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASE
           ("phi3", "hf"): [(False, False, False)], ("olmo2", "hf"): [(False, False, False), (True, True, False)],
           ("granite", "hf"): [(q, q, m) for q in (False, True) for m in (False, True)],
           ("gpt_neox", "hf"): [(False, False, True), (True, True, True)],
-          **{(f, "hf"): [(False, False, False), (True, True, False)] for f in GEMMAS}}
+          **{(f, "hf"): [(False, False, False), (True, True, False)] for f in GEMMAS},
+          # validate.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
+          # all four attention projections (attention_bias)
+          ("mixtral", "hf"): [(False, False, False)],
+          ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
+          ("qwen3_moe", "hf"): [(False, False, False), (True, True, False)],
+          ("olmoe", "hf"): [(False, False, False), (True, True, False)]}
 WINDOWS = [None, 8, 32, 200]  # shorter than, around and longer than the drawn seq_len
 
 
@@ -90,6 +100,8 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
     else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
         fields.update(num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
                       intermediate_size=draw(st.sampled_from([64, 96, 128, 192, 256])))
+    if family in MOE_FAMILIES:
+        fields["moe"] = draw(moe_specs(family, fields["num_layers"]))
     if family == "phi3":
         fields.update(resid_dropout=draw(st.sampled_from(DROPOUTS)),
                       rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])))
@@ -122,12 +134,25 @@ def _hf_variant(draw, family: str, fields: dict) -> dict:
             "attn_softcap": family == "gemma2" and draw(st.booleans()), "logit_softcap": draw(st.booleans())}
 
 
+@st.composite
+def moe_specs(draw, family: str, layers: int) -> MoESpec:
+    """Experts of a MoE family: 1-8 experts, any top_k, Qwen2-MoE's shared expert, Qwen-MoE's
+    dense layers."""
+    experts = draw(st.integers(1, 8))
+    dense = draw(st.sets(st.integers(0, layers - 1), max_size=layers - 1)) if family.startswith("qwen") else set()
+    return MoESpec(num_experts=experts, top_k=draw(st.integers(1, experts)),
+                   expert_ffn_size=draw(st.sampled_from([32, 64, 96])),
+                   norm_topk_prob=draw(st.booleans()) if family != "mixtral" else True,
+                   shared_expert_ffn_size=draw(st.sampled_from([32, 64])) if family == "qwen2_moe" else None,
+                   dense_layers=tuple(sorted(dense)))
+
+
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
     none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
     if model is None or (model.family, model.implementation) == ("gpt2", "hf") or model.family in HF_ONLY \
-            or model.no_rope_layers:
-        return [1]
+            or model.no_rope_layers or model.moe is not None:
+        return [1]  # HF GPT-2's Conv1D, the part-b families and 3-D expert weights are not split
     if model.family not in FAMILIES or model.qk_norm or model.sliding_window is not None:
         return [1]  # not modelled (memcalc.parallel.tensor.check_tensor_parallel)
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
@@ -150,7 +175,9 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
         attention=draw(st.sampled_from(["eager"] if model is not None and model.family == "gemma2"
                                        else ["eager", "sdpa"])),  # Gemma-2 has no SDPA path
-        device=draw(st.sampled_from(["cpu", "cuda"])))
+        device=draw(st.sampled_from(["cpu", "cuda"])),
+        experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
+        moe_routing=draw(st.sampled_from(["worst", "balanced"])))
     if parallel:
         tp = draw(st.sampled_from(tensor_parallel_degrees(model)))
         dp = draw(st.sampled_from([1, 2, 3, 4] if tp == 1 else [1, 2]))

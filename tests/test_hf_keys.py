@@ -9,7 +9,9 @@ from memcalc.specs import ModelSpec
 
 CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
            "qwen3": "Qwen3Config", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
-           "gemma3_text": "Gemma3TextConfig"}
+           "gemma3_text": "Gemma3TextConfig",
+           "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
+           "olmoe": "OlmoeConfig"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.

@@ -9,6 +9,8 @@ from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
+_MOE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
+            max_position_embeddings=64, qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu")
 SPECS = {
     ("hf", "gpt2"): dict(family="gpt2", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                          max_position_embeddings=64),
@@ -22,6 +24,14 @@ SPECS = {
                                  num_heads=4, num_kv_heads=1, intermediate_size=48,
                                  max_position_embeddings=64, tie_embeddings=True, qkv_bias=False,
                                  out_bias=False, mlp_bias=False, activation="silu"),
+    ("hf", "mixtral"): dict(_MOE, family="mixtral", moe=dict(num_experts=4, top_k=2, expert_ffn_size=40)),
+    ("hf", "qwen2_moe"): dict(_MOE, family="qwen2_moe", num_layers=3, qkv_bias=True,
+                              moe=dict(num_experts=3, top_k=1, expert_ffn_size=24, norm_topk_prob=False,
+                                       shared_expert_ffn_size=56, dense_layers=(1,))),
+    ("hf", "qwen3_moe"): dict(_MOE, family="qwen3_moe", qkv_bias=True, out_bias=True,
+                              moe=dict(num_experts=5, top_k=3, expert_ffn_size=24, dense_layers=(0,))),
+    ("hf", "olmoe"): dict(_MOE, family="olmoe", moe=dict(num_experts=4, top_k=2, expert_ffn_size=24,
+                                                         norm_topk_prob=False)),
 }
 _LLAMA_LIKE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
                    max_position_embeddings=64, activation="silu", mlp_bias=False)

@@ -131,6 +131,7 @@ class Case:
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
                 f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
                 + call_path_label(t) + _finetuning_label(t)
+                + (f" experts={t.experts_implementation}" if s.moe else "")
                 + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
                    if self.trainer_args is not None else ""))
 

@@ -40,7 +40,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     """World sizes 2 and 4 x each sharding x (gpt2-ref, llama-ref, llama-hf), fp32 AdamW, plus
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3), two FSDP2 rows with
     gradient accumulation, three with FSDP2's MixedPrecisionPolicy, then the tensor-parallel rows
-    (tensor_parallel_cases).
+    (tensor_parallel_cases) and three mixture-of-experts rows (validate.ci_moe.dist_moe_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
     (61, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
@@ -66,7 +66,10 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
                     mixed.with_(checkpointing="per-layer"), 4, "zero2"),
               _case("llama-ref-pad-W4-zero3-mp-ga2", padded, mixed.with_(grad_accum=2), 4, "zero3")]
     cases += dist_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
-    return cases + tensor_parallel_cases(training) + call_path_cases(training)
+    from validate.ci_moe import dist_moe_cases
+
+    return (cases + tensor_parallel_cases(training) + call_path_cases(training)
+            + dist_moe_cases(device))  # MoE: validate/ci_moe.py
 
 
 def call_path_cases(training: TrainingConfig) -> list[Case]:

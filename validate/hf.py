@@ -14,7 +14,9 @@ from validate.models import RMS_EPS, ROPE_THETA, segment_size
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
            "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-           "gemma3_text": "Gemma3ForCausalLM"}
+           "gemma3_text": "Gemma3ForCausalLM",
+           "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
                granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM")
 
@@ -72,6 +74,8 @@ def hf_config_dict(spec) -> dict:
     """
     if spec.family == "gpt2":
         return _gpt2_config(spec)
+    if spec.moe is not None:
+        return _moe_config(spec)
     if spec.family in FAMILY_CONFIGS:
         return FAMILY_CONFIGS[spec.family](spec)
     if spec.no_rope_layers:
@@ -123,6 +127,38 @@ def _gemma_config(spec) -> dict:
     return cfg
 
 
+def _moe_config(spec) -> dict:
+    """A Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE config dict for a MoE spec (memcalc.hf_config
+    reads it back to the same spec)."""
+    moe, family = spec.moe, spec.family
+    if spec.mlp_bias or (spec.out_bias and family not in ("qwen3_moe", "olmoe")) \
+            or (spec.qkv_bias != spec.out_bias and family in ("qwen3_moe", "olmoe")) \
+            or (spec.qkv_bias and family == "mixtral"):
+        raise MemcalcError("qkv_bias", f"HF {family} has no such bias combination",
+                           "use the biases of the family's config (attention_bias / qkv_bias)")
+    cfg = dict(model_type=family, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+               num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+               num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+               max_position_embeddings=spec.max_position_embeddings,
+               tie_word_embeddings=spec.tie_embeddings, hidden_act="silu",
+               attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA,
+               bos_token_id=0, eos_token_id=0, pad_token_id=None, num_experts_per_tok=moe.top_k,
+               output_router_logits=False)
+    if family == "mixtral":
+        cfg.update(num_local_experts=moe.num_experts, intermediate_size=moe.expert_ffn_size,
+                   sliding_window=None, router_jitter_noise=0.0)
+        return cfg
+    cfg.update(num_experts=moe.num_experts, norm_topk_prob=moe.norm_topk_prob)
+    if family == "olmoe":
+        cfg.update(intermediate_size=moe.expert_ffn_size, attention_bias=spec.qkv_bias, clip_qkv=None)
+        return cfg
+    cfg.update(intermediate_size=spec.ffn_size, moe_intermediate_size=moe.expert_ffn_size,
+               mlp_only_layers=list(moe.dense_layers), decoder_sparse_step=1, use_sliding_window=False)
+    if family == "qwen2_moe":
+        cfg.update(shared_expert_intermediate_size=moe.shared_expert_ffn_size, qkv_bias=spec.qkv_bias)
+    else:
+        cfg.update(attention_bias=spec.qkv_bias)
+    return cfg
 # ---- families of issue 12, part b: config dicts that build each spec's architecture -------------
 def _llama_like_config(spec, model_type: str) -> dict:
     return dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
@@ -217,8 +253,14 @@ def build_hf(spec, training, config: dict | None = None):
     attn = training.attention
     if training.checkpointing == "selective":
         attn = register_selective(training.attention)
-    model = cls._from_config(cfg, attn_implementation=attn)
+    extra = {}
+    if hasattr(cfg, "num_experts_per_tok"):  # MoE: transformers' experts path (integrations/moe.py)
+        extra["experts_implementation"] = training.experts_implementation
+    model = cls._from_config(cfg, attn_implementation=attn, **extra)
     _apply_checkpointing(model, spec, training)
+    from validate.moe_routing import install
+
+    install(model)  # MoE models: record each forward's routing (validate.moe_routing)
     return model.train(), f"hf:{cls.__name__}:{training.attention}"
 
 

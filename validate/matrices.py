@@ -20,6 +20,7 @@ from memcalc.training import PRECISIONS, TrainingConfig
 from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.ci_finetune import finetune_cases
+from validate.ci_moe import ci_moe_cases
 from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
@@ -148,9 +149,10 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Then the families read from config.json (validate.ci_families: Qwen3, sliding windows,
     Gemma, Gemma-2, Gemma-3; validate.ci_families_b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3) and
-    the fine-tuning optimizers (validate.ci_optim).
+    the fine-tuning optimizers (validate.ci_optim), the call paths and the Trainer
+    (validate.ci_callpath, ci_trainer), LoRA/QLoRA (validate.ci_finetune) and MoE (validate.ci_moe).
 
-    >>> cases = ci_matrix(); 150 < len(cases) < 300
+    >>> cases = ci_matrix(); 250 < len(cases) < 400
     True
     """
     from validate.ci_families import families_cases
@@ -159,6 +161,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
     cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
+    cases += ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)

@@ -166,6 +166,9 @@ def _fill(result: Measurement, trainee, run) -> Measurement:
     result.first_step_phases = dict(run.first.phases)
     result.implementation = trainee.implementation
     result.param_dtype = str(next(trainee.model.parameters()).dtype).replace("torch.", "")
+    recorder = getattr(trainee.model, "_memcalc_router_recorder", None)
+    if recorder is not None:  # MoE: tokens per expert of every forward (validate.moe_routing)
+        result.extra["routing_passes"] = recorder.passes
     return result
 
 

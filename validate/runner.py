@@ -40,7 +40,7 @@ def run_case(case: Case, backend: str = "cpu", steps: int = 3,
         measured = _measure(case, backend, steps)
     except Exception as err:  # record and go on: one broken config must not stop a matrix
         return error_row(case, err, backend, time.perf_counter() - start)
-    report, why = _predict(case) if with_prediction else (None, "skipped")
+    report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
     return result_row(case, report, measured, why)
 
 
@@ -60,9 +60,18 @@ def _measure(case: Case, backend: str, steps: int):
     return measure(case.spec, case.training, backend, case.hf_config, steps=steps)
 
 
-def _predict(case: Case):
-    """predict(), with an engine crash kept in the row (it then fails the verdict)."""
+def _predict(case: Case, measured=None, steps: int = 3):
+    """predict(), with an engine crash kept in the row (it then fails the verdict). A MoE case
+    measured in this process is predicted with the routing it measured (validate.moe_routing)."""
+    passes = getattr(measured, "extra", {}).get("routing_passes") if not case.distributed else None
     try:
+        if passes:
+            from validate.moe_routing import predict_routed
+
+            report, extra = predict_routed(case.spec, case.training, passes, steps)
+            measured.extra.pop("routing_passes")
+            measured.extra["moe"] = extra
+            return report, None
         return predict(case.spec, case.training)
     except Exception as err:
         return None, f"memcalc.estimate raised {type(err).__name__}: {err}"

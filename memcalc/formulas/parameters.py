@@ -37,14 +37,38 @@ def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
         shapes += [("q_proj.bias", q), ("k_proj.bias", kv), ("v_proj.bias", kv)]
     if spec.out_bias:
         shapes += [("o_proj.bias", h)]
-    shapes += [("post_attention_layernorm.weight", h), ("gate_proj.weight", h * f),
-               ("up_proj.weight", h * f), ("down_proj.weight", f * h)]
-    if spec.mlp_bias:
-        shapes += [("gate_proj.bias", f), ("up_proj.bias", f), ("down_proj.bias", h)]
+    if spec.family in ("qwen3_moe", "olmoe"):  # q_norm/k_norm: per head (Qwen3) or whole (OLMoE)
+        per_head = spec.family == "qwen3_moe"
+        shapes += [("q_norm.weight", spec.head_size if per_head else q),
+                   ("k_norm.weight", spec.head_size if per_head else kv)]
+    shapes += [("post_attention_layernorm.weight", h)] + mlp_param_shapes(spec, sparse=spec.moe is not None)
     if spec.qk_norm:  # Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim
         shapes += [("q_norm.weight", spec.head_size), ("k_norm.weight", spec.head_size)]
     if spec.family in ("gemma2", "gemma3"):  # Gemma2DecoderLayer's norms around the MLP
         shapes += [("pre_feedforward_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
+    return shapes
+
+
+def mlp_param_shapes(spec: ModelSpec, sparse: bool) -> list[tuple[str, int]]:
+    """(name, numel) of a Llama-style MLP: dense SwiGLU, or a MoE block (router (E, h), experts
+    gate_up_proj (E, 2f, h) and down_proj (E, h, f), Qwen2-MoE's shared expert and its gate).
+
+    >>> from memcalc.specs import ModelSpec
+    >>> sum(n for _, n in mlp_param_shapes(ModelSpec.preset("mixtral-8x7b"), sparse=True))
+    1409318912
+    """
+    h, f = spec.hidden_size, spec.ffn_size
+    if not sparse:
+        shapes = [("gate_proj.weight", h * f), ("up_proj.weight", h * f), ("down_proj.weight", f * h)]
+        return shapes + ([("gate_proj.bias", f), ("up_proj.bias", f), ("down_proj.bias", h)]
+                         if spec.mlp_bias else [])
+    moe = spec.moe
+    E, fe = moe.num_experts, moe.expert_ffn_size
+    shapes = [("gate.weight", E * h), ("experts.gate_up_proj", E * 2 * fe * h), ("experts.down_proj", E * h * fe)]
+    if moe.shared_expert_ffn_size:
+        fs = moe.shared_expert_ffn_size
+        shapes += [("shared_expert.gate_proj.weight", h * fs), ("shared_expert.up_proj.weight", h * fs),
+                   ("shared_expert.down_proj.weight", fs * h), ("shared_expert_gate.weight", h)]
     return shapes
 
 
@@ -76,7 +100,29 @@ def parameter_count(spec: ModelSpec) -> int:
     68976648192
     """
     block = sum(n for _, n in block_param_shapes(spec))
-    return spec.num_layers * block + sum(n for _, n in outer_param_shapes(spec))
+    total = spec.num_layers * block + sum(n for _, n in outer_param_shapes(spec))
+    if spec.moe is not None and spec.moe.dense_layers:  # Qwen-MoE dense layers: a SwiGLU instead
+        swap = (sum(n for _, n in mlp_param_shapes(spec, sparse=False))
+                - sum(n for _, n in mlp_param_shapes(spec, sparse=True)))
+        total += len(spec.moe.dense_layers) * swap
+    return total
+
+
+def active_parameter_count(spec: ModelSpec) -> int:
+    """Parameters one token runs through: a MoE layer's router, its top_k experts and its
+    shared expert (the published "active" figure); all parameters for a dense model.
+
+    >>> from memcalc.specs import ModelSpec
+    >>> active_parameter_count(ModelSpec.preset("mixtral-8x7b"))
+    12879925248
+    """
+    if spec.moe is None:
+        return parameter_count(spec)
+    from memcalc.moe import moe_layers
+
+    moe = spec.moe
+    idle = (moe.num_experts - moe.top_k) * 3 * spec.hidden_size * moe.expert_ffn_size
+    return parameter_count(spec) - len(moe_layers(spec)) * idle
 
 
 # ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py)

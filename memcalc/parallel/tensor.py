@@ -49,6 +49,10 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
     if training.sequence_parallel and training.seq_len % t:
         raise SpecError("seq_len", f"{training.seq_len} tokens do not split evenly over "
                         f"tensor_parallel={t}", f"use a multiple of {t}")
+    if model.moe is not None:
+        raise NotModelledError("tensor_parallel", f"tensor parallelism of {model.family}'s experts "
+                               "(3-D expert parameters; expert parallelism) is not modelled",
+                               "use tensor_parallel=1 with data-parallel sharding (zero1-3)")
     if model.family not in ("gpt2", "llama") or model.qk_norm or model.sliding_window is not None \
             or model.no_rope_layers:
         raise NotModelledError("tensor_parallel", "tensor parallelism is modelled and measured for "

@@ -1,0 +1,184 @@
+"""Mixture-of-experts: the experts of a sparse MLP (MoESpec, a ModelSpec field) and how tokens are
+routed to them (TrainingConfig.moe_routing), as the per-layer, per-expert token counts the
+programs size their tensors by (memcalc.programs.moe).
+
+Routing matters only where tensors are sized by one expert's tokens: transformers' "eager" experts
+loop (modeling_mixtral.py MixtralExperts.forward: one gather, matmul, activation... per hit expert).
+Its default "grouped_mm" path (integrations/moe.py grouped_mm_experts_forward) sizes every tensor
+by S = tokens * top_k, whatever the routing.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memcalc.errors import SpecError, from_pydantic
+from memcalc.poly import Poly
+
+if TYPE_CHECKING:
+    from memcalc.specs import ModelSpec
+    from memcalc.training import TrainingConfig
+
+
+class MoESpec(BaseModel):
+    """The sparse MLP of a mixture-of-experts decoder layer.
+
+    >>> MoESpec(num_experts=8, top_k=2, expert_ffn_size=14336).active_experts
+    2
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+    num_experts: int = Field(gt=0)
+    """Routed experts per MoE layer (E: num_local_experts / num_experts)."""
+    top_k: int = Field(gt=0)
+    """Experts each token is routed to (num_experts_per_tok)."""
+    expert_ffn_size: int = Field(gt=0)
+    """Inner width of one expert's SwiGLU (Mixtral: intermediate_size; others: moe_intermediate_size)."""
+    norm_topk_prob: bool = True
+    """The top-k routing weights are renormalised to sum to 1 (an in-place division)."""
+    shared_expert_ffn_size: int | None = Field(default=None, gt=0)
+    """Qwen2-MoE: a dense SwiGLU every token passes through, scaled by sigmoid(shared_expert_gate)."""
+    dense_layers: tuple[int, ...] = Field(default=(), strict=False)
+    """Layers whose MLP is dense (ModelSpec.intermediate_size wide): Qwen-MoE's mlp_only_layers and
+    the layers decoder_sparse_step skips. A JSON list is accepted (lax for this field only: a spec
+    read back from a results file)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}; choose "
+                             "top_k <= num_experts (num_experts_per_tok in a HF config)")
+        if any(i < 0 for i in self.dense_layers) or len(set(self.dense_layers)) != len(self.dense_layers):
+            raise ValueError("dense_layers must list distinct layer indices >= 0")
+        return self
+
+    def __init__(self, **fields):
+        try:
+            super().__init__(**fields)
+        except ValidationError as err:
+            raise from_pydantic(err, "moe") from None
+
+    @property
+    def active_experts(self) -> int:
+        """Experts a token runs through: top_k routed plus the shared one."""
+        return self.top_k + (self.shared_expert_ffn_size is not None)
+
+
+def moe_layers(spec: ModelSpec) -> list[int]:
+    """The layers with a sparse MLP.
+
+    >>> from memcalc.specs import ModelSpec
+    >>> moe_layers(ModelSpec.preset("mixtral-8x7b").with_(num_layers=3))
+    [0, 1, 2]
+    """
+    if spec.moe is None:
+        return []
+    return [i for i in range(spec.num_layers) if i not in spec.moe.dense_layers]
+
+
+def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
+    """Tokens each expert of a MoE layer receives, as polynomials in b and s (N = b*s tokens,
+    S = N*top_k token-expert pairs):
+    - "balanced": S/E each;
+    - ("worst", i): the i-th of `worst_routings` (the engine simulates each for "worst"; a
+      graph built directly from a regime with "worst" takes the first);
+    - explicit counts per MoE layer and expert (constants: they fix b*s).
+
+    >>> from memcalc.specs import ModelSpec
+    >>> spec = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
+    >>> token_counts(spec, ("worst", 0), 0)[-2], token_counts(spec, "balanced", 0)[0]
+    (Poly(1*b*s), Poly(1/4*b*s))
+    >>> token_counts(spec, ((10, 0, 0, 0, 0, 0, 0, 6),), 0)[:2]
+    [Poly(10), Poly(0)]
+    """
+    E, k = spec.moe.num_experts, spec.moe.top_k
+    if routing == "balanced":
+        return [Poly({(1, 1): Fraction(k, E) if k % E else k // E})] * E
+    if routing == "worst":  # a graph built outside the engine: the first of worst_routings
+        routing = ("worst", 0)
+    if isinstance(routing, tuple) and routing[:1] == ("worst",):  # one of worst_routings
+        return worst_routings(E, k)[routing[1]]
+    return [Poly.const(n) for n in routing[moe_layers(spec).index(layer)]]
+
+
+def _frac(num: int, den: int) -> int | Fraction:
+    return num // den if num % den == 0 else Fraction(num, den)
+
+
+def _share(total: Poly, experts: int) -> list[Poly]:
+    """`total` tokens shared evenly by `experts` experts (fractional counts stand for an even
+    split; the sums that matter stay exact)."""
+    return [Poly({m: _frac(c, experts) for m, c in total.terms.items()})] * experts
+
+
+def worst_routings(E: int, k: int) -> list[list[Poly]]:
+    """Routings whose peaks together bound the eager loop's peak over every routing (estimate
+    takes the largest). The loop's backward runs the experts in reverse order; while it runs
+    expert e, the saved tensors of experts 0..e-1 are alive (memory grows with their tokens) and
+    e's own tensors add or remove memory depending on the moment; from the second expert on,
+    each expert-weight gradient (select_backward, full size) is summed into the first. Memory at
+    a moment of expert e is linear in the counts, so its largest value over the counts (each at
+    most N = b*s: top-k experts are distinct; summing to N*k) is at a vertex: the experts before
+    e as full as they can be, e with N tokens or 1, the experts after it with 1 (hit) or none.
+    For the first two experts backward runs (E-1, E-2), the others' moments being dominated:
+
+    >>> [[str(p) for p in r] for r in worst_routings(4, 2)]  # doctest: +NORMALIZE_WHITESPACE
+    [['Poly(-1/2 + 1/2*b*s)', 'Poly(-1/2 + 1/2*b*s)', 'Poly(1*b*s)', 'Poly(1)'],
+     ['Poly(-1 + 1*b*s)', 'Poly(-1 + 1*b*s)', 'Poly(1)', 'Poly(1)'],
+     ['Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1*b*s)'],
+     ['Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(1)']]
+    """
+    N, one = Poly.bs(1), Poly.const(1)
+    total = N * k
+    if k == E:
+        return [[N] * E]
+    out = []
+    if E >= 2:  # E-2 second: with N tokens (k=1: all but E-1's one), or with 1 token
+        second = N if k >= 2 else N - one
+        out.append(_share(total - second - one, E - 2) + [second, one])
+        if k <= E - 2:
+            out.append(_share(total - one * 2, E - 2) + [one, one])
+    out.append(_share(total - N, E - 1) + [N])  # E-1 first, with N tokens
+    if k <= E - 1:
+        out.append(_share(total - one, E - 1) + [one])  # or with 1
+    return [[p if not p.is_zero() else Poly() for p in r] for r in out]
+
+
+def check_routing(model: ModelSpec, training: TrainingConfig) -> None:
+    """Explicit routing counts must fit the model and the shape: one row per MoE layer, one count
+    per expert, each at most b*s (an expert receives a token once), each row summing to
+    b*s*top_k.
+
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> spec = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
+    >>> check_routing(spec, TrainingConfig(micro_batch=1, seq_len=4, moe_routing=((4, 4, 0, 0, 0, 0, 0, 0),)))
+    >>> check_routing(spec, TrainingConfig(micro_batch=1, seq_len=4, moe_routing=((4, 3, 0, 0, 0, 0, 0, 0),)))
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: moe_routing: layer 0's counts sum to 7, not b*s*top_k = 1*4*2 = 8; fix: ...
+    """
+    routing = training.moe_routing
+    if isinstance(routing, str):
+        return
+    if model.moe is None:
+        raise SpecError("moe_routing", "explicit routing counts given for a dense model",
+                        "use moe_routing='worst' (the default) or a mixture-of-experts model")
+    layers, E, k = moe_layers(model), model.moe.num_experts, model.moe.top_k
+    N = training.micro_batch * training.seq_len
+    if len(routing) != len(layers) or any(len(row) != E for row in routing):
+        raise SpecError("moe_routing", f"expected {len(layers)} rows (one per MoE layer) of {E} "
+                        "counts (one per expert)", "give one row per MoE layer, one count per expert")
+    for i, row in zip(layers, routing):
+        if sum(row) != N * k:
+            raise SpecError("moe_routing", f"layer {i}'s counts sum to {sum(row)}, not b*s*top_k = "
+                            f"{training.micro_batch}*{training.seq_len}*{k} = {N * k}",
+                            "give each MoE layer's token counts per expert, summing to "
+                            "micro_batch*seq_len*top_k")
+        if max(row) > N:
+            raise SpecError("moe_routing", f"layer {i} gives an expert {max(row)} tokens, more "
+                            f"than the {N} tokens of the micro-batch (top-k experts are distinct)",
+                            "give each expert at most micro_batch*seq_len tokens")

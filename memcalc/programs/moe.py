@@ -1,0 +1,183 @@
+"""The sparse MoE block of transformers 5.x (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), op by op:
+the top-k router and the experts, on either experts path (TrainingConfig.experts_implementation).
+
+N = b*s tokens, S = N*top_k (token, expert) pairs, E experts, h hidden, f an expert's width.
+
+Router (modeling_mixtral.py MixtralTopKRouter, modeling_qwen3_moe.py Qwen3MoeTopKRouter):
+F.linear logits (N, E); softmax in fp32 (Mixtral: `logits.float()` first; Qwen/OLMoE:
+`softmax(dtype=float)`, the same copy made inside); topk values (N, k) fp32 and int64 indices;
+renormalisation by an in-place division (autograd clones the values it overwrites); Qwen/OLMoE cast
+the weights back to the logits' dtype.
+
+Experts, "grouped_mm" (integrations/moe.py grouped_mm_experts_forward): sort the S expert ids,
+gather the hidden states and the weights in that order, histc/cumsum offsets, one
+torch.nn.functional.grouped_mm up (S, 2f), silu(gate) * up (S, f), one grouped_mm down (S, h),
+times the routing weights, un-permute, sum over top_k. grouped_mm is not an autocast op: it runs in
+the parameters' dtype (fp32 under AMP). Every size is a multiple of S: routing changes nothing.
+
+Experts, "eager" (MixtralExperts.forward): one_hot (N, k, E+1) int64 mask; for each hit expert in
+index order: torch.where (two int64 index vectors of its n tokens, one storage), gather (n, h),
+linear with the expert's weight slice (n, 2f), silu * up (n, f), linear (n, h), times its routing
+weights (n, 1), index_add_ into a zeros_like output. Sizes follow each expert's token count
+(memcalc.moe.token_counts), and each slice's gradient is a zero-filled full-size parameter gradient
+(select_backward).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from memcalc.moe import token_counts
+from memcalc.poly import Poly
+from memcalc.programs.base import TOKENS
+from memcalc.regime import Regime
+from memcalc.specs import ModelSpec
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Node, Temp, Value
+from memcalc.tape.ops import Ops
+
+INDEX = 8  # int64 indices (sort, topk, where, arange)
+
+
+def inplace(ops: Ops, name: str, target: Value, others: list[Value], saves: list[Value],
+            backward: list) -> Value:
+    """An in-place op on `target` (div_, index_add_): no allocation; the result shares the
+    target's storage and joins the graph."""
+    g = ops.g
+    rg = any(v.requires_grad for v in [target, *others])
+    out = Value(target.storage, target.size, rg, label=name, elt=target.elt)
+    g.nodes.append(Node(name, [target, *others], [out], [v.storage for v in saves] if rg else [],
+                        backward if rg else [], g.region))
+    return out
+
+
+def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
+    """The top-k router on (N, h) hidden states; returns (logits (N, E), routing weights (N, k),
+    indices (N, k)); the MoE block holds the logits (`_, weights, index = self.gate(x)`) until it
+    returns."""
+    g, E, k = ops.g, spec.moe.num_experts, spec.moe.top_k
+    logits = ops.linear(x, p("mlp.gate.weight", E * spec.hidden_size, E), None, TOKENS, E, "router")
+    probs = ops.unary_saving_output("router softmax", ops.to(logits, 4, "router logits fp32"))
+    values, indices = g.op_multi("topk", [probs], [TOKENS * (k * 4), TOKENS * (k * INDEX)],
+                                 backward=[Temp(probs.size), Grad(0)], elts=[4, INDEX], save_outputs=(1,))
+    if spec.moe.norm_topk_prob:
+        total = g.op("topk sum", [values], TOKENS * 4, backward=[Grad(0)], elt=4)
+        original = g.op("div_ clone", [values], values.size, backward=[Alias(0)], elt=4)
+        # div_'s backward: grad / total and -grad * result / total (N, k) temporaries
+        values = inplace(ops, "topk div_", values, [total, original], [original, total],
+                         [Temp(values.size), Temp(values.size), Grad(0), Grad(1), FreeTemps()])
+    if spec.family != "mixtral":  # router_top_value.to(router_logits.dtype)
+        values = ops.to(values, logits.elt, "routing weights .to(logits dtype)")
+    return logits, values, indices
+
+
+def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indices: Value,
+                       p: Callable[..., Value]) -> Value:
+    """grouped_mm_experts_forward on (N, h) hidden states; returns the (N, h) output."""
+    g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
+    S = TOKENS * k
+    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E)
+    down = p("mlp.experts.down_proj", E * h * f, E)
+    sorted_ids, perm = g.op_multi("sort expert ids", [indices], [S * INDEX, S * INDEX],
+                                  requires_grad=False, elts=[INDEX, INDEX])
+    token_of = g.op("perm // top_k", [perm], S * INDEX, requires_grad=False, elt=INDEX)
+    gathered = g.op("hidden_states[perm // top_k]", [x, token_of], S * (h * x.elt), saves=[token_of],
+                    backward=[Temp(TOKENS * (h * x.elt)), Grad(0), FreeTemps()], elt=x.elt)
+    w_sorted = g.op("sample_weights[perm]", [weights, perm], S * weights.elt, saves=[perm],
+                    backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
+    as_float = g.op("expert ids .float()", [sorted_ids], S * 4, requires_grad=False)
+    histc = g.op("histc", [as_float], Poly.const(E * 4), requires_grad=False)
+    offsets = g.op("cumsum offsets", [histc], Poly.const(E * 4), requires_grad=False)
+    pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
+    xin = ops.to(gathered, pe, "input.to(weight.dtype)")
+    up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up, offsets],
+              backward=[Grad(1), Grad(0)], elt=pe)
+    act, mul = _gated(ops, up, S, f)
+    y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down, offsets],
+             backward=[Grad(1), Grad(0)], elt=pe)
+    elt = max(y.elt, w_sorted.elt)
+    # mul backward (measured): grad * weights (y's gradient; in the promoted dtype, then cast to
+    # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1) gradient
+    wide = S * (h * elt)
+    back = [Grad(0), Temp(wide), Grad(1), FreeTemps()] if elt == y.elt else \
+        [Temp(wide), Temp(wide), Grad(0), FreeTemps(), Grad(1)]
+    weighted = g.op("* routing weights", [y, w_sorted], S * (h * elt), saves=[y, w_sorted],
+                    backward=back, elt=elt)
+    inv = g.op("inv_perm", [perm], S * INDEX, requires_grad=False, elt=INDEX)
+    g.op("arange", [], S * INDEX, requires_grad=False, elt=INDEX)
+    # index backward: new_zeros (S, h) and index_put's result
+    unperm = g.op("weighted_out[inv_perm]", [weighted, inv], weighted.size, saves=[inv],
+                  backward=[Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
+    # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape)
+    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
+    # locals of grouped_mm_experts_forward until it returns
+    ops.scope_end([perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets, y, inv, unperm])
+    return ops.to(out, x.elt, "experts out .to(hidden dtype)")
+
+
+def _gated(ops: Ops, up: Value, rows: Poly, f: int) -> tuple[Value, Value]:
+    """_default_apply_gate: chunk (views), silu(gate) (saves its input), * up (saves both)."""
+    g = ops.g
+    gate, upv = g.views("chunk", up, [rows * (f * up.elt)] * 2, backward=[Grad(0)])  # cat of the grads
+    act = g.op("silu", [gate], gate.size, saves=[gate], backward=[Grad(0)], elt=up.elt)
+    return act, ops.mul(act, upv, "silu * up")
+
+
+def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: Value,
+                  indices: Value, layer: int, p: Callable[..., Value]) -> Value:
+    """MixtralExperts.forward's loop over the hit experts; returns the (N, h) output."""
+    g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
+    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E)
+    down = p("mlp.experts.down_proj", E * h * f, E)
+    out = g.op("zeros_like", [], x.size, requires_grad=False, elt=x.elt)
+    mask = g.op("one_hot expert mask", [indices], TOKENS * (k * (E + 1) * INDEX), requires_grad=False,
+                elt=INDEX)
+    hit = g.op("expert_hit", [mask], Poly.const(E * INDEX), requires_grad=False, elt=INDEX)
+    for e, n in enumerate(token_counts(spec, regime.moe_routing, layer)):
+        if n.is_zero():
+            continue
+        where = g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False, elt=INDEX)
+        state = g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt), saves=[where],
+                     backward=[Temp(x.size), Grad(0), FreeTemps()], elt=x.elt)
+        w1 = g.view(f"gate_up_proj[{e}]", gate_up, Poly.const(2 * f * h * gate_up.elt), backward=[Grad(0)])
+        up = ops.linear(state, w1, None, n, 2 * f, "expert gate_up")
+        act, mul = _gated(ops, up, n, f)
+        w2 = g.view(f"down_proj[{e}]", down, Poly.const(h * f * down.elt), backward=[Grad(0)])
+        y = ops.linear(mul, w2, None, n, h, "expert down")
+        w = g.op("top_k_weights[token_idx, top_k_pos]", [weights, where], n * weights.elt, saves=[where],
+                 backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
+        scaled = ops.mul(y, w, "* routing weights") if y.elt >= w.elt else \
+            g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w], backward=[Grad(0), Grad(1)],
+                 elt=w.elt)
+        scaled = ops.to(scaled, out.elt, ".to(final dtype)")
+        # index_add_ saves its source (derivatives.yaml: source.dim() in its formula)
+        out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
+        ops.scope_end([act])
+    ops.scope_end([mask, hit])
+    return out
+
+
+def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int,
+                     p: Callable[..., Value]) -> Value:
+    """The MoE block on the post-attention-norm hidden states (N, h): router, experts and, for
+    Qwen2-MoE, the shared expert (run first) scaled by sigmoid(shared_expert_gate(x))."""
+    shared = _shared_expert(ops, spec, x, p) if spec.moe.shared_expert_ffn_size else None
+    logits, weights, indices = router(ops, spec, x, p)
+    if regime.experts_implementation == "eager":
+        out = eager_experts(ops, spec, regime, x, weights, indices, layer, p)
+    else:
+        out = grouped_mm_experts(ops, spec, x, weights, indices, p)
+    ops.scope_end([logits, weights, indices])
+    if shared is None:
+        return out
+    gate = ops.linear(x, p("mlp.shared_expert_gate.weight", spec.hidden_size, 1), None, TOKENS, 1,
+                      "shared_expert_gate")
+    scaled = ops.mul(ops.unary_saving_output("sigmoid", gate), shared, "sigmoid * shared")
+    return ops.add(out, scaled, "experts + shared")
+
+
+def _shared_expert(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
+    """Qwen2MoeMLP(shared_expert_intermediate_size): a SwiGLU every token runs through."""
+    from memcalc.programs.layers import swiglu_mlp
+
+    f = spec.moe.shared_expert_ffn_size
+    return swiglu_mlp(ops, spec.with_(intermediate_size=f, mlp_bias=False), x, TOKENS,
+                      lambda name, n, rows=None: p(name.replace("mlp.", "mlp.shared_expert."), n, rows))

@@ -1,0 +1,222 @@
+"""Mixture-of-experts: presets against their published total and active parameter counts and
+against transformers' own num_parameters(); published config.json files read back to the presets;
+routing refused where it cannot hold; 'worst' routing never below any routing; grouped_mm memory
+independent of routing."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memcalc import estimate
+from memcalc.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.formulas.parameters import active_parameter_count
+from memcalc.moe import MoESpec, moe_layers
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+
+# (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
+# (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
+PUBLISHED = [("mixtral-8x7b", 46.7, 12.9), ("qwen3-30b-a3b", 30.5, 3.3), ("olmoe-1b-7b", 6.9, 1.3),
+             ("qwen1.5-moe-a2.7b", 14.3, 2.7)]
+
+# config.json of mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B, allenai/OLMoE-1B-7B-0924,
+# Qwen/Qwen1.5-MoE-A2.7B (huggingface.co, trimmed of nothing memory-relevant)
+CONFIGS = {
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+        "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000},
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+        "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+        "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+        "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": 151936},
+    "olmoe-1b-7b": {
+        "architectures": ["OlmoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "clip_qkv": None, "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 1024, "max_position_embeddings": 4096,
+        "model_type": "olmoe", "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 64,
+        "num_experts_per_tok": 8, "num_hidden_layers": 16, "num_key_value_heads": 16,
+        "output_router_logits": False, "pad_token_id": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 10000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True,
+        "vocab_size": 50304},
+    "qwen1.5-moe-a2.7b": {
+        "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+        "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+        "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "sliding_window": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.39.0.dev0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+        "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001},
+}
+CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+
+
+@pytest.mark.parametrize("name,total,active", PUBLISHED)
+def test_presets_have_their_published_total_and_active_parameters(name, total, active):
+    spec = ModelSpec.preset(name)  # published to 0.1B, rounded or truncated (Qwen3: 3.35B -> "3.3B")
+    assert abs(spec.param_count / 1e9 - total) < 0.06
+    assert abs(active_parameter_count(spec) / 1e9 - active) < 0.06
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_published_configs_read_back_to_the_presets(name):
+    spec = ModelSpec.from_hf_config(CONFIGS[name])
+    assert spec.with_(name=name, max_position_embeddings=ModelSpec.preset(name).max_position_embeddings) \
+        == ModelSpec.preset(name)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameter_counts_agree_with_transformers_on_a_meta_device(name):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from validate.hf import _make_config, hf_config_dict
+
+    spec = ModelSpec.preset(name)
+    _, cfg = _make_config(hf_config_dict(spec))
+    with torch.device("meta"):
+        model = getattr(transformers, CLASSES[spec.family])._from_config(cfg)
+    assert model.num_parameters() == spec.param_count
+
+
+def test_dense_layers_of_qwen2_moe_are_counted_as_dense():
+    cfg = {**CONFIGS["qwen1.5-moe-a2.7b"], "num_hidden_layers": 4, "mlp_only_layers": [1],
+           "decoder_sparse_step": 2}
+    spec = ModelSpec.from_hf_config(cfg)
+    assert spec.moe.dense_layers == (0, 1, 2) and moe_layers(spec) == [3]
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from validate.hf import _make_config
+
+    _, config = _make_config(cfg)
+    with torch.device("meta"):
+        assert transformers.Qwen2MoeForCausalLM._from_config(config).num_parameters() == spec.param_count
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+SMALL = ModelSpec.preset("mixtral-8x7b").with_(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                                               intermediate_size=96, vocab_size=128,
+                                               moe=MoESpec(num_experts=4, top_k=2, expert_ffn_size=96))
+
+
+@pytest.mark.parametrize("routing,match", [
+    (((64, 64, 0, 0), (64, 64, 0, 1)), "layer 1's counts sum to 129"),
+    (((64, 64, 0, 0),), "expected 2 rows"),
+    (((128, 0, 0, 0), (64, 64, 0, 0)), "layer 0 gives an expert 128 tokens, more than the 64"),
+])
+def test_bad_routing_counts_are_refused_by_name(routing, match):
+    training = TrainingConfig(micro_batch=2, seq_len=32, moe_routing=routing, experts_implementation="eager")
+    with pytest.raises(SpecError, match=f"moe_routing: {match}"):
+        estimate(SMALL, training)
+
+
+def test_routing_counts_for_a_dense_model_and_capacity_searches_are_refused():
+    counts = TrainingConfig(micro_batch=1, seq_len=2, moe_routing=((2, 2, 0, 0),) * 2)
+    with pytest.raises(SpecError, match="moe_routing: explicit routing counts given for a dense model"):
+        estimate(ModelSpec.preset("gpt2"), counts)
+    from memcalc.capacity import max_micro_batch
+
+    with pytest.raises(NotModelledError, match="moe_routing: explicit routing counts fix"):
+        max_micro_batch(SMALL, counts, "80GB")
+
+
+@pytest.mark.parametrize("changes,key", [
+    ({"num_experts_per_tok": 9}, "moe"), ({"router_jitter_noise": 0.1}, "hf_config.router_jitter_noise"),
+    ({"output_router_logits": True}, "hf_config.output_router_logits"),
+    ({"sliding_window": 4096}, "hf_config.sliding_window")])
+def test_unmodelled_router_and_attention_options_are_refused(changes, key):
+    with pytest.raises(MemcalcError, match=key):
+        ModelSpec.from_hf_config({**CONFIGS["mixtral-8x7b"], **changes})
+
+
+def test_gpt_oss_and_olmoe_clip_qkv_are_refused_by_name():
+    with pytest.raises(NotModelledError, match="hf_config.model_type: 'gpt_oss'"):
+        ModelSpec.from_hf_config({"model_type": "gpt_oss"})
+    with pytest.raises(NotModelledError, match="hf_config.clip_qkv"):
+        ModelSpec.from_hf_config({**CONFIGS["olmoe-1b-7b"], "clip_qkv": 8.0})
+
+
+def test_tensor_parallel_experts_are_refused():
+    with pytest.raises(NotModelledError, match="tensor_parallel"):
+        estimate(SMALL, TrainingConfig(micro_batch=1, seq_len=8, world_size=2, tensor_parallel=2))
+
+
+def test_the_cli_refuses_bad_routing_with_exit_2(capsys):
+    from memcalc.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "--model", "mixtral-8x7b", "--num-layers", "1", "--moe-routing", "uneven"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and "moe_routing" in err
+
+
+# ---- routing properties ------------------------------------------------------------------------
+def _random_counts(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
+    E, k = spec.moe.num_experts, spec.moe.top_k
+    skew = [rng.random() ** 3 for _ in range(E)]
+    rows = []
+    for _ in moe_layers(spec):
+        counts = [0] * E
+        for _ in range(tokens):  # k distinct experts per token, weighted by a random skew
+            chosen = set()
+            while len(chosen) < k:
+                chosen.add(rng.choices(range(E), weights=skew)[0])
+            for e in chosen:
+                counts[e] += 1
+        rows.append(tuple(counts))
+    return tuple(rows)
+
+
+@st.composite
+def moe_steps(draw):
+    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
+    E = draw(st.integers(2, 8))
+    moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64, 128])),
+                  shared_expert_ffn_size=64 if family == "qwen2_moe" else None)
+    spec = ModelSpec.make(family=family, vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
+                          num_layers=draw(st.integers(1, 2)), num_heads=2, intermediate_size=64,
+                          qkv_bias=family == "qwen2_moe", out_bias=False, mlp_bias=False,
+                          tie_embeddings=False, activation="silu", moe=moe)
+    training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
+                              precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
+                              checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
+                              device=draw(st.sampled_from(["cpu", "cuda"])), experts_implementation="eager")
+    return spec, training, draw(st.randoms(use_true_random=False))
+
+
+@settings(deadline=None)
+@given(moe_steps())
+def test_worst_routing_is_never_below_any_routing(step):
+    spec, training, rng = step
+    worst = estimate(spec, training).peak_bytes
+    for _ in range(3):
+        counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
+        assert estimate(spec, training.with_(moe_routing=counts)).peak_bytes <= worst
+
+
+@settings(deadline=None)
+@given(moe_steps())
+def test_grouped_mm_memory_does_not_depend_on_routing(step):
+    spec, training, rng = step
+    grouped = training.with_(experts_implementation="grouped_mm")
+    counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
+    peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
+    assert len(peaks) == 1
