@@ -11,34 +11,16 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable
 
-from memcalc.allocator import device_constants
-from memcalc.parallel.fsdp import Fsdp
-from memcalc.parallel.tensor import local_spec
+from memcalc.depth import N1, N3, Layout, derive, layout
 from memcalc.poly import ZERO, Poly
-from memcalc.programs import program_for
 from memcalc.regime import Regime
+from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
 from memcalc.specs import ModelSpec
 from memcalc.step_checks import check_step, check_supported
-from memcalc.tape.graph import Graph
-from memcalc.tape.ops import Ops
-from memcalc.tape.simulate import Moment
-from memcalc.tape.step import simulate_step
+from memcalc.tape.simulate import Moment, replay
 from memcalc.training import TrainingConfig
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def build_graph(model: ModelSpec, regime: Regime) -> Graph:
-    """The forward program one rank runs (a tensor-parallel rank runs a narrower model).
-
-    >>> g = build_graph(ModelSpec.preset("gpt2"), Regime.of(TrainingConfig(micro_batch=1, seq_len=8)))
-    >>> len(g.params)  # wte, wpe, 12 x 12 per block, ln_f weight and bias (lm_head tied)
-    148
-    """
-    ops = Ops(Graph(), regime)
-    spec = local_spec(model, regime.tensor_parallel)
-    program_for(spec).build(ops, spec, regime)
-    return ops.g
 
 
 class MomentSet:
@@ -176,10 +158,21 @@ class Candidates:
     """Bytes per element of the optimizer's view of the parameters (regime.master_elt)."""
     steady_set: MomentSet = field(init=False)
     first_set: MomentSet = field(init=False)
+    depth: "DepthForm | None" = field(init=False, default=None)
+    """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
 
     def __post_init__(self):
         self.steady_set = MomentSet(self.steady, self.regime.granularity)
         self.first_set = MomentSet(self.first, self.regime.granularity)
+
+
+@dataclass
+class DepthForm:
+    """The steady-state instants of the first and last units, prefix and suffix at this depth,
+    unpruned, each with what a unit more adds: the peak at any depth of the same layout."""
+
+    layout: Layout
+    moments: list[Moment]
 
 
 _CACHE: dict = {}
@@ -210,24 +203,22 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
-    def run(first_step: bool) -> tuple[list[Moment], list[tuple[int, int]]]:
-        graph = build_graph(model, regime)
-        constants = device_constants(regime.device)
-        if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-            constants["ddp_buckets"] = sum(v.size.eval(1, 1) for v in graph.params)
-        shapes = [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.params]
-        fsdp = None
-        if regime.fsdp:
-            fsdp = Fsdp.of(graph, regime)
-            for v in graph.params:
-                v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
-        moments = simulate_step(graph, regime, first_step, constants,
-                                with_optimizer=regime.data_parallel == 1, fsdp=fsdp)
-        return moments, shapes
-
-    steady, shapes = run(False)
-    first, _ = run(True)
-    return Candidates(regime, steady, first, shapes, regime.master_elt)
+    """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
+    once per layout and reused at every depth), else from simulating this depth."""
+    lay = layout(model, regime)
+    if lay.units > N3:
+        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+        if key not in _CACHE:
+            _CACHE[key] = derive(model, regime, lay)
+        derivation = _CACHE[key]
+        if derivation is not None:
+            steady, first, shapes = derivation.at(lay.units)
+            out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
+            out.depth = DepthForm(lay, steady)
+            return out
+    steady = run_step(model, regime, False)
+    first = run_step(model, regime, True)
+    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 
 def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:

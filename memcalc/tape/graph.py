@@ -97,6 +97,9 @@ class Graph:
         self.region: int | None = None
         self._next_region = 0
         self.keep: list[Value] = []  # outputs kept alive past the forward (the loss)
+        self.layer_starts: list[int] = []
+        """Index of the first node of each decoder layer, and after the last layer the index
+        past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""
 
     # ---- leaves ------------------------------------------------------------------------------
     def param(self, label: str, size: Poly, elt: int = 4) -> Value:

@@ -35,6 +35,8 @@ class Moment:
     total: Poly
     by_category: dict[str, Poly]
     sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
+    per_unit: "Moment | None" = None
+    """What each repeat of the layer stack adds (memcalc.depth), when derived."""
 
 
 class Memory:
@@ -46,7 +48,7 @@ class Memory:
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = False) -> None:
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str]] = {}
         self.total = ZERO
@@ -54,6 +56,14 @@ class Memory:
         self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
+        self.where: object = None
+        """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
+        and the phase, the structural key of a recorded mark (memcalc.depth)."""
+        self.micro = 0
+        self.log: list[tuple[tuple, Moment]] | None = [] if record else None
+        """With record=True: every mark, keyed (phase, micro, where, n-th mark there), in order
+        and unpruned."""
+        self._seen: dict[tuple, int] = {}
 
     @property
     def moments(self) -> list[Moment]:
@@ -89,19 +99,57 @@ class Memory:
         """Whether the storage is allocated."""
         return id(st) in self.holds
 
+    def _live_sizes(self) -> tuple:
+        return tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
+
     def mark(self, label: str) -> None:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
-        phase is at least as large at every shape."""
-        total = self.total
+        phase is at least as large at every shape (in record mode: every instant, keyed)."""
+        if self.log is not None:
+            sizes = self._live_sizes()
+            where = (self.phase, self.micro, self.where)
+            n = self._seen[where] = self._seen.get(where, -1) + 1
+            self.log.append((where + (n,), Moment(self.phase, label, self.total,
+                                                  dict(self.by_category), sizes)))
+            return
         frontier = self.frontiers.setdefault(self.phase, [])
-        for m in frontier:
-            if m.total.dominates(total):
-                return
-        frontier[:] = [m for m in frontier if not total.dominates(m.total)]
-        sizes = tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
-        frontier.append(Moment(self.phase, label, total, dict(self.by_category), sizes))
-        if len(frontier) >= self.PRUNE_AT:
-            frontier[:] = prune_convex(frontier)
+        if keep(frontier, self.total):
+            frontier.append(Moment(self.phase, label, self.total, dict(self.by_category),
+                                   self._live_sizes()))
+            if len(frontier) >= self.PRUNE_AT:
+                frontier[:] = prune_convex(frontier)
+
+
+def keep(frontier: list[Moment], total: Poly) -> bool:
+    """Whether a moment of `total` bytes joins `frontier` (the kept moments of one phase): not
+    when a kept one is at least as large at every shape; kept ones it dominates are dropped.
+
+    >>> f = [Moment("forward", "x", Poly.bs(2), {})]
+    >>> keep(f, Poly.bs(1)), keep(f, Poly.bs(3)), f
+    (False, True, [])
+    """
+    for m in frontier:
+        if m.total.dominates(total):
+            return False
+    frontier[:] = [m for m in frontier if not total.dominates(m.total)]
+    return True
+
+
+def replay(moments: list[Moment]) -> list[Moment]:
+    """The moments Memory.mark keeps of `moments` (in step order), phase by phase.
+
+    >>> m = [Moment("forward", str(k), Poly.bs(k), {}) for k in (1, 3, 2)]
+    >>> [x.label for x in replay(m)]
+    ['3']
+    """
+    frontiers: dict[str, list[Moment]] = {}
+    for m in moments:
+        frontier = frontiers.setdefault(m.phase, [])
+        if keep(frontier, m.total):
+            frontier.append(m)
+            if len(frontier) >= Memory.PRUNE_AT:
+                frontier[:] = prune_convex(frontier)
+    return [m for kept in frontiers.values() for m in kept]
 
 
 def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
@@ -153,10 +201,10 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None) -> None:
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool = False) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory()
+        self.mem = Memory(record)
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
@@ -199,9 +247,11 @@ class StepSimulator:
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
+        mem.where = "forward start"
         if fsdp is not None:
             fsdp.pre_forward(mem, "root", None)
         for i, node in enumerate(nodes):
+            mem.where = i
             if node.hook is not None and fsdp is not None:
                 kind, group = node.hook
                 if kind == "begin":
@@ -227,6 +277,7 @@ class StepSimulator:
                 expiring.setdefault(max(end, i), []).append(st)
             for st in expiring.pop(i, []):
                 mem.release(st)
+        mem.where = "forward end"
         if fsdp is not None:
             fsdp.root_post_forward(mem)
         mem.mark("end of forward")
@@ -247,6 +298,7 @@ class StepSimulator:
         """Run backward from the kept loss; parameter grads accumulate into .grad."""
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "backward"
+        mem.where = "backward start"
         grads: dict[int, Storage] = {}
         self._pending = dict(self._consumers)
         loss = self.g.keep[0]
@@ -260,6 +312,7 @@ class StepSimulator:
         started_regions: set[int] = set()
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
+            mem.where = i
             if node.hook is not None:
                 kind, group = node.hook
                 if self.fsdp is not None and kind == "end":
@@ -276,6 +329,7 @@ class StepSimulator:
             if node.region is not None and node.region not in started_regions:
                 started_regions.add(node.region)
                 recomputed = self._recompute(node.region, i)
+                mem.where = i
             def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
                 for st in node.saved:
                     mem.release(st if node.region is None else recomputed.get(id(st), st))
@@ -285,6 +339,7 @@ class StepSimulator:
             if node.region is not None and self._first_of_region(i):
                 for st in self._region_inputs.get(node.region, []):
                     mem.release(st)
+        mem.where = "backward end"
         for v in self.g.keep:
             mem.release(v.storage)
         for st in grads.values():
@@ -303,7 +358,7 @@ class StepSimulator:
         region, or, if Python still refers to it past the stopping point, when the recompute
         stops (checkpoint.py raises _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
-        first = last
+        first = trigger = last
         while first > 0 and nodes[first - 1].region == region:
             first -= 1
         while last + 1 < len(nodes) and nodes[last + 1].region == region:
@@ -317,6 +372,7 @@ class StepSimulator:
         held: dict[int, int] = {}  # copy key -> index after which Python drops it
         for j in range(first, stop + 1):
             node = nodes[j]
+            mem.where = (trigger, j)
             for v in node.outputs:
                 key = id(v.storage)
                 if key in copies or any(v.storage is u.storage for u in node.inputs):

@@ -35,9 +35,12 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
 
 
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
-                  with_optimizer: bool = True, fsdp: Fsdp | None=None) -> list[Moment]:
+                  with_optimizer: bool = True, fsdp: Fsdp | None = None,
+                  record: bool = False) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
+    With `record`, every moment instead, as (structural key, Moment) in step order
+    (Memory.log, for memcalc.depth).
 
     >>> from memcalc.engine import build_graph
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
@@ -46,7 +49,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     >>> sorted({m.phase for m in moments})
     ['backward', 'forward', 'optimizer']
     """
-    sim = StepSimulator(graph, fsdp)
+    sim = StepSimulator(graph, fsdp, record)
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
@@ -55,13 +58,20 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
         for st in states:
             sim.mem.hold(st)
     sim.hold_inputs()
-    for _ in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
+    for micro in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
+        sim.mem.micro = micro
         sim.micro_step()
     mem = sim.mem
-    mem.phase = "optimizer"
+    mem.phase, mem.where = "optimizer", "optimizer"
     if first_step:
         for st in states:
             mem.hold(st)
+    if record:  # the temporaries' bytes are not affine in depth (a largest parameter):
+        mem.where = "optimizer temporaries"  # memcalc.depth adds them at each depth
+        mem.mark("optimizer.step")
+        mem.where = "optimizer"
+        mem.mark("optimizer.step")
+        return mem.log
     temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
                            _param_sizes(graph)) if with_optimizer else 0
     if temp:
