@@ -30,7 +30,7 @@ from memcalc.regime import Regime, sqrt_segment_size
 from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
 from memcalc.tape.optimizer import transient_bytes
-from memcalc.tape.simulate import Moment
+from memcalc.tape.simulate import Moment, replay
 
 N1, N2, N3 = 3, 4, 5
 """Units simulated: each instant is derived from the first two and checked at the third."""
@@ -90,52 +90,39 @@ def layout(model: ModelSpec, regime: Regime) -> Layout:
 
 
 # ---- moments as vectors ------------------------------------------------------------------------
-def _key(p: Poly) -> tuple:
-    return tuple(sorted(p.terms.items()))
-
-
 Vec = dict
-"""A moment's numbers as one flat dict without zeros: ("t", monomial) -> total's coefficient,
-("c", category, monomial) -> that category's, ("n", size) -> live storages of that size."""
-
-
-def vec(m: Moment, sizes: dict[tuple, Poly]) -> Vec:
-    """The numbers of a moment (registering its storage sizes in `sizes`).
-
-    >>> vec(Moment("forward", "x", Poly.bs(2), {"activations": Poly.bs(2)}, ((Poly.bs(2), 1),)), {})
-    {('t', (1, 1)): 2, ('c', 'activations', (1, 1)): 2, ('n', ((1, 1), 2)): 1}
-    """
-    out: Vec = {("t", mono): c for mono, c in m.total.terms.items()}
-    for cat, p in m.by_category.items():
-        for mono, c in p.terms.items():
-            out["c", cat, mono] = c
-    for p, n in m.sizes:
-        k = _key(p)
-        sizes.setdefault(k, p)
-        out["n", k] = out.get(("n", k), 0) + n
-    return out
+"""A moment as its live storages: {(category, size terms): how many}, zeros dropped. Every number
+of the moment (total, each category, storages per size) is linear in these counts."""
 
 
 def combine(u: Vec, v: Vec, x: int, y: int) -> Vec:
-    """x*u + y*v, zeros dropped."""
-    out = {k: c * x for k, c in u.items()}
+    """x*u + y*v, zeros dropped.
+
+    >>> combine({("a", ()): 2}, {("a", ()): 1, ("w", ()): 1}, 1, -2)
+    {('w', ()): -2}
+    """
+    out = {k: c * x for k, c in u.items()} if x != 1 else dict(u)
     for k, c in v.items():
         out[k] = out.get(k, 0) + c * y
     return {k: c for k, c in out.items() if c}
 
 
-def _unflatten(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, Poly], tuple]:
-    total, by_cat, counts = {}, {c: {} for c in cats}, []
-    for k, c in v.items():
-        if k[0] == "t":
-            total[k[1]] = c
-        elif k[0] == "c":
-            by_cat.setdefault(k[1], {})[k[2]] = c
-        else:
-            if c < 0:
-                raise NotRepeating("a negative number of storages")
-            counts.append((sizes[k[1]], c))
-    return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, tuple(counts)
+def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, Poly], dict]:
+    """(total, bytes per category in `cats` order, {size terms: storages}) of live storages.
+
+    >>> expand({("activations", ((1, 1),)): 3}, ("weights", "activations"), {((1, 1),): Poly.bs(2)})
+    (Poly(6*b*s), {'weights': Poly(0), 'activations': Poly(6*b*s)}, {((1, 1),): 3})
+    """
+    total: dict = {}
+    by_cat: dict[str, dict] = {c: {} for c in cats}
+    counts: dict[tuple, int] = {}
+    for (cat, size), n in v.items():
+        terms = by_cat.setdefault(cat, {})
+        for mono, c in sizes[size].terms.items():
+            total[mono] = total.get(mono, 0) + n * c
+            terms[mono] = terms.get(mono, 0) + n * c
+        counts[size] = counts.get(size, 0) + n
+    return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, counts
 
 
 def _label_at(first: str, second: str, n: int) -> str:
@@ -159,8 +146,8 @@ def _label_at(first: str, second: str, n: int) -> str:
 
 @dataclass
 class Family:
-    """One instant of the step (before the stack, of the first or last unit, after it) at every
-    depth: its value at N1 units and what each unit more adds."""
+    """One instant of the step (before the stack, in one of the ENDS units, after it) at every
+    depth: its live storages at N1 units and what each unit more adds."""
 
     phase: str
     where: object
@@ -170,22 +157,26 @@ class Family:
     base: Vec
     step: Vec
 
-    @classmethod
-    def of(cls, where: object, m1: Moment, m2: Moment, v1: Vec, v2: Vec) -> "Family":
-        return cls(m1.phase, where, (m1.label, m2.label), tuple(m1.by_category), v1, combine(v2, v1, 1, -1))
-
     def vec(self, n: int) -> Vec:
-        """Its numbers at n units."""
+        """Its live storages at n units."""
         return combine(self.base, self.step, 1, n - N1)
+
+    def expanded(self, sizes: dict) -> None:
+        """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
+        self._base = expand(self.base, self.cats, sizes)
+        self._step = expand(self.step, self.cats, sizes)
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
-        total, by_cat, counts = _unflatten(self.vec(n), self.cats, sizes)
-        m = Moment(self.phase, _label_at(*self.labels, n), total, by_cat, counts)
+        (total, cats, counts), (d_total, d_cats, d_counts), x = self._base, self._step, n - N1
+        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
+        if any(c < 0 for c in live.values()):
+            raise NotRepeating("a negative number of storages")
+        m = Moment(self.phase, _label_at(*self.labels, n), total + d_total * x,
+                   {c: p + d_cats[c] * x for c, p in cats.items()},
+                   tuple((sizes[k], c) for k, c in live.items() if c and k))
         if slope:
-            step_total, step_cats, _ = _unflatten(
-                {k: c for k, c in self.step.items() if k[0] != "n"}, self.cats, sizes)
-            m.per_unit = Moment(self.phase, m.label, step_total, step_cats)
+            m.per_unit = Moment(self.phase, m.label, d_total, d_cats)
         return m
 
 
@@ -220,19 +211,19 @@ def _positions(run: StepRun, lay: Layout, n: int):
     return where
 
 
-def _families(run: StepRun, lay: Layout, n: int, sizes: dict) -> tuple[dict, list]:
-    """{family key: {unit or None: (Moment, its Vec)}} of a recorded run, and the (key, unit)
-    step order."""
+def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
+    """{family key: {unit or None: (label, categories, live storages)}} of a recorded run, and
+    the (key, unit) step order."""
     where = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order = []
-    for (phase, micro, w, count), m in run.moments:
+    for (phase, micro, w, count), label, cats, live in run.moments:
         pos, j = where(w)
         key = (phase, micro, pos, count)
         members = out.setdefault(key, {})
         if j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = (m, vec(m, sizes))
+        members[j] = (label, cats, live)
         order.append((key, j))
     for key, members in out.items():
         expected = {None} if None in members else set(range(n))
@@ -265,12 +256,13 @@ class Derivation:
         for families, slope in ((self.steady, True), (self.first, False)):
             moments = []
             for f in families:
-                m = f.moment(n, self.sizes, slope)
-                if buckets:
-                    _add(m, "ddp_buckets", buckets)
-                if temp and f.where in ("optimizer temporaries", "optimizer"):
-                    _add(m, "temporaries", temp if f.where == "optimizer temporaries" else 0)
-                if temp or f.where != "optimizer temporaries":
+                with_temp = [True, False] if temp and f.where == "optimizer" else [False]
+                for held in with_temp:  # memcalc.tape.step: temporaries held, then freed
+                    m = f.moment(n, self.sizes, slope)
+                    if buckets:
+                        _add(m, "ddp_buckets", buckets)
+                    if temp and f.where == "optimizer":
+                        _add(m, "temporaries", temp if held else 0)
                     moments.append(m)
             out.append(moments)
         return out[0], out[1], [(elements, rows) for elements, rows, _ in params]
@@ -289,26 +281,58 @@ def _add(m: Moment, category: str, nbytes: int) -> None:
 
 def _derive_moments(runs: list[StepRun], lay: Layout, sizes: dict) -> list[Family]:
     """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
-    found = [_families(run, lay, n, sizes) for run, n in zip(runs, (N1, N2, N3))]
+    found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
     (f1, _), (f2, _), (f3, order3) = found
     if set(f1) != set(f2) or set(f1) != set(f3):
         raise NotRepeating("different instants at different depths")
     derived: dict[tuple, Family] = {}
     for key, members in f1.items():
         for end in [None] if None in members else ENDS:
-            (m1, v1), (m2, v2), (m3, v3) = (
+            (l1, c1, v1), (l2, c2, v2), (l3, c3, v3) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
-            fam = Family.of(key[2], m1, m2, v1, v2)
-            if fam.vec(N3) != v3 or _label_at(*fam.labels, N3) != m3.label \
-                    or tuple(m3.by_category) != fam.cats or tuple(m2.by_category) != fam.cats:
+            fam = Family(key[0], key[2], (l1, l2), c1, v1, combine(v2, v1, 1, -1))
+            if fam.vec(N3) != v3 or _label_at(l1, l2, N3) != l3 or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
             derived[key, end] = fam
     for (fams, _), n in zip(found, (N1, N2, N3)):
         _check_middle(fams, n)
     ends = {end % N3: end for end in ENDS}
-    return [derived[key, None if j is None else ends[j]]
-            for key, j in order3 if j is None or j in ends]
+    return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
+
+
+def _first_step(steady: list[Family]) -> list[Family]:
+    """The first step's instants: the steady state's without the optimizer states before
+    optimizer.step() creates them (they are the only 'optimizer' storages alive in forward and
+    backward: memcalc.tape.step), the same from there on."""
+    out = []
+    for fam in steady:
+        if fam.phase in ("forward", "backward"):
+            fam = Family(fam.phase, fam.where, fam.labels,
+                         tuple(c for c in fam.cats if c != "optimizer"),
+                         {k: n for k, n in fam.base.items() if k[0] != "optimizer"},
+                         {k: n for k, n in fam.step.items() if k[0] != "optimizer"})
+        out.append(fam)
+    return out
+
+
+def _frontier(families: list[Family], sizes: dict) -> list[Family]:
+    """The families Memory.mark would keep at every depth of N1 units or more: compared on
+    their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
+    multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
+    lifted = {}
+    for fam in families:
+        terms: dict = {}
+        for part, v in ((0, fam.base), (1, fam.step)):
+            for (_, size), n in v.items():
+                for mono, c in sizes[size].terms.items():
+                    terms[mono, part] = terms.get((mono, part), 0) + n * c
+        lifted[id(fam)] = Moment(fam.phase, "", Poly(terms), {})
+    kept = {id(m) for m in replay(list(lifted.values()))}
+    out = [fam for fam in families if id(lifted[id(fam)]) in kept]
+    for fam in out:
+        fam.expanded(sizes)
+    return out
 
 
 def _check_middle(fams: dict, n: int) -> None:
@@ -317,9 +341,9 @@ def _check_middle(fams: dict, n: int) -> None:
     for key, members in fams.items():
         if None in members:
             continue
-        first, last = members[1][1], members[n - 2][1]
+        first, last = members[1][2], members[n - 2][2]
         for j in range(2, n - 2):
-            if combine(members[j][1], {}, n - 3, 0) != combine(first, last, n - 2 - j, j - 1):
+            if combine(members[j][2], {}, n - 3, 0) != combine(first, last, n - 2 - j, j - 1):
                 raise NotRepeating(f"instant {key} not affine across units")
 
 
@@ -347,14 +371,14 @@ def derive(model: ModelSpec, regime: Regime, lay: Layout) -> Derivation | None:
     >>> len(shapes)
     148
     """
-    sizes: dict[tuple, Poly] = {}
     models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
     try:
         steady = [run_step(m, lay.regime, False, record=True, with_buckets=False) for m in models]
-        first = [run_step(m, lay.regime, True, record=True, with_buckets=False) for m in models]
+        sizes = {k: p for run in steady for k, p in run.sizes.items()}
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
                   for run in steady]
-        return Derivation(lay, _derive_moments(steady, lay, sizes), _derive_moments(first, lay, sizes),
+        families = _derive_moments(steady, lay, sizes)
+        return Derivation(lay, _frontier(families, sizes), _frontier(_first_step(families), sizes),
                           sizes, _derive_shapes(params))
     except NotRepeating:
         return None

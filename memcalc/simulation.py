@@ -37,13 +37,15 @@ class StepRun:
     """What one simulation of a step gives."""
 
     moments: list
-    """The kept Moments, or with record=True every (structural key, Moment) in step order."""
+    """The kept Moments, or with record=True every instant (memcalc.tape.simulate.Memory.log)."""
     param_shapes: list[tuple[int, int]]
     """(elements, dim 0) of each parameter in module order."""
     param_sizes: list[int]
     """Bytes of each parameter in module order (what the optimizer's temporaries follow)."""
     layer_starts: list[int]
     """The graph's first node of each layer, then the node past the last layer."""
+    sizes: dict
+    """With record=True: each storage size's Poly by its terms."""
 
 
 def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = False,
@@ -69,6 +71,9 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = 
         fsdp = Fsdp.of(graph, regime)
         for v in graph.params:
             v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
-    moments = simulate_step(graph, regime, first_step, constants,
-                            with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
-    return StepRun(moments, shapes, sizes, graph.layer_starts)
+    out = simulate_step(graph, regime, first_step, constants,
+                        with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
+    if record:
+        return StepRun(out.log, shapes, sizes, graph.layer_starts,
+                       {k: p for k, (p, _) in out.size_counts.items()})
+    return StepRun(out, shapes, sizes, graph.layer_starts, {})

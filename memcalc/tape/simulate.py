@@ -60,9 +60,11 @@ class Memory:
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
         self.micro = 0
-        self.log: list[tuple[tuple, Moment]] | None = [] if record else None
-        """With record=True: every mark, keyed (phase, micro, where, n-th mark there), in order
-        and unpruned."""
+        self.log: list[tuple] | None = [] if record else None
+        """With record=True: every mark, unpruned, in order, as (key, label, categories seen,
+        live storages): key (phase, micro, where, n-th mark there), live storages as
+        {(category, size terms): how many} (every number of a moment is linear in these)."""
+        self.live: dict[tuple, int] = {}
         self._seen: dict[tuple, int] = {}
 
     @property
@@ -79,8 +81,13 @@ class Memory:
         cat = category or st.category
         self.holds[key] = 1
         self.sizes[key] = (st, st.size, cat)
-        entry = self.size_counts.setdefault(tuple(sorted(st.size.terms.items())), [st.size, 0])
+        size_key = tuple(sorted(st.size.terms.items()))
+        entry = self.size_counts.setdefault(size_key, [st.size, 0])
         entry[1] += 1
+        if self.log is not None:  # the totals follow from the live storages
+            self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
+            self.by_category.setdefault(cat, ZERO)
+            return
         self.total = self.total + st.size
         self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
 
@@ -91,7 +98,13 @@ class Memory:
         if self.holds[key] == 0:
             del self.holds[key]
             _, size, cat = self.sizes.pop(key)
-            self.size_counts[tuple(sorted(size.terms.items()))][1] -= 1
+            size_key = tuple(sorted(size.terms.items()))
+            self.size_counts[size_key][1] -= 1
+            if self.log is not None:
+                live = self.live[cat, size_key] = self.live[cat, size_key] - 1
+                if not live:
+                    del self.live[cat, size_key]
+                return
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
 
@@ -106,11 +119,9 @@ class Memory:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
         phase is at least as large at every shape (in record mode: every instant, keyed)."""
         if self.log is not None:
-            sizes = self._live_sizes()
             where = (self.phase, self.micro, self.where)
             n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), Moment(self.phase, label, self.total,
-                                                  dict(self.by_category), sizes)))
+            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live)))
             return
         frontier = self.frontiers.setdefault(self.phase, [])
         if keep(frontier, self.total):

@@ -39,8 +39,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
                   record: bool = False) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
-    With `record`, every moment instead, as (structural key, Moment) in step order
-    (Memory.log, for memcalc.depth).
+    With `record`, the Memory instead: its log holds every instant (for memcalc.depth).
 
     >>> from memcalc.engine import build_graph
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
@@ -67,11 +66,8 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
         for st in states:
             mem.hold(st)
     if record:  # the temporaries' bytes are not affine in depth (a largest parameter):
-        mem.where = "optimizer temporaries"  # memcalc.depth adds them at each depth
-        mem.mark("optimizer.step")
-        mem.where = "optimizer"
-        mem.mark("optimizer.step")
-        return mem.log
+        mem.mark("optimizer.step")  # memcalc.depth adds them at each depth
+        return mem
     temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
                            _param_sizes(graph)) if with_optimizer else 0
     if temp:
