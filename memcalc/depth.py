@@ -279,7 +279,7 @@ def _add(m: Moment, category: str, nbytes: int) -> None:
         m.sizes = m.sizes + ((const, 1),)
 
 
-def _derive_moments(runs: list[StepRun], lay: Layout, sizes: dict) -> list[Family]:
+def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
     """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
     found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
     (f1, _), (f2, _), (f3, order3) = found
@@ -320,16 +320,21 @@ def _frontier(families: list[Family], sizes: dict) -> list[Family]:
     """The families Memory.mark would keep at every depth of N1 units or more: compared on
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
-    lifted = {}
+    lifted, values = [], []
+    terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
     for fam in families:
         terms: dict = {}
         for part, v in ((0, fam.base), (1, fam.step)):
             for (_, size), n in v.items():
-                for mono, c in sizes[size].terms.items():
+                for mono, c in terms_of[size]:
                     terms[mono, part] = terms.get((mono, part), 0) + n * c
-        lifted[id(fam)] = Moment(fam.phase, "", Poly(terms), {})
-    kept = {id(m) for m in replay(list(lifted.values()))}
-    out = [fam for fam in families if id(lifted[id(fam)]) in kept]
+        lifted.append(Moment(fam.phase, "", Poly(terms), {}))
+        values.append(sum(terms.values()))
+    # largest first (at b = s = 1, n = N1 + 1), so the frontier stays small; equal totals in
+    # step order, so the earliest is kept as Memory.mark keeps it
+    order = sorted(range(len(families)), key=lambda i: -values[i])
+    kept = {id(m) for m in replay([lifted[i] for i in order])}
+    out = [fam for fam, m in zip(families, lifted) if id(m) in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
@@ -360,13 +365,13 @@ def _derive_shapes(shapes: list[list]) -> tuple[list, list, list]:
     return p1[:a], one, p1[a:]
 
 
-def derive(model: ModelSpec, regime: Regime, lay: Layout) -> Derivation | None:
+def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
     """The derivation for `model`'s stack layout, or None when its depths do not repeat.
 
     >>> from memcalc.training import TrainingConfig
     >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, checkpointing="per-layer"))
     >>> model = ModelSpec.preset("gpt2")
-    >>> d = derive(model, regime, layout(model, regime))
+    >>> d = derive(model, layout(model, regime))
     >>> steady, first, shapes = d.at(12)
     >>> len(shapes)
     148
@@ -377,7 +382,7 @@ def derive(model: ModelSpec, regime: Regime, lay: Layout) -> Derivation | None:
         sizes = {k: p for run in steady for k, p in run.sizes.items()}
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
                   for run in steady]
-        families = _derive_moments(steady, lay, sizes)
+        families = _derive_moments(steady, lay)
         return Derivation(lay, _frontier(families, sizes), _frontier(_first_step(families), sizes),
                           sizes, _derive_shapes(params))
     except NotRepeating:

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Callable
 
-from memcalc.depth import N1, N3, Layout, derive, layout
+from memcalc.errors import NotModelledError
+from memcalc.limits import MAX_SIMULATED_LAYERS
+from memcalc.depth import N1, N3, Derivation, Layout, derive, layout
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
@@ -168,11 +170,37 @@ class Candidates:
 
 @dataclass
 class DepthForm:
-    """The steady-state instants of the first and last units, prefix and suffix at this depth,
-    unpruned, each with what a unit more adds: the peak at any depth of the same layout."""
+    """The steady-state instants that can set the peak at any depth of one layout (memcalc.depth),
+    at this depth, each with what a unit more adds (Moment.per_unit)."""
 
     layout: Layout
     moments: list[Moment]
+
+    def terms(self, category: str | None = None) -> list[tuple[Poly, Poly]]:
+        """(bytes at this depth, bytes a unit more adds) of each instant: its total, or one
+        category; those below another at every depth of N1 units or more left out.
+
+        >>> form = depth_form(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
+        >>> at, per_unit = form.terms("weights")[0]
+        >>> per_unit.eval(1, 1)  # one GPT-2 block's fp32 weights
+        28348416
+        """
+        pick = (lambda m: m.total) if category is None else (lambda m: m.by_category.get(category, ZERO))
+        back = self.layout.units - N1
+        out = [(pick(m), pick(m.per_unit)) for m in self.moments]
+        lifted = [Moment(m.phase, "", Poly({**{(k, 0): c for k, c in (v - d * back).terms.items()},
+                                           **{(k, 1): c for k, c in d.terms.items()}}), {})
+                  for m, (v, d) in zip(self.moments, out)]
+        for m in lifted:
+            m.phase = ""  # one frontier over every phase
+        kept = {id(m) for m in replay(lifted)}
+        seen, terms = set(), []
+        for m, pair in zip(lifted, out):
+            key = (tuple(sorted(pair[0].terms.items())), tuple(sorted(pair[1].terms.items())))
+            if id(m) in kept and key not in seen:
+                seen.add(key)
+                terms.append(pair)
+        return terms
 
 
 _CACHE: dict = {}
@@ -202,20 +230,45 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     return found
 
 
+def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
+    """How the steady-state peak grows with depth, or None where memcalc.depth does not hold
+    (fewer than N1 units, layers that do not repeat).
+
+    >>> depth_form(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8)).layout.units
+    12
+    """
+    c = candidates(model, training)
+    if c.depth is None:
+        lay = layout(model, c.regime)
+        derivation = _derivation(model, lay) if lay.units >= N1 else None
+        if derivation is not None:
+            c.depth = DepthForm(lay, derivation.at(lay.units)[0])
+    return c.depth
+
+
+def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
+    key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+    if key not in _CACHE:
+        _CACHE[key] = derive(model, lay)
+    return _CACHE[key]
+
+
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
     once per layout and reused at every depth), else from simulating this depth."""
     lay = layout(model, regime)
     if lay.units > N3:
-        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
-        if key not in _CACHE:
-            _CACHE[key] = derive(model, regime, lay)
-        derivation = _CACHE[key]
+        derivation = _derivation(model, lay)
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
             out.depth = DepthForm(lay, steady)
             return out
+    if model.num_layers > MAX_SIMULATED_LAYERS:
+        raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
+                               f"derive from a few (they do not repeat with layer_period {lay.unit} "
+                               "here) would be simulated one by one",
+                               f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
     steady = run_step(model, regime, False)
     first = run_step(model, regime, True)
     return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)

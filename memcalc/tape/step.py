@@ -12,7 +12,7 @@ from memcalc.poly import Poly
 from memcalc.regime import Regime
 from memcalc.tape.graph import Graph, Storage
 from memcalc.tape.optimizer import step_scalar_bytes, transient_bytes
-from memcalc.tape.simulate import Moment, StepSimulator
+from memcalc.tape.simulate import StepSimulator
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
