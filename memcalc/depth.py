@@ -24,6 +24,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
+from memcalc.parallel.fsdp import padded_shard_bytes
 from memcalc.poly import Poly
 from memcalc.programs import program_for
 from memcalc.regime import Regime, sqrt_segment_size
@@ -174,10 +175,49 @@ class Family:
             raise NotRepeating("a negative number of storages")
         m = Moment(self.phase, _label_at(*self.labels, n), total + d_total * x,
                    {c: p + d_cats[c] * x for c, p in cats.items()},
-                   tuple((sizes[k], c) for k, c in live.items() if c and k))
+                   _storages(live, sizes, x))
         if slope:
             m.per_unit = Moment(self.phase, m.label, d_total, d_cats)
         return m
+
+
+def _storages(live: dict, sizes: dict, x: int) -> tuple:
+    """(size, live storages of it) for the allocator's rounding: a growing storage (one whose
+    size grows with depth, _growing) at its size x units past N1; its growth key is no storage."""
+    out = []
+    for k, c in live.items():
+        if not c or not k:
+            continue
+        if isinstance(k, tuple) and k[:1] == ("grow",):
+            out.append((sizes[k] + sizes["grow-d", k[1]] * x, c))
+        elif not (isinstance(k, tuple) and k[:1] == ("grow-d",)):
+            out.append((sizes[k], c))
+    return tuple(out)
+
+
+def _growing(runs: list[StepRun], sizes: dict) -> None:
+    """Storages whose size grows with depth (a causal-mask buffer of every layer, (L, P, P)):
+    a size seen at one depth only, paired with one at each other depth, the sizes affine in
+    n. Each is rewritten in the runs' logs as ("grow", i) (its size at N1) and ("grow-d", i),
+    counted n - N1 times per storage (its growth per unit), so that every number stays linear
+    in the live counts; `sizes` gets both."""
+    keys = [set(run.sizes) for run in runs]
+    alone = [sorted(k - keys[(i + 1) % 3] - keys[(i + 2) % 3], key=lambda k: runs[i].sizes[k].eval(1, 1))
+             for i, k in enumerate(keys)]
+    if not len(alone[0]) == len(alone[1]) == len(alone[2]):
+        raise NotRepeating("storage sizes that do not pair across depths")
+    for i, (k1, k2, k3) in enumerate(zip(*alone)):
+        p1, p2, p3 = (run.sizes[k] for run, k in zip(runs, (k1, k2, k3)))
+        if (p2 - p1).terms != (p3 - p2).terms:
+            raise NotRepeating("a storage whose size is not affine in depth")
+        sizes["grow", i], sizes["grow-d", i] = p1, p2 - p1
+        for run, k, n in zip(runs, (k1, k2, k3), (N1, N2, N3)):
+            for _, _, _, live in run.moments:
+                for cat, size in [key for key in live if key[1] == k]:
+                    c = live.pop((cat, size))
+                    live[cat, ("grow", i)] = c
+                    if n != N1:
+                        live[cat, ("grow-d", i)] = c * (n - N1)
 
 
 # ---- the structure of one simulated depth ------------------------------------------------------
@@ -226,10 +266,14 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
         members[j] = (label, cats, live)
         order.append((key, j))
     for key, members in out.items():
-        expected = {None} if None in members else set(range(n))
-        if set(members) != expected:
-            raise NotRepeating(f"instant {key} not in every unit")
+        if None not in members and any(j not in members for j in range(2, n - 2)):
+            raise NotRepeating(f"instant {key} not in every middle unit")
     return out, order
+
+
+def _absent(members: dict, n: int) -> frozenset:
+    """The ENDS units an instant is not in (the first unit's backward prefetches no next group)."""
+    return frozenset(e for e in ENDS if e % n not in members)
 
 
 @dataclass
@@ -250,6 +294,9 @@ class Derivation:
         regime = self.layout.regime
         sizes = [nbytes for _, _, nbytes in params]
         buckets = sum(sizes) if regime.replicated else 0
+        sharded = (regime.master_elt // regime.param_elt) * sum(
+            padded_shard_bytes(nbytes, rows, regime.data_parallel) for _, rows, nbytes in params) \
+            if regime.fsdp else 0
         temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
                                sizes) if regime.data_parallel == 1 else 0
         out = []
@@ -261,6 +308,8 @@ class Derivation:
                     m = f.moment(n, self.sizes, slope)
                     if buckets:
                         _add(m, "ddp_buckets", buckets)
+                    if sharded:
+                        _add(m, "weights", sharded)
                     if temp and f.where == "optimizer":
                         _add(m, "temporaries", temp if held else 0)
                     moments.append(m)
@@ -287,7 +336,10 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
         raise NotRepeating("different instants at different depths")
     derived: dict[tuple, Family] = {}
     for key, members in f1.items():
-        for end in [None] if None in members else ENDS:
+        absent = frozenset() if None in members else _absent(members, N1)
+        if None not in members and not absent == _absent(f2[key], N2) == _absent(f3[key], N3):
+            raise NotRepeating(f"instant {key} in different units at different depths")
+        for end in [None] if None in members else [e for e in ENDS if e not in absent]:
             (l1, c1, v1), (l2, c2, v2), (l3, c3, v3) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
@@ -346,6 +398,10 @@ def _check_middle(fams: dict, n: int) -> None:
     for key, members in fams.items():
         if None in members:
             continue
+        if n <= 4:
+            continue
+        if 1 not in members or n - 2 not in members:
+            raise NotRepeating(f"instant {key} in the middle units only")
         first, last = members[1][2], members[n - 2][2]
         for j in range(2, n - 2):
             if combine(members[j][2], {}, n - 3, 0) != combine(first, last, n - 2 - j, j - 1):
@@ -378,8 +434,9 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
     """
     models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
     try:
-        steady = [run_step(m, lay.regime, False, record=True, with_buckets=False) for m in models]
+        steady = [run_step(m, lay.regime, False, record=True, whole=False) for m in models]
         sizes = {k: p for run in steady for k, p in run.sizes.items()}
+        _growing(steady, sizes)
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
                   for run in steady]
         families = _derive_moments(steady, lay)

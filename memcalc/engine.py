@@ -230,6 +230,22 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     return found
 
 
+def simulated(model: ModelSpec, training: TrainingConfig) -> Candidates:
+    """The candidates of simulating every layer of this depth (no memcalc.depth, no cache): what
+    the derivation is tested against.
+
+    >>> t = TrainingConfig(micro_batch=2, seq_len=64)
+    >>> m = ModelSpec.preset("gpt2")
+    >>> max(simulated(m, t).steady_set.rounded_totals(2, 64)) == max(candidates(m, t).steady_set.rounded_totals(2, 64))
+    True
+    """
+    check_step(model, training)
+    check_supported(model, training)
+    regime = Regime.of(training)
+    steady, first = run_step(model, regime, False), run_step(model, regime, True)
+    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+
+
 def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
     """How the steady-state peak grows with depth, or None where memcalc.depth does not hold
     (fewer than N1 units, layers that do not repeat).

@@ -49,11 +49,12 @@ class StepRun:
 
 
 def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = False,
-             with_buckets: bool = True) -> StepRun:
+             whole: bool = True) -> StepRun:
     """Simulate one step (the first, or a steady-state one) of `model` under `regime`. Without
-    `with_buckets`, DDP's gradient buckets are held as an empty storage; recorded, the
-    optimizer's temporaries are left out (memcalc.depth adds both at each depth: rounded, or
-    a largest parameter, they are not affine in depth).
+    `whole`, the storages that hold every parameter at once (DDP's gradient buckets, FSDP's
+    sharded parameters) are held as 0 bytes; recorded, the optimizer's temporaries are left
+    out (memcalc.depth adds these at each depth: rounded to the allocator's blocks, or of a
+    largest parameter, they are not affine in depth).
 
     >>> from memcalc.training import TrainingConfig
     >>> run = run_step(ModelSpec.preset("gpt2"), Regime.of(TrainingConfig(micro_batch=1, seq_len=8)), False)
@@ -64,11 +65,12 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = 
     constants = device_constants(regime.device)
     sizes = [v.size.eval(1, 1) for v in graph.params]
     if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-        constants["ddp_buckets"] = sum(sizes) if with_buckets else 0
+        constants["ddp_buckets"] = sum(sizes) if whole else 0
     shapes = [(nbytes // regime.param_elt, v.rows) for nbytes, v in zip(sizes, graph.params)]
     fsdp = None
     if regime.fsdp:
         fsdp = Fsdp.of(graph, regime)
+        fsdp.whole = whole
         for v in graph.params:
             v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
     out = simulate_step(graph, regime, first_step, constants,
