@@ -359,7 +359,7 @@ def _first_step(steady: list[Family]) -> list[Family]:
     backward: memcalc.tape.step), the same from there on."""
     out = []
     for fam in steady:
-        if fam.phase in ("forward", "backward"):
+        if fam.phase in ("forward", "backward") and any(k[0] == "optimizer" for k in fam.base):
             fam = Family(fam.phase, fam.where, fam.labels,
                          tuple(c for c in fam.cats if c != "optimizer"),
                          {k: n for k, n in fam.base.items() if k[0] != "optimizer"},
@@ -439,8 +439,10 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         _growing(steady, sizes)
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
                   for run in steady]
-        families = _derive_moments(steady, lay)
-        return Derivation(lay, _frontier(families, sizes), _frontier(_first_step(families), sizes),
-                          sizes, _derive_shapes(params))
+        kept = _frontier(_derive_moments(steady, lay), sizes)
+        first = _first_step(kept)  # the same kept instants: every forward and backward one
+        for fam in first:  # holds the same states, and the frontier is blind to a common term
+            fam.expanded(sizes)
+        return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:
         return None
