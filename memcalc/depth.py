@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from operator import ge
 from dataclasses import dataclass, replace
 
 from memcalc.parallel.fsdp import padded_shard_bytes
@@ -31,7 +32,7 @@ from memcalc.regime import Regime, sqrt_segment_size
 from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
 from memcalc.tape.optimizer import transient_bytes
-from memcalc.tape.simulate import Moment, replay
+from memcalc.tape.simulate import Memory, Moment, prune_convex
 
 N1, N2, N3 = 3, 4, 5
 """Units simulated: each instant is derived from the first two and checked at the third."""
@@ -372,7 +373,7 @@ def _frontier(families: list[Family], sizes: dict) -> list[Family]:
     """The families Memory.mark would keep at every depth of N1 units or more: compared on
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
-    lifted, values = [], []
+    lifted = []
     terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
     for fam in families:
         terms: dict = {}
@@ -380,16 +381,35 @@ def _frontier(families: list[Family], sizes: dict) -> list[Family]:
             for (_, size), n in v.items():
                 for mono, c in terms_of[size]:
                     terms[mono, part] = terms.get((mono, part), 0) + n * c
-        lifted.append(Moment(fam.phase, "", Poly(terms), {}))
-        values.append(sum(terms.values()))
-    # largest first (at b = s = 1, n = N1 + 1), so the frontier stays small; equal totals in
-    # step order, so the earliest is kept as Memory.mark keeps it
-    order = sorted(range(len(families)), key=lambda i: -values[i])
-    kept = {id(m) for m in replay([lifted[i] for i in order])}
-    out = [fam for fam, m in zip(families, lifted) if id(m) in kept]
+        lifted.append(terms)
+    kept = _kept(lifted, [fam.phase for fam in families])
+    out = [fam for i, fam in enumerate(families) if i in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
+
+
+def _kept(lifted: list[dict], phases: list[str]) -> set[int]:
+    """Indices of the totals memcalc.tape.simulate.replay keeps (dominance, then the convex
+    pruning), on dense coefficient tuples: largest first (at b = s = 1, n = N1 + 1) so the
+    frontier stays small, equal totals in step order so the earliest is kept, as Memory.mark
+    keeps it."""
+    index: dict = {}
+    for terms in lifted:
+        for k in terms:
+            index.setdefault(k, len(index))
+    dense = [tuple(terms.get(k, 0) for k in index) for terms in lifted]
+    frontiers: dict[str, list[int]] = {}
+    for i in sorted(range(len(dense)), key=lambda i: -sum(dense[i])):
+        frontier, v = frontiers.setdefault(phases[i], []), dense[i]
+        if any(all(map(ge, dense[j], v)) for j in frontier):
+            continue
+        frontier[:] = [j for j in frontier if not all(map(ge, v, dense[j]))] + [i]
+        if len(frontier) >= Memory.PRUNE_AT:
+            moments = [Moment("", "", Poly(lifted[j]), {}) for j in frontier]
+            where = {id(m): j for m, j in zip(moments, frontier)}
+            frontier[:] = [where[id(m)] for m in prune_convex(moments)]
+    return {i for frontier in frontiers.values() for i in frontier}
 
 
 def _check_middle(fams: dict, n: int) -> None:
