@@ -345,7 +345,7 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
             fam = Family(key[0], key[2], (l1, l2), c1, v1, combine(v2, v1, 1, -1))
-            if fam.vec(N3) != v3 or _label_at(l1, l2, N3) != l3 or not c1 == c2 == c3:
+            if not _on_line(v1, v2, v3, 1, 1, 2) or _label_at(l1, l2, N3) != l3 or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
             derived[key, end] = fam
     for (fams, _), n in zip(found, (N1, N2, N3)):
@@ -412,6 +412,16 @@ def _kept(lifted: list[dict], phases: list[str]) -> set[int]:
     return {i for frontier in frontiers.values() for i in frontier}
 
 
+def _on_line(u: Vec, v: Vec, w: Vec, x: int, y: int, z: int) -> bool:
+    """x*u + y*w == z*v, key by key (v lies on the line through u and w).
+
+    >>> _on_line({"a": 1}, {"a": 2}, {"a": 3}, 1, 1, 2), _on_line({"a": 1}, {"a": 2}, {}, 1, 1, 2)
+    (True, False)
+    """
+    get_u, get_v, get_w = u.get, v.get, w.get
+    return all(x * get_u(k, 0) + y * get_w(k, 0) == z * get_v(k, 0) for k in {**u, **v, **w})
+
+
 def _check_middle(fams: dict, n: int) -> None:
     """Every middle unit's instant is the interpolation of the second and the second-last
     unit's: (n-3) * M_j == (n-2-j) * M_1 + (j-1) * M_(n-2), so the largest is at an end."""
@@ -424,7 +434,7 @@ def _check_middle(fams: dict, n: int) -> None:
             raise NotRepeating(f"instant {key} in the middle units only")
         first, last = members[1][2], members[n - 2][2]
         for j in range(2, n - 2):
-            if combine(members[j][2], {}, n - 3, 0) != combine(first, last, n - 2 - j, j - 1):
+            if not _on_line(first, members[j][2], last, n - 2 - j, j - 1, n - 3):
                 raise NotRepeating(f"instant {key} not affine across units")
 
 

@@ -50,7 +50,7 @@ class Memory:
 
     def __init__(self, record: bool = False) -> None:
         self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Storage, Poly, str]] = {}
+        self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self.total = ZERO
         self.by_category: dict[str, Poly] = {}
         self.frontiers: dict[str, list[Moment]] = {}
@@ -80,8 +80,8 @@ class Memory:
             return
         cat = category or st.category
         self.holds[key] = 1
-        self.sizes[key] = (st, st.size, cat)
         size_key = tuple(sorted(st.size.terms.items()))
+        self.sizes[key] = (st, st.size, cat, size_key)
         entry = self.size_counts.setdefault(size_key, [st.size, 0])
         entry[1] += 1
         if self.log is not None:  # the totals follow from the live storages
@@ -97,8 +97,7 @@ class Memory:
         self.holds[key] -= 1
         if self.holds[key] == 0:
             del self.holds[key]
-            _, size, cat = self.sizes.pop(key)
-            size_key = tuple(sorted(size.terms.items()))
+            _, size, cat, size_key = self.sizes.pop(key)
             self.size_counts[size_key][1] -= 1
             if self.log is not None:
                 live = self.live[cat, size_key] = self.live[cat, size_key] - 1
