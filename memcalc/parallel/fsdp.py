@@ -49,8 +49,8 @@ def shard_rows(rows: int, world: int) -> int:
 def padded_shard_bytes(nbytes: int, rows: int, world: int) -> int:
     """Bytes of one rank's padded shard of a parameter of `nbytes` and `rows` rows (dim 0).
 
-    >>> padded_shard_bytes(4 * 1001 * 2, 1001, 4)
-    2016
+    >>> padded_shard_bytes(4 * 1001 * 2, 1001, 4)  # ceil(1001 / 4) = 251 rows of 8 bytes
+    2008
     """
     return shard_rows(rows, world) * (nbytes // rows)
 
