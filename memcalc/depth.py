@@ -213,7 +213,8 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
             raise NotRepeating("a storage whose size is not affine in depth")
         sizes["grow", i], sizes["grow-d", i] = p1, p2 - p1
         for run, k, n in zip(runs, (k1, k2, k3), (N1, N2, N3)):
-            for _, _, _, live in run.moments:
+            run.moments = [entry[:4] + (None,) for entry in run.moments]  # `packed` is stale
+            for _, _, _, live, _ in run.moments:
                 for cat, size in [key for key in live if key[1] == k]:
                     c = live.pop((cat, size))
                     live[cat, ("grow", i)] = c
@@ -258,13 +259,13 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     where = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order = []
-    for (phase, micro, w, count), label, cats, live in run.moments:
+    for (phase, micro, w, count), label, cats, live, packed in run.moments:
         pos, j = where(w)
         key = (phase, micro, pos, count)
         members = out.setdefault(key, {})
         if j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = (label, cats, live)
+        members[j] = (label, cats, live, packed)
         order.append((key, j))
     for key, members in out.items():
         if None not in members and any(j not in members for j in range(2, n - 2)):
@@ -341,11 +342,12 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
         if None not in members and not absent == _absent(f2[key], N2) == _absent(f3[key], N3):
             raise NotRepeating(f"instant {key} in different units at different depths")
         for end in [None] if None in members else [e for e in ENDS if e not in absent]:
-            (l1, c1, v1), (l2, c2, v2), (l3, c3, v3) = (
+            (l1, c1, v1, p1), (l2, c2, v2, p2), (l3, c3, v3, p3) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
             fam = Family(key[0], key[2], (l1, l2), c1, v1, combine(v2, v1, 1, -1))
-            if not _on_line(v1, v2, v3, 1, 1, 2) or _label_at(l1, l2, N3) != l3 or not c1 == c2 == c3:
+            if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
+                    or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
             derived[key, end] = fam
     for (fams, _), n in zip(found, (N1, N2, N3)):
@@ -412,12 +414,20 @@ def _kept(lifted: list[dict], phases: list[str]) -> set[int]:
     return {i for frontier in frontiers.values() for i in frontier}
 
 
-def _on_line(u: Vec, v: Vec, w: Vec, x: int, y: int, z: int) -> bool:
-    """x*u + y*w == z*v, key by key (v lies on the line through u and w).
+def _on_line(u: tuple, v: tuple, w: tuple, x: int, y: int, z: int) -> bool:
+    """x*u + y*w == z*v for (live storages, packed) instants (v lies on the line through u
+    and w), x, y, z >= 0: on the packed integers when all three have one (each count is under
+    2**30 and x, y, z small, so no digit carries into the next: equal integers are equal
+    counts), else key by key.
 
-    >>> _on_line({"a": 1}, {"a": 2}, {"a": 3}, 1, 1, 2), _on_line({"a": 1}, {"a": 2}, {}, 1, 1, 2)
-    (True, False)
+    >>> _on_line(({"a": 1}, 1), ({"a": 2}, 2), ({"a": 3}, 3), 1, 1, 2)
+    True
+    >>> _on_line(({"a": 1}, None), ({"a": 2}, None), ({}, None), 1, 1, 2)
+    False
     """
+    if u[1] is not None and v[1] is not None and w[1] is not None:
+        return x * u[1] + y * w[1] == z * v[1]
+    u, v, w = u[0], v[0], w[0]
     get_u, get_v, get_w = u.get, v.get, w.get
     return all(x * get_u(k, 0) + y * get_w(k, 0) == z * get_v(k, 0) for k in {**u, **v, **w})
 
@@ -432,9 +442,9 @@ def _check_middle(fams: dict, n: int) -> None:
             continue
         if 1 not in members or n - 2 not in members:
             raise NotRepeating(f"instant {key} in the middle units only")
-        first, last = members[1][2], members[n - 2][2]
+        first, last = members[1][2:], members[n - 2][2:]
         for j in range(2, n - 2):
-            if not _on_line(first, members[j][2], last, n - 2 - j, j - 1, n - 3):
+            if not _on_line(first, members[j][2:], last, n - 2 - j, j - 1, n - 3):
                 raise NotRepeating(f"instant {key} not affine across units")
 
 
@@ -464,7 +474,8 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
     """
     models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
     try:
-        steady = [run_step(m, lay.regime, False, record=True, whole=False) for m in models]
+        index: dict = {}  # one numbering of (category, size) for the three runs' packed counts
+        steady = [run_step(m, lay.regime, False, record=index, whole=False) for m in models]
         sizes = {k: p for run in steady for k, p in run.sizes.items()}
         _growing(steady, sizes)
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]

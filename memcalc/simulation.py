@@ -48,7 +48,7 @@ class StepRun:
     """With record=True: each storage size's Poly by its terms."""
 
 
-def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = False,
+def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | dict = False,
              whole: bool = True) -> StepRun:
     """Simulate one step (the first, or a steady-state one) of `model` under `regime`. Without
     `whole`, the storages that hold every parameter at once (DDP's gradient buckets, FSDP's
@@ -75,7 +75,7 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool = 
             v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
-    if record:
+    if record is not False:
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
                        {k: p for k, (p, _) in out.size_counts.items()})
     return StepRun(out, shapes, sizes, graph.layer_starts, {})

@@ -48,7 +48,10 @@ class Memory:
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
 
-    def __init__(self, record: bool = False) -> None:
+    SLOT = 40
+    """Bits per (category, size) in `packed` (no count of live storages comes near 2**30)."""
+
+    def __init__(self, record: bool | dict = False) -> None:
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self.total = ZERO
@@ -60,11 +63,17 @@ class Memory:
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
         self.micro = 0
-        self.log: list[tuple] | None = [] if record else None
-        """With record=True: every mark, unpruned, in order, as (key, label, categories seen,
-        live storages): key (phase, micro, where, n-th mark there), live storages as
+        self.log: list[tuple] | None = [] if record is not False else None
+        """With record: every mark, unpruned, in order, as (key, label, categories seen, live
+        storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
         {(category, size terms): how many} (every number of a moment is linear in these)."""
         self.live: dict[tuple, int] = {}
+        self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
+        """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
+        the numbering between runs."""
+        self.packed = 0
+        """The live counts as one integer, count << index[key] summed: linear like them, so
+        memcalc.depth compares linear combinations of instants with one integer equality."""
         self._seen: dict[tuple, int] = {}
 
     @property
@@ -86,6 +95,10 @@ class Memory:
         entry[1] += 1
         if self.log is not None:  # the totals follow from the live storages
             self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
+            shift = self.index.get((cat, size_key))
+            if shift is None:
+                shift = self.index[cat, size_key] = self.SLOT * len(self.index)
+            self.packed += 1 << shift
             self.by_category.setdefault(cat, ZERO)
             return
         self.total = self.total + st.size
@@ -103,6 +116,7 @@ class Memory:
                 live = self.live[cat, size_key] = self.live[cat, size_key] - 1
                 if not live:
                     del self.live[cat, size_key]
+                self.packed -= 1 << self.index[cat, size_key]
                 return
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
@@ -120,7 +134,7 @@ class Memory:
         if self.log is not None:
             where = (self.phase, self.micro, self.where)
             n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live)))
+            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live), self.packed))
             return
         frontier = self.frontiers.setdefault(self.phase, [])
         if keep(frontier, self.total):
@@ -211,7 +225,7 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool = False) -> None:
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
         self.g = graph
         self.fsdp = fsdp
         self.mem = Memory(record)

@@ -36,7 +36,7 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
 
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
                   with_optimizer: bool = True, fsdp: Fsdp | None = None,
-                  record: bool = False) -> list:
+                  record: bool | dict = False) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
     With `record`, the Memory instead: its log holds every instant (for memcalc.depth).
@@ -65,7 +65,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     if first_step:
         for st in states:
             mem.hold(st)
-    if record:  # the temporaries' bytes are not affine in depth (a largest parameter):
+    if record is not False:  # the temporaries' bytes are not affine in depth (a largest parameter):
         mem.mark("optimizer.step")  # memcalc.depth adds them at each depth
         return mem
     temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
