@@ -32,7 +32,7 @@ from memcalc.regime import Regime, sqrt_segment_size
 from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
 from memcalc.tape.optimizer import transient_bytes
-from memcalc.tape.simulate import Memory, Moment, prune_convex
+from memcalc.tape.simulate import Memory, Moment, prune_convex  # noqa: F401 (Memory: doctest)
 
 N1, N2, N3 = 3, 4, 5
 """Units simulated: each instant is derived from the first two and checked at the third."""
@@ -158,6 +158,8 @@ class Family:
     """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
     base: Vec
     step: Vec
+    totals: tuple = (None, None)
+    """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
 
     def vec(self, n: int) -> Vec:
         """Its live storages at n units."""
@@ -213,8 +215,8 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
             raise NotRepeating("a storage whose size is not affine in depth")
         sizes["grow", i], sizes["grow-d", i] = p1, p2 - p1
         for run, k, n in zip(runs, (k1, k2, k3), (N1, N2, N3)):
-            run.moments = [entry[:4] + (None,) for entry in run.moments]  # `packed` is stale
-            for _, _, _, live, _ in run.moments:
+            run.moments = [entry[:4] + (None,) + entry[5:] for entry in run.moments]  # stale `packed`
+            for _, _, _, live, _, _ in run.moments:
                 for cat, size in [key for key in live if key[1] == k]:
                     c = live.pop((cat, size))
                     live[cat, ("grow", i)] = c
@@ -259,13 +261,13 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     where = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order = []
-    for (phase, micro, w, count), label, cats, live, packed in run.moments:
+    for (phase, micro, w, count), label, cats, live, packed, total in run.moments:
         pos, j = where(w)
         key = (phase, micro, pos, count)
         members = out.setdefault(key, {})
         if j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = (label, cats, live, packed)
+        members[j] = (label, cats, live, packed, total)
         order.append((key, j))
     for key, members in out.items():
         if None not in members and any(j not in members for j in range(2, n - 2)):
@@ -342,10 +344,11 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
         if None not in members and not absent == _absent(f2[key], N2) == _absent(f3[key], N3):
             raise NotRepeating(f"instant {key} in different units at different depths")
         for end in [None] if None in members else [e for e in ENDS if e not in absent]:
-            (l1, c1, v1, p1), (l2, c2, v2, p2), (l3, c3, v3, p3) = (
+            (l1, c1, v1, p1, t1), (l2, c2, v2, p2, t2), (l3, c3, v3, p3, _) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
             fam = Family(key[0], key[2], (l1, l2), c1, v1, combine(v2, v1, 1, -1))
+            fam.totals = (t1, t2)
             if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
                     or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
@@ -371,13 +374,40 @@ def _first_step(steady: list[Family]) -> list[Family]:
     return out
 
 
-def _frontier(families: list[Family], sizes: dict) -> list[Family]:
+def _unpack_total(x: int, monos: list) -> dict:
+    """{monomial: coefficient} of a packed total (Memory.packed_total), balanced digits.
+
+    >>> _unpack_total(5 - (3 << Memory.TOTAL_SLOT), [(0, 0), (1, 1)])
+    {(0, 0): 5, (1, 1): -3}
+    """
+    out, slot = {}, Memory.TOTAL_SLOT
+    mask, half = (1 << slot) - 1, 1 << (slot - 1)
+    for mono in monos:
+        d = x & mask
+        if d >= half:
+            d -= 1 << slot
+        if d:
+            out[mono] = d
+        x = (x - d) >> slot
+    return out
+
+
+def _frontier(families: list[Family], sizes: dict, index: dict | None = None) -> list[Family]:
     """The families Memory.mark would keep at every depth of N1 units or more: compared on
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
     lifted = []
     terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
+    monos = [m for (_, m), _ in sorted(((k, -v) for k, v in (index or {}).items() if k[0] == "mono"),
+                                      key=lambda kv: kv[1])]
+    packed = index is not None and all(None not in f.totals for f in families)
     for fam in families:
+        if packed:
+            t1, t2 = fam.totals
+            terms = {(m, 0): c for m, c in _unpack_total(t1, monos).items()}
+            terms.update({(m, 1): c for m, c in _unpack_total(t2 - t1, monos).items()})
+            lifted.append(terms)
+            continue
         terms: dict = {}
         for part, v in ((0, fam.base), (1, fam.step)):
             for (_, size), n in v.items():
@@ -442,9 +472,9 @@ def _check_middle(fams: dict, n: int) -> None:
             continue
         if 1 not in members or n - 2 not in members:
             raise NotRepeating(f"instant {key} in the middle units only")
-        first, last = members[1][2:], members[n - 2][2:]
+        first, last = members[1][2:4], members[n - 2][2:4]
         for j in range(2, n - 2):
-            if not _on_line(first, members[j][2:], last, n - 2 - j, j - 1, n - 3):
+            if not _on_line(first, members[j][2:4], last, n - 2 - j, j - 1, n - 3):
                 raise NotRepeating(f"instant {key} not affine across units")
 
 
@@ -480,7 +510,7 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         _growing(steady, sizes)
         params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
                   for run in steady]
-        kept = _frontier(_derive_moments(steady, lay), sizes)
+        kept = _frontier(_derive_moments(steady, lay), sizes, index)
         first = _first_step(kept)  # the same kept instants: every forward and backward one
         for fam in first:  # holds the same states, and the frontier is blind to a common term
             fam.expanded(sizes)

@@ -50,6 +50,8 @@ class Memory:
 
     SLOT = 40
     """Bits per (category, size) in `packed` (no count of live storages comes near 2**30)."""
+    TOTAL_SLOT = 192
+    """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
     def __init__(self, record: bool | dict = False) -> None:
         self.holds: dict[int, int] = {}
@@ -72,6 +74,10 @@ class Memory:
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
         self.packed = 0
+        self.packed_total: int | None = 0
+        """The total's coefficients as one integer, monomial ("mono", m) at index[("mono", m)]
+        (TOTAL_SLOT bits each, balanced digits); None once a size has a fractional coefficient."""
+        self._packed_sizes: dict[tuple, int] = {}
         """The live counts as one integer, count << index[key] summed: linear like them, so
         memcalc.depth compares linear combinations of instants with one integer equality."""
         self._seen: dict[tuple, int] = {}
@@ -99,6 +105,10 @@ class Memory:
             if shift is None:
                 shift = self.index[cat, size_key] = self.SLOT * len(self.index)
             self.packed += 1 << shift
+            if self.packed_total is not None:
+                size_total = self._packed_size(size_key)  # may turn packed_total off
+                if self.packed_total is not None:
+                    self.packed_total += size_total
             self.by_category.setdefault(cat, ZERO)
             return
         self.total = self.total + st.size
@@ -117,6 +127,8 @@ class Memory:
                 if not live:
                     del self.live[cat, size_key]
                 self.packed -= 1 << self.index[cat, size_key]
+                if self.packed_total is not None:
+                    self.packed_total -= self._packed_sizes[size_key]
                 return
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
@@ -124,6 +136,19 @@ class Memory:
     def alive(self, st: Storage) -> bool:
         """Whether the storage is allocated."""
         return id(st) in self.holds
+
+    def _packed_size(self, size_key: tuple) -> int:
+        found = self._packed_sizes.get(size_key)
+        if found is None:
+            found = 0
+            for mono, c in size_key:
+                if not isinstance(c, int):
+                    self.packed_total = None  # sequence parallelism: b*s/t (memcalc.depth copes)
+                    return 0
+                slot = self.index.setdefault(("mono", mono), -1 - sum(1 for k in self.index if k[0] == "mono"))
+                found += c << (self.TOTAL_SLOT * (-1 - slot))
+            self._packed_sizes[size_key] = found
+        return found
 
     def _live_sizes(self) -> tuple:
         return tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
@@ -134,7 +159,8 @@ class Memory:
         if self.log is not None:
             where = (self.phase, self.micro, self.where)
             n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live), self.packed))
+            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live), self.packed,
+                             self.packed_total))
             return
         frontier = self.frontiers.setdefault(self.phase, [])
         if keep(frontier, self.total):
