@@ -16,7 +16,7 @@ from memcalc.checks import check_int
 from memcalc.engine import steady_polys
 from memcalc.estimate import estimate
 from memcalc.gpus import parse_budget
-from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS
+from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS, MAX_RANK_LAYERS
 from memcalc.step_checks import check_search, learned_positions
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget:
 def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
                cap: int = MAX_LAYERS) -> Capacity:
     """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers, at most
-    memcalc.limits.MAX_LAYERS).
+    memcalc.limits.MAX_LAYERS, and MAX_RANK_LAYERS over the data-parallel ranks).
 
     Where memcalc.depth derives the depth, the peak is a max of terms affine in L
     (engine.depth_form): each term's largest L within the budget, the min over terms, is the
@@ -196,6 +196,8 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
     """
     check_search(model, training, "num_layers")
     cap = check_int("cap", cap, 1, MAX_LAYERS)
+    if training.data_parallel > 1:  # memcalc.limits: data-parallel ranks x layers
+        cap = max(1, min(cap, MAX_RANK_LAYERS // training.data_parallel))
     nbytes = parse_budget(budget)
     seen: dict[int, int] = {}
 
