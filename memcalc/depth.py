@@ -5,25 +5,28 @@ program), and a checkpointed stack repeats per segment, so a stack of L = n*u + 
 identical units of u layers (u: the period and the checkpoint segment's common multiple) and r
 layers more, which run with the suffix (a short last segment). Every instant of the step then has
 a structural key: phase, micro-step, where in the program (before the stack, op `k` of a unit,
-after the stack) and which mark there; and unit j's instants are affine in j and n (saved
-activations of the j units before it, gradients of the n-1-j after it, weights of all n), so the
-largest over j is that of the first or the last unit.
+after the stack) and which mark there; and the instants of units 1 .. n-2 are affine in the
+unit's index j and in n (saved activations of the j units before, gradients of the n-1-j after,
+weights of all n), so the largest over them is that of unit 1 or n-2; units 0 and n-1 differ
+(the last backward use of what every layer shares, FSDP's prefetch) and are kept as they are.
 
-`derive` simulates n = 2, 3 and 4 units (every instant recorded, memcalc.tape.simulate.Memory
-record mode), takes each instant of the first and the last unit and of the prefix and suffix as
-affine in n from n = 2 and 3, and checks it at n = 4 exactly: totals, every category, the number
-of live storages of every size (so the CUDA allocator's per-storage rounding stays exact) and the
-labels; it also checks at each of the three depths that every middle unit's instant is exactly
-the interpolation of the first and last ones. Any mismatch (a program whose layers do not repeat
-with its declared period, a prefix of different layers) gives None, and the engine simulates the
-depth itself: never a wrong answer.
+`derive` simulates n = 3, 4 and 5 units (every instant recorded, memcalc.tape.simulate.Memory
+record mode, live storages counted per (category, size) and packed into one integer), takes each
+instant of units 0, 1, n-2, n-1 and of the prefix and suffix as affine in n from n = 3 and 4, and
+checks it at n = 5 exactly: the number of live storages of every (category, size), so totals,
+categories and the CUDA allocator's per-storage rounding all follow, and the labels; at n = 5 it
+also checks that unit 2's instants are exactly the interpolation of units 1 and 3. Storages
+whose size grows with depth are paired across the depths (_growing); those that hold every
+parameter at once, and the optimizer's temporaries, are added at each depth (Derivation.at).
+Any mismatch (a program whose layers do not repeat with its declared period, a prefix of
+different layers) gives None, and the engine simulates the depth itself: never a wrong answer.
 """
 from __future__ import annotations
 
 import math
 import re
-from operator import ge
 from dataclasses import dataclass, replace
+from operator import ge
 
 from memcalc.parallel.fsdp import padded_shard_bytes
 from memcalc.poly import Poly
