@@ -50,13 +50,18 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
+    from memcalc.training import OPTIMIZERS
+
     g = p.add_argument_group("training")
     if shapes:
         g.add_argument("--micro-batch", type=int, default=1, help="sequences per pass (default 1)")
         g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
         g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
     g.add_argument("--precision", default="fp32", help="fp32, fp16-amp, bf16-amp or bf16")
-    g.add_argument("--optimizer", default="adamw", help="sgd, sgd-momentum, adam or adamw")
+    g.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, metavar="NAME",
+                   help="one of: " + ", ".join(OPTIMIZERS) + " (default adamw)")
+    g.add_argument("--max-grad-norm", type=float,
+                   help="clip_grad_norm_ before each optimizer step (default: no clipping)")
     g.add_argument("--optimizer-impl", help="foreach, fused or for-loop (default: torch's)")
     g.add_argument("--weight-decay", type=float, help="default: torch's for the optimizer")
     g.add_argument("--checkpointing", default="none",
@@ -142,7 +147,7 @@ def training_from_args(args: argparse.Namespace, **fixed):
     from memcalc.training import TrainingConfig
 
     names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
-             "weight_decay", "checkpointing", "checkpoint_every", "attention", "device",
+             "weight_decay", "max_grad_norm", "checkpointing", "checkpoint_every", "attention", "device",
              "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision")
     fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     if "tensor_parallel" in fields and "world_size" not in fields:

@@ -34,9 +34,11 @@ from memcalc.programs import program_for
 from memcalc.regime import Regime, sqrt_segment_size
 from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
+from memcalc.tape.finetune_optim import BNB
 from memcalc.tape.optimizer import transient_bytes
 from memcalc.tape.simulate import Memory, Moment, prune_convex  # noqa: F401 (Memory: doctest)
 
+FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
 N1, N2, N3 = 3, 4, 5
 """Units simulated: each instant is derived from the first two and checked at the third."""
 ENDS = (0, 1, -2, -1)
@@ -74,6 +76,18 @@ def segment_size(regime: Regime, num_layers: int) -> int:
     if regime.checkpointing == "every-k":
         return regime.checkpoint_every or 1
     return sqrt_segment_size(num_layers) if regime.checkpointing == "sqrt" else 1
+
+
+def supported(regime: Regime) -> bool:
+    """Whether the optimizer phase is one memcalc.depth derives: not yet gradient clipping's
+    temporaries nor a memcalc.tape.finetune_optim optimizer's per-parameter states and
+    temporaries (their sizes follow the parameters one by one); those depths are simulated.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8)))
+    True
+    """
+    return regime.max_grad_norm is None and regime.optimizer not in FINETUNE_OPTIMIZERS
 
 
 def layout(model: ModelSpec, regime: Regime) -> Layout:

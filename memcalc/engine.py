@@ -13,7 +13,7 @@ from typing import Callable
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
-from memcalc.depth import N1, N3, Derivation, Layout, derive, layout
+from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
@@ -256,7 +256,7 @@ def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
     c = candidates(model, training)
     if c.depth is None:
         lay = layout(model, c.regime)
-        derivation = _derivation(model, lay) if lay.units >= N1 else None
+        derivation = _derivation(model, lay) if lay.units >= N1 and supported(c.regime) else None
         if derivation is not None:
             c.depth = DepthForm(lay, derivation.at(lay.units)[0])
     return c.depth
@@ -273,7 +273,7 @@ def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
     once per layout and reused at every depth), else from simulating this depth."""
     lay = layout(model, regime)
-    if lay.units > N3:
+    if lay.units > N3 and supported(regime):
         derivation = _derivation(model, lay)
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)

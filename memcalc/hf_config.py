@@ -1,8 +1,9 @@
 """Read a Hugging Face config.json (a path or a dict) into ModelSpec fields.
 
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
-configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py,
-with those classes' defaults for absent optional fields.
+configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py
+(and, in FAMILY_READERS, configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those
+classes' defaults for absent optional fields.
 """
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from memcalc.errors import SpecError
 if TYPE_CHECKING:
     import os
 
-SUPPORTED = ("gpt2", "llama", "mistral", "qwen2")
+SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "phi3", "gpt_neox", "olmo2", "granite", "smollm3")
+# model types read but refused as a whole, with why (transformers 5.24 modeling files)
+REFUSED_TYPES = {
+    "ministral": ("MinistralModel.forward always builds create_sliding_window_causal_mask (it raises "
+                  "without a sliding_window), and sliding-window attention is not modelled yet",
+                  "use model_type mistral for a model without sliding windows"),
+}
 
 
 def load_config(config: dict | str | os.PathLike) -> dict:
@@ -58,7 +65,8 @@ def _gpt2_fields(cfg: dict) -> dict:
                 tie_embeddings=_flag(cfg, "tie_word_embeddings", True),
                 activation="gelu_tanh" if act == "gelu_pytorch_tanh" else act,
                 embd_dropout=_get(cfg, "embd_pdrop", 0.1), attn_dropout=_get(cfg, "attn_pdrop", 0.1),
-                resid_dropout=_get(cfg, "resid_pdrop", 0.1))
+                resid_dropout=_get(cfg, "resid_pdrop", 0.1),
+                reorder_and_upcast_attn=_flag(cfg, "reorder_and_upcast_attn", False))
 
 
 def _llama_fields(cfg: dict, model_type: str) -> dict:
@@ -90,13 +98,21 @@ def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:
     model_type = cfg.get("model_type")
     if model_type is None:
         raise SpecError("hf_config.model_type", "missing", f"add one of {', '.join(SUPPORTED)}")
+    if model_type in REFUSED_TYPES:
+        from memcalc.errors import NotModelledError
+
+        why, fix = REFUSED_TYPES[model_type]
+        raise NotModelledError("hf_config.model_type", f"{model_type!r}: {why}", fix)
     if model_type not in SUPPORTED:
         raise SpecError("hf_config.model_type", f"{model_type!r} is not supported",
                         f"use one of {', '.join(SUPPORTED)}")
     from memcalc.hf_keys import check_config_keys
 
     check_config_keys(cfg, model_type)  # every key modelled, known inert, or refused by name
-    fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
+    if model_type in FAMILY_READERS:
+        fields = FAMILY_READERS[model_type](cfg)
+    else:
+        fields = _gpt2_fields(cfg) if model_type == "gpt2" else _llama_fields(cfg, model_type)
     name = cfg.get("_name_or_path") or model_type
     return {"name": str(name), **fields}
 
@@ -113,6 +129,107 @@ CONFIG_KEYS = {
                   max_position_embeddings="max_position_embeddings",
                   attn_dropout="attention_dropout", name="_name_or_path"),
 }
+CONFIG_KEYS["phi3"] = dict(CONFIG_KEYS["llama"], resid_dropout="resid_pdrop",
+                           rotary_fraction="rope_parameters.partial_rotary_factor")
+CONFIG_KEYS["olmo2"] = CONFIG_KEYS["granite"] = CONFIG_KEYS["llama"]
+CONFIG_KEYS["gpt_neox"] = dict(CONFIG_KEYS["llama"], resid_dropout="hidden_dropout",
+                               embd_dropout="hidden_dropout",
+                               rotary_fraction="rope_parameters.partial_rotary_factor")
+
+
+# ---- families beyond GPT-2 and Llama (transformers 5.24 configuration_phi3.py,
+# configuration_gpt_neox.py, configuration_olmo2.py, configuration_granite.py,
+# configuration_smollm3.py)
+def _partial_rotary_factor(cfg: dict, default: float) -> float:
+    """rope_parameters.partial_rotary_factor (5.x), else the legacy top-level key (Phi-3's
+    partial_rotary_factor, GPT-NeoX's rotary_pct, which GPTNeoXConfig moves into rope_parameters)."""
+    rope = cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise SpecError("hf_config.rope_parameters", "is not a JSON object", "write it as {...} or drop it")
+    for value in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), cfg.get("rotary_pct")):
+        if value is not None:
+            return value
+    return default
+
+
+def _llama_like(cfg: dict, family: str, act_default: str = "silu") -> dict:
+    """The Llama-shaped fields (sizes, GQA, attention_dropout) of a llama-like config."""
+    act = _get(cfg, "hidden_act", act_default)
+    if act != "silu":
+        raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
+    return dict(family=family, vocab_size=_get(cfg, "vocab_size", required=True),
+                hidden_size=_get(cfg, "hidden_size", required=True),
+                num_layers=_get(cfg, "num_hidden_layers", required=True),
+                num_heads=_get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=_get(cfg, "num_key_value_heads"), head_dim=_get(cfg, "head_dim"),
+                intermediate_size=_get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), activation="silu",
+                attn_dropout=_get(cfg, "attention_dropout", 0.0))
+
+
+def _phi3_fields(cfg: dict) -> dict:
+    """Phi3Config: no biases (qkv_proj, o_proj, gate_up_proj, down_proj are bias=False),
+    resid_pdrop on both residual branches, partial rotary."""
+    return dict(_llama_like(cfg, "phi3"), qkv_bias=False, out_bias=False, mlp_bias=False,
+                resid_dropout=_get(cfg, "resid_pdrop", 0.0),
+                rotary_fraction=_partial_rotary_factor(cfg, 1.0))
+
+
+def _olmo2_fields(cfg: dict) -> dict:
+    """Olmo2Config: attention_bias on q/k/v/o; the MLP has no biases."""
+    bias = _flag(cfg, "attention_bias", False)
+    return dict(_llama_like(cfg, "olmo2"), qkv_bias=bias, out_bias=bias, mlp_bias=False)
+
+
+def _granite_fields(cfg: dict) -> dict:
+    """GraniteConfig: Llama's biases (attention_bias on q/k/v/o, mlp_bias) plus four multipliers
+    whose ops run whatever their values (memcalc.programs.hf_granite)."""
+    bias = _flag(cfg, "attention_bias", False)
+    return dict(_llama_like(cfg, "granite"), qkv_bias=bias, out_bias=bias,
+                mlp_bias=_flag(cfg, "mlp_bias", False))
+
+
+def _smollm3_fields(cfg: dict) -> dict:
+    """SmolLM3Config: Llama's program with rotary skipped where no_rope_layers[i] == 0 (by default
+    every no_rope_layer_interval-th layer, configuration_smollm3.py)."""
+    bias = _flag(cfg, "attention_bias", False)
+    layers = _get(cfg, "num_hidden_layers", required=True)
+    flags = _get(cfg, "no_rope_layers")
+    if flags is None:
+        every = _get(cfg, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(layers)] if isinstance(layers, int) else []
+    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or \
+            (isinstance(layers, int) and len(flags) != layers):
+        raise SpecError("hf_config.no_rope_layers", f"is not a list of {layers} 0/1 flags",
+                        "write one 0 or 1 per layer (num_hidden_layers of them)")
+    return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=_flag(cfg, "mlp_bias", False),
+                no_rope_layers=tuple(i for i, f in enumerate(flags) if f == 0))
+
+
+def _gpt_neox_fields(cfg: dict) -> dict:
+    """GPTNeoXConfig: LayerNorm, a GELU MLP with biases, attention_bias on query_key_value and
+    dense, hidden_dropout on the embeddings and both residual branches, rotary_pct 0.25."""
+    act = _get(cfg, "hidden_act", "gelu")
+    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh"}
+    if act not in acts:
+        raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use gelu, gelu_new or gelu_pytorch_tanh")
+    bias = _flag(cfg, "attention_bias", True)
+    drop = _get(cfg, "hidden_dropout", 0.0)
+    return dict(family="gpt_neox", vocab_size=_get(cfg, "vocab_size", 50432),
+                hidden_size=_get(cfg, "hidden_size", 6144), num_layers=_get(cfg, "num_hidden_layers", 44),
+                num_heads=_get(cfg, "num_attention_heads", 64),
+                intermediate_size=_get(cfg, "intermediate_size", 24576),
+                max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=_flag(cfg, "tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
+                mlp_bias=True, activation=acts[act], attn_dropout=_get(cfg, "attention_dropout", 0.0),
+                embd_dropout=drop, resid_dropout=drop,
+                parallel_residual=_flag(cfg, "use_parallel_residual", True),
+                rotary_fraction=_partial_rotary_factor(cfg, 0.25))
+
+
+FAMILY_READERS = {"phi3": _phi3_fields, "olmo2": _olmo2_fields, "granite": _granite_fields,
+                  "smollm3": _smollm3_fields, "gpt_neox": _gpt_neox_fields}
 
 
 def spec_from_hf(cls: type, config: dict | str | os.PathLike, implementation: str):

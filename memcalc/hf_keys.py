@@ -5,7 +5,8 @@ transformers release that adds a memory-relevant key is an error, not a silently
 (tests/test_hf_keys.py walks each supported config class's to_dict()).
 
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
-modeling_mistral.py / modeling_qwen2.py, masking_utils.py.
+modeling_mistral.py / modeling_qwen2.py / modeling_phi3.py / modeling_gpt_neox.py /
+modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
 """
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from memcalc.errors import NotModelledError
 MODELLED = {
     "gpt2": {"model_type", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
              "tie_word_embeddings", "activation_function", "embd_pdrop", "attn_pdrop", "resid_pdrop",
-             "_name_or_path"},
+             "_name_or_path", "reorder_and_upcast_attn"},
     "llama": {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
               "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
               "_name_or_path"},
 }
 MODELLED["mistral"] = MODELLED["qwen2"] = MODELLED["llama"]
+# ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
+MODELLED["olmo2"] = MODELLED["llama"]
+# rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
+MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor", "rope_parameters"}
+MODELLED["granite"] = MODELLED["llama"] | {"embedding_multiplier", "residual_multiplier",
+                                           "attention_multiplier", "logits_scaling"}
+MODELLED["smollm3"] = MODELLED["llama"] | {"no_rope_layers", "no_rope_layer_interval"}
+MODELLED["gpt_neox"] = {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+                        "hidden_act", "attention_dropout", "hidden_dropout", "use_parallel_residual",
+                        "rotary_pct", "rope_parameters", "_name_or_path"}
 
 _METADATA = "metadata: names and versions, read by no op"
 _TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
@@ -60,14 +72,25 @@ INERT: dict[str, str] = {
     "rope_scaling": "older name of rope_parameters (same tables)",
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": "which layers use the sliding window when use_sliding_window is true (refused)",
+    "scale_attn_by_inverse_layer_idx": ("GPT-2: transformers 5.x folds 1/(layer_idx+1) into the scaling "
+                                        "constant of the same op (modeling_gpt2.py GPT2Attention.__init__)"),
+    "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
+    "classifier_dropout": _HEADS,
+    "layer_norm_eps": _NUMERIC,
+}
+
+# keys inert for one model type only: model_type -> key -> why
+TYPE_INERT: dict[str, dict[str, str]] = {
+    "phi3": {"embd_pdrop": "not read by modeling_phi3.py in transformers 5.24 (Phi3Model has no "
+                           "embedding dropout)",
+             "original_max_position_embeddings": "read only by the longrope rotary type to pick "
+                                                 "its factors: the cos/sin tables keep their shape",
+             "attention_bias": "modeling_phi3.py builds qkv_proj and o_proj with bias=False whatever "
+                               "its value"},
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)
 REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
-    "reorder_and_upcast_attn": ((False, None), "GPT-2's upcast attention path allocates fp32 scores "
-                                "through baddbmm (measured -1.5% under bf16 autocast)", "set it to false"),
-    "scale_attn_by_inverse_layer_idx": ((False, None), "scales the scores by 1/(layer+1) in another "
-                                        "(b, heads, s, s) op under eager attention", "set it to false"),
     "scale_attn_weights": ((True, None), "leaves out the modelled scaling op of eager attention",
                            "set it to true"),
     "add_cross_attention": ((False, None), "adds cross-attention layers", "set it to false"),
@@ -107,17 +130,19 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     value memcalc does not model.
 
     >>> check_config_keys({"model_type": "gpt2", "n_layer": 2, "bos_token_id": 1}, "gpt2")
-    >>> check_config_keys({"model_type": "gpt2", "reorder_and_upcast_attn": True}, "gpt2")  # doctest: +ELLIPSIS
+    >>> check_config_keys({"model_type": "gpt2", "output_attentions": True}, "gpt2")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.errors.NotModelledError: hf_config.reorder_and_upcast_attn: True is not modelled ...
+    memcalc.errors.NotModelledError: hf_config.output_attentions: True is not modelled ...
     """
     modelled = MODELLED[family_type]
     for key, value in cfg.items():
-        if key in modelled or key in INERT:
+        if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
             continue
         if key == "sliding_window" and family_type == "qwen2":
             continue  # Qwen2 reads it only with use_sliding_window (refused when true)
+        if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
+            continue  # SmolLM3 reads it only with use_sliding_window (refused when true)
         if key in REFUSED_UNLESS:
             allowed, why, fix = REFUSED_UNLESS[key]
             if not _allowed(key, value, allowed):

@@ -126,7 +126,8 @@ def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, precision: 
     plan of this precision can fit, and its simulations are skipped."""
     from memcalc.formulas.model_states import model_state_bytes
 
-    return model_state_bytes(model.param_count, precision, training.optimizer) > card.usable_bytes
+    return (model_state_bytes(model.param_count, precision, training.optimizer, training.device)
+            > card.usable_bytes)
 
 
 def _peaks(model: ModelSpec, training: TrainingConfig, global_batch: int, card: GPU) -> dict[int, int]:

@@ -84,6 +84,8 @@ class Regime:
     checkpoint_every: int | None
     attention: str
     grad_accum: int
+    max_grad_norm: float | None = None
+    """Gradient clipping (clip_grad_norm_) before the optimizer step, or None."""
 
     @classmethod
     def of(cls, training: TrainingConfig) -> "Regime":
@@ -102,7 +104,8 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum)
+                   attention=training.attention, grad_accum=training.grad_accum,
+                   max_grad_norm=training.max_grad_norm)
 
     @property
     def fsdp(self) -> bool:

@@ -15,7 +15,9 @@ from memcalc.errors import UnknownNameError, closest_names, from_pydantic
 if TYPE_CHECKING:
     import os
 
-Family = Literal["gpt2", "llama"]
+Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite"]
+# families whose blocks are Llama-shaped (RMSNorm, SwiGLU MLP of intermediate_size, rotary)
+LLAMA_LIKE = ("llama", "phi3", "olmo2", "granite")
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -32,7 +34,10 @@ class ModelSpec(BaseModel):
     name: str = "custom"
     """A label for reports; presets carry their own name."""
     family: Family
-    """'gpt2' (LayerNorm, GELU MLP, learned positions) or 'llama' (RMSNorm, SwiGLU, rotary)."""
+    """'gpt2' (LayerNorm, GELU MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also
+    Mistral, Qwen2, SmolLM3), or a family with its own HF program: 'phi3' (fused
+    qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
+    parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -68,7 +73,17 @@ class ModelSpec(BaseModel):
     attn_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the attention probabilities (attn_pdrop / attention_dropout)."""
     resid_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Dropout on each residual branch (GPT-2's resid_pdrop)."""
+    """Dropout on each residual branch (GPT-2's and Phi-3's resid_pdrop, GPT-NeoX's hidden_dropout)."""
+    rotary_fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Share of each head's width that rotary embeddings rotate (Phi-3's partial_rotary_factor,
+    GPT-NeoX's rotary_pct); phi3 and gpt_neox only, whose apply_rotary_pos_emb slices and cats."""
+    parallel_residual: bool = False
+    """GPT-NeoX's use_parallel_residual: x + attn(ln1(x)) + mlp(ln2(x)) instead of sequential."""
+    no_rope_layers: tuple[int, ...] = Field(default=(), strict=False)
+    """Layers (0-based) whose attention skips rotary embeddings (SmolLM3's NoPE layers); a JSON
+    list is accepted (lax for this field only: a spec read back from a results file)."""
+    reorder_and_upcast_attn: bool = False
+    """HF GPT-2's upcast attention path (_upcast_and_reordered_attn: baddbmm into an fp32 buffer)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -77,13 +92,37 @@ class ModelSpec(BaseModel):
                              f"{self.hidden_size}; choose a divisor or set head_dim")
         if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
-        if self.family == "llama" and self.intermediate_size is None:
-            raise ValueError("intermediate_size is required for the llama family")
+        if self.family in LLAMA_LIKE and self.intermediate_size is None:
+            raise ValueError(f"intermediate_size is required for the {self.family} family")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
-        if self.family == "llama" and (self.embd_dropout or self.resid_dropout):
-            raise ValueError("llama family has only attn_dropout; set embd/resid_dropout to 0")
+        if self.family in ("llama", "olmo2", "granite") and (self.embd_dropout or self.resid_dropout):
+            raise ValueError(f"{self.family} family has only attn_dropout; set embd/resid_dropout to 0")
+        self._check_family_fields()
         return self
+
+    def _check_family_fields(self) -> None:
+        """Fields only some families read are refused elsewhere, not ignored."""
+        if self.rotary_fraction != 1.0 and self.family not in ("phi3", "gpt_neox"):
+            raise ValueError(f"rotary_fraction applies to phi3 and gpt_neox, not {self.family}; set it to 1.0")
+        if self.parallel_residual and self.family != "gpt_neox":
+            raise ValueError(f"parallel_residual applies to gpt_neox, not {self.family}; set it to false")
+        if self.no_rope_layers and self.family != "llama":
+            raise ValueError(f"no_rope_layers applies to the llama family, not {self.family}; set it to ()")
+        if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
+            raise ValueError(f"no_rope_layers must be layer indices in [0, {self.num_layers})")
+        if self.reorder_and_upcast_attn and (self.family, self.implementation) != ("gpt2", "hf"):
+            raise ValueError("reorder_and_upcast_attn applies to HF GPT-2 only; set it to false")
+        if self.family == "gpt_neox" and self.num_kv_heads not in (None, self.num_heads):
+            raise ValueError("gpt_neox has no grouped-query attention; drop num_kv_heads")
+        if self.family == "gpt_neox" and self.head_size * self.num_heads != self.hidden_size:
+            raise ValueError("gpt_neox needs head_dim = hidden_size / num_heads; drop head_dim")
+        if self.family == "gpt_neox" and self.embd_dropout != self.resid_dropout:
+            raise ValueError("gpt_neox's hidden_dropout sets embd_dropout and resid_dropout together; "
+                             "make them equal")
+        if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
+            raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
+                             "make qkv_bias equal out_bias")
 
     def __init__(self, **fields):
         try:

@@ -2,7 +2,7 @@
 what the model's implementation can run, and what the engine models. Each failure is one
 MemcalcError naming the field the caller gave and the fix.
 
->>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+>>> from memcalc.specs import ModelSpec; from memcalc.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
 >>> check_step(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=4096))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
@@ -14,7 +14,7 @@ from memcalc import limits
 from memcalc.errors import NotModelledError, SpecError
 from memcalc.parallel.tensor import check_tensor_parallel
 from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
 
 
 def check_model(model: ModelSpec) -> None:
@@ -112,6 +112,14 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     memcalc.errors.NotModelledError: fsdp_mixed_precision: FSDP2's MixedPrecisionPolicy on a single ...
     """
     check_tensor_parallel(model, training)
+    if training.world_size > 1 and training.optimizer in FINE_TUNE_OPTIMIZERS:
+        raise NotModelledError("optimizer", f"optimizer='{training.optimizer}' is modelled on one "
+                               "process (its states under DDP/ZeRO/FSDP are not validated)",
+                               "use world_size=1, or a torch.optim optimizer (adamw, adam, sgd)")
+    if training.world_size > 1 and training.max_grad_norm is not None:
+        raise NotModelledError("max_grad_norm", "gradient clipping is modelled on one process "
+                               "(sharded gradients are clipped through DTensor norms and "
+                               "all-reduces, not modelled)", "use world_size=1, or max_grad_norm=None")
     if training.fsdp_mixed_precision and training.data_parallel == 1:
         raise NotModelledError("fsdp_mixed_precision", "FSDP2's MixedPrecisionPolicy on a single "
                                "data-parallel rank is not modelled (measured +1.3%)",

@@ -8,7 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from memcalc.errors import from_pydantic
 
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
-Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
+TorchOptimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
+# fine-tuning optimizers (memcalc.tape.lowbit): bitsandbytes AdamW8bit, PagedAdamW8bit, PagedAdamW;
+# transformers' Adafactor with its defaults
+FineTuneOptimizer = Literal["adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"]
+Optimizer = Literal[TorchOptimizer, FineTuneOptimizer]
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
@@ -18,14 +22,21 @@ Sharding = Literal["none", "zero1", "zero2", "zero3"]
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+TORCH_OPTIMIZERS: tuple[str, ...] = get_args(TorchOptimizer)
+"""The torch.optim optimizers (the ci/gpu pairwise axes and the committed tables use these)."""
+FINE_TUNE_OPTIMIZERS: tuple[str, ...] = get_args(FineTuneOptimizer)
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 DEVICES: tuple[str, ...] = get_args(Device)
 SHARDINGS: tuple[str, ...] = get_args(Sharding)
 
-# torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW.
-DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2}
+# torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
+# bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
+# optimization.py Adafactor: 0.0.
+DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2,
+                        "adamw-8bit": 1e-2, "paged-adamw-8bit": 1e-2, "paged-adamw": 1e-2,
+                        "adafactor": 0.0}
 
 
 class TrainingConfig(BaseModel):
@@ -47,10 +58,14 @@ class TrainingConfig(BaseModel):
     """fp32; fp16-amp (autocast fp16 + GradScaler dynamic loss scaling); bf16-amp (autocast bf16);
     bf16 (parameters, gradients and optimizer states in bf16)."""
     optimizer: Optimizer = "adamw"
-    """torch.optim.SGD (momentum 0 or 0.9), Adam or AdamW."""
+    """torch.optim.SGD (momentum 0 or 0.9), Adam or AdamW; bitsandbytes AdamW8bit
+    ('adamw-8bit'), PagedAdamW8bit ('paged-adamw-8bit'), PagedAdamW ('paged-adamw'); transformers'
+    Adafactor with its defaults ('adafactor': factored second moment, relative step, no beta1)."""
     optimizer_impl: OptimizerImpl | None = None
     """foreach, fused or for-loop; None means torch's default on the device (foreach on cuda,
-    for-loop on cpu: torch/optim/optimizer.py _default_to_fused_or_foreach)."""
+    for-loop on cpu: torch/optim/optimizer.py _default_to_fused_or_foreach). Only for the
+    torch.optim optimizers: bitsandbytes and Adafactor have one implementation each (a Python
+    loop over parameters), so it must stay None for them."""
     weight_decay: float | None = Field(default=None, ge=0.0)
     """Optimizer weight decay; None means torch's default for the optimizer."""
     checkpointing: Checkpointing = "none"
@@ -72,6 +87,11 @@ class TrainingConfig(BaseModel):
     """Megatron-style tensor-parallel degree (column/row splits of attention and MLP)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
+    max_grad_norm: float | None = Field(default=None, gt=0.0)
+    """Gradient clipping before optimizer.step(): torch.nn.utils.clip_grad_norm_(params,
+    max_grad_norm) after GradScaler.unscale_ under fp16-amp; None means no clipping (the HF
+    Trainer's default is 1.0; its 0 means no clipping, which is None here). clip_grad_norm_ runs
+    with its default foreach=None (memcalc.tape.optimizer.clip_bytes)."""
     fsdp_mixed_precision: bool = False
     """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
     precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
@@ -92,6 +112,9 @@ class TrainingConfig(BaseModel):
                                           or self.precision != "fp32"):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
                              "fp32 (the policy, not autocast, makes the bf16 copies)")
+        if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
+            raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
+                             "implementation, a loop over parameters); leave optimizer_impl unset")
         return self
 
     def __init__(self, **fields):
@@ -122,6 +145,8 @@ class TrainingConfig(BaseModel):
         """The implementation torch runs: the explicit one, else the device default."""
         if self.optimizer_impl is not None:
             return self.optimizer_impl
+        if self.optimizer in FINE_TUNE_OPTIMIZERS:
+            return "for-loop"  # bitsandbytes' Optimizer8bit.step and Adafactor.step loop over params
         return "foreach" if self.device == "cuda" else "for-loop"
 
     @property

@@ -17,8 +17,16 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
         attn = h * 3 * a * d // t + (3 * a * d // t if spec.qkv_bias else 0) + a * d * h // t \
             + (h if spec.out_bias else 0)
         mlp = 2 * h * f // t + ((f // t + h) if spec.mlp_bias else 0)
-    else:
+    elif spec.family == "gpt_neox":  # LayerNorms with biases; MLP biases always
+        norms = (2 * L + 1) * 2 * h
+        attn = 4 * h * h // t + (3 * h // t + h if spec.qkv_bias else 0)
+        mlp = 2 * h * f // t + f // t + h
+    elif spec.family == "phi3":  # fused qkv_proj and gate_up_proj hold the same weights, no biases
         norms = (2 * L + 1) * h
+        attn = h * (a + 2 * kv) * d // t + a * d * h // t
+        mlp = 3 * h * f // t
+    else:
+        norms = (2 * L + 1) * h + (L * (a + kv) * d if spec.family == "olmo2" else 0)  # OLMo-2 q/k norms
         attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) \
             + a * d * h // t + (h if spec.out_bias else 0)
         mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)

@@ -1,9 +1,11 @@
 """Shared hypothesis strategies: small random ModelSpecs and TrainingConfigs (fast to simulate).
 
 Every program the engine has is drawn: both families (gpt2, llama) in both implementations (hf,
-reference), with multi-head, grouped-query and multi-query attention, tied or untied embeddings,
-biases on or off, dropouts, every precision, optimizer and checkpointing mode, and, where asked
-for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
+reference), the HF-only families (phi3, gpt_neox, olmo2, granite; SmolLM3's NoPE layers on hf
+llama; GPT-2's reorder_and_upcast_attn), with multi-head, grouped-query and multi-query
+attention, tied or untied embeddings, biases on or off, dropouts, every precision, optimizer and
+checkpointing mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor
+parallelism and FSDP2 mixed precision.
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
 1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
 than its position table has rows).
@@ -29,7 +31,8 @@ settings.load_profile(os.environ.get("MEMCALC_HYPOTHESIS_PROFILE", "quick"))
 
 FAMILIES = ["gpt2", "llama"]
 IMPLEMENTATIONS = ["hf", "reference"]
-PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS]
+HF_ONLY = ["phi3", "gpt_neox", "olmo2", "granite"]  # issue 12 part b: HF programs only
+PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
 CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
@@ -37,7 +40,9 @@ SHARDINGS = ["none", "zero1", "zero2", "zero3"]
 # what each program runs as its MLP activation (hf_gpt2.activation; the reference GPT-2 is
 # nn.GELU(approximate='tanh'); both Llama programs are SwiGLU)
 ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "reference"): ["gelu_tanh"],
-               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"]}
+               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"],
+               ("phi3", "hf"): ["silu"], ("olmo2", "hf"): ["silu"], ("granite", "hf"): ["silu"],
+               ("gpt_neox", "hf"): ["gelu", "gelu_new", "gelu_tanh"]}
 DROPOUTS = [0.0, 0.1]
 # (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
 # biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
@@ -47,7 +52,12 @@ ANY_BIASES = [(q, o, m) for q in (False, True) for o in (False, True) for m in (
 BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASES,
           ("llama", "hf"): [(False, False, False), (True, False, False), (True, True, False),
                             (False, False, True), (True, True, True)],
-          ("llama", "reference"): ANY_BIASES}
+          ("llama", "reference"): ANY_BIASES,
+          # Phi-3: none; OLMo-2: attention_bias on q/k/v/o; Granite: that and mlp_bias; GPT-NeoX:
+          # attention_bias on query_key_value and dense, MLP biases always (validate.hf)
+          ("phi3", "hf"): [(False, False, False)], ("olmo2", "hf"): [(False, False, False), (True, True, False)],
+          ("granite", "hf"): [(q, q, m) for q in (False, True) for m in (False, True)],
+          ("gpt_neox", "hf"): [(False, False, True), (True, True, True)]}
 
 
 @st.composite
@@ -66,17 +76,28 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
                   attn_dropout=draw(st.sampled_from(DROPOUTS)))
     if family == "gpt2":
         fields.update(embd_dropout=draw(st.sampled_from(DROPOUTS)),
-                      resid_dropout=draw(st.sampled_from(DROPOUTS)))
+                      resid_dropout=draw(st.sampled_from(DROPOUTS)),
+                      reorder_and_upcast_attn=impl == "hf" and draw(st.booleans()))
+    elif family == "gpt_neox":  # hidden_dropout on embeddings and residuals, partial rotary
+        p = draw(st.sampled_from(DROPOUTS))
+        fields.update(embd_dropout=p, resid_dropout=p, rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])),
+                      parallel_residual=draw(st.booleans()), intermediate_size=draw(st.sampled_from([64, 128])))
     else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
         fields.update(num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
                       intermediate_size=draw(st.sampled_from([64, 96, 128, 192, 256])))
+    if family == "phi3":
+        fields.update(resid_dropout=draw(st.sampled_from(DROPOUTS)),
+                      rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])))
+    if (family, impl) == ("llama", "hf") and draw(st.booleans()):  # SmolLM3's NoPE layers
+        fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
     return ModelSpec.make(**fields)
 
 
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
     none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
-    if model is None or (model.family, model.implementation) == ("gpt2", "hf"):
+    if model is None or (model.family, model.implementation) == ("gpt2", "hf") or model.family in HF_ONLY \
+            or model.no_rope_layers:
         return [1]
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 

@@ -37,8 +37,8 @@ def _derived_depth(draw, model: ModelSpec, training: TrainingConfig) -> int:
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
-    derived = engine.candidates(model, training)
-    assert derived.depth is not None  # memcalc.depth served it
+    derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
+    # repeat and the optimizer phase is derived (depth.supported), else the simulation does
     direct = engine.simulated(model, training)
     assert derived.param_shapes == direct.param_shapes
     key = (model, engine._regime_key(training))
@@ -86,6 +86,17 @@ def test_formula_in_depth_is_the_simulated_peak(case, bv, sv):
         other = model  # the segment size moved: the formula holds for this depth's segments
     peak = max(engine.simulated(other, training).steady_set.totals(bv, sv))
     assert int(expr.xreplace({b: bv, s: sv, L: other.num_layers})) == peak
+
+
+@pytest.mark.parametrize("family,impl", [("gpt2", "hf"), ("gpt2", "reference"), ("llama", "hf"),
+                                         ("llama", "reference")])
+def test_repeating_programs_are_derived(family, impl):
+    model = ModelSpec.make(family=family, implementation=impl, vocab_size=100, hidden_size=32, num_layers=9,
+                           num_heads=2, max_position_embeddings=64,
+                           **({"intermediate_size": 64} if family == "llama" else {}))
+    for mode in ("none", "per-layer", "selective"):
+        engine._CACHE.clear()
+        assert engine.candidates(model, TrainingConfig(micro_batch=1, seq_len=8, checkpointing=mode)).depth
 
 
 def test_activation_formula_is_linear_in_depth_without_checkpointing():

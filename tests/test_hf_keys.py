@@ -58,9 +58,7 @@ def test_published_configs_load_with_their_published_parameter_counts(config, pu
     assert ModelSpec.from_hf_config(config).param_count == published
 
 
-@pytest.mark.parametrize("key,value", [("reorder_and_upcast_attn", True),
-                                       ("scale_attn_by_inverse_layer_idx", True),
-                                       ("output_attentions", True), ("brand_new_key", 1)])
+@pytest.mark.parametrize("key,value", [("output_attentions", True), ("brand_new_key", 1)])
 def test_gpt2_settings_that_change_memory_are_refused_by_name(key, value):
     with pytest.raises(NotModelledError, match=f"hf_config.{key}"):
         ModelSpec.from_hf_config({**GPT2, key: value})
@@ -86,3 +84,8 @@ def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "hf_config.sliding_window" in err
+
+
+def test_gpt2_upcast_attention_is_modelled_and_inverse_layer_scaling_is_inert():
+    spec = ModelSpec.from_hf_config({**GPT2, "reorder_and_upcast_attn": True, "scale_attn_by_inverse_layer_idx": True})
+    assert spec.reorder_and_upcast_attn

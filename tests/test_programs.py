@@ -23,6 +23,16 @@ SPECS = {
                                  max_position_embeddings=64, tie_embeddings=True, qkv_bias=False,
                                  out_bias=False, mlp_bias=False, activation="silu"),
 }
+_LLAMA_LIKE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
+                   max_position_embeddings=64, activation="silu", mlp_bias=False)
+SPECS.update({  # issue 12, part b
+    ("hf", "phi3"): dict(_LLAMA_LIKE, family="phi3", qkv_bias=False, out_bias=False, rotary_fraction=0.5),
+    ("hf", "olmo2"): dict(_LLAMA_LIKE, family="olmo2", qkv_bias=True, out_bias=True),
+    ("hf", "granite"): dict(_LLAMA_LIKE, family="granite", qkv_bias=True, out_bias=True, mlp_bias=True),
+    ("hf", "gpt_neox"): dict(family="gpt_neox", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
+                             intermediate_size=48, max_position_embeddings=64, activation="gelu",
+                             rotary_fraction=0.25, parallel_residual=True),
+})
 
 
 def test_registry_covers_every_implementation_and_family():

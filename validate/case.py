@@ -99,7 +99,7 @@ class Case:
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
-                f"ga{t.grad_accum}")
+                f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else ""))
 
 
 __all__ = ["Case", "config_key"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 from validate.case import Case
+from validate.ci_families_b import dist_families_b
 from validate.dist_job import SHARDINGS
 
 # The shape the brief asks for: h=128, L=3, V=1000, b=2, s=64. Padding rows use sizes that 4 does
@@ -42,7 +43,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     (tensor_parallel_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (53, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (58, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -64,6 +65,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
               _case("gpt2-ref-W4-zero2-mp-per-layer", dist_model("gpt2-ref"),
                     mixed.with_(checkpointing="per-layer"), 4, "zero2"),
               _case("llama-ref-pad-W4-zero3-mp-ga2", padded, mixed.with_(grad_accum=2), 4, "zero3")]
+    cases += dist_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     return cases + tensor_parallel_cases(training)
 
 

@@ -13,6 +13,8 @@ from validate.models import RMS_EPS, ROPE_THETA, segment_size
 
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
            "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
+               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM")
 
 
 def _gpt2_config(spec) -> dict:
@@ -31,6 +33,7 @@ def _gpt2_config(spec) -> dict:
                 n_positions=spec.max_position_embeddings, activation_function=act,
                 embd_pdrop=spec.embd_dropout, attn_pdrop=spec.attn_dropout,
                 resid_pdrop=spec.resid_dropout, tie_word_embeddings=spec.tie_embeddings,
+                reorder_and_upcast_attn=spec.reorder_and_upcast_attn,
                 bos_token_id=0, eos_token_id=0)
 
 
@@ -55,6 +58,10 @@ def hf_config_dict(spec) -> dict:
     """
     if spec.family == "gpt2":
         return _gpt2_config(spec)
+    if spec.family in FAMILY_CONFIGS:
+        return FAMILY_CONFIGS[spec.family](spec)
+    if spec.no_rope_layers:
+        return _smollm3_config(spec)
     model_type = _llama_model_type(spec)
     cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
@@ -68,6 +75,68 @@ def hf_config_dict(spec) -> dict:
     if model_type in ("mistral", "qwen2"):
         cfg.update(sliding_window=None, use_sliding_window=False)
     return cfg
+
+
+# ---- families of issue 12, part b: config dicts that build each spec's architecture -------------
+def _llama_like_config(spec, model_type: str) -> dict:
+    return dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+                intermediate_size=spec.ffn_size, max_position_embeddings=spec.max_position_embeddings,
+                tie_word_embeddings=spec.tie_embeddings, hidden_act="silu",
+                attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS,
+                rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+                bos_token_id=0, eos_token_id=0, pad_token_id=None)
+
+
+def _require_biases(spec, qkv: bool, out: bool, mlp: bool, family: str) -> None:
+    if (spec.qkv_bias, spec.out_bias, spec.mlp_bias) != (qkv, out, mlp):
+        raise MemcalcError("qkv_bias", f"HF {family} has qkv_bias={qkv}, out_bias={out}, mlp_bias={mlp}",
+                           "set those biases")
+
+
+def _phi3_config(spec) -> dict:
+    _require_biases(spec, False, False, False, "Phi-3")
+    cfg = _llama_like_config(spec, "phi3")
+    cfg["rope_parameters"]["partial_rotary_factor"] = spec.rotary_fraction
+    return dict(cfg, resid_pdrop=spec.resid_dropout, embd_pdrop=0.0, sliding_window=None)
+
+
+def _olmo2_config(spec) -> dict:
+    _require_biases(spec, spec.qkv_bias, spec.qkv_bias, False, "OLMo-2")
+    return dict(_llama_like_config(spec, "olmo2"), attention_bias=spec.qkv_bias)
+
+
+def _granite_config(spec) -> dict:
+    _require_biases(spec, spec.qkv_bias, spec.qkv_bias, spec.mlp_bias, "Granite")
+    return dict(_llama_like_config(spec, "granite"), attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias,
+                embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+                logits_scaling=16.0)
+
+
+def _smollm3_config(spec) -> dict:
+    _require_biases(spec, spec.qkv_bias, spec.qkv_bias, spec.mlp_bias, "SmolLM3")
+    return dict(_llama_like_config(spec, "smollm3"), attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias,
+                no_rope_layers=[int(i not in spec.no_rope_layers) for i in range(spec.num_layers)],
+                use_sliding_window=False, sliding_window=None)
+
+
+def _gpt_neox_config(spec) -> dict:
+    _require_biases(spec, spec.qkv_bias, spec.qkv_bias, True, "GPT-NeoX")
+    act = {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation)
+    return dict(model_type="gpt_neox", vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                intermediate_size=spec.ffn_size, max_position_embeddings=spec.max_position_embeddings,
+                tie_word_embeddings=spec.tie_embeddings, hidden_act=act, attention_bias=spec.qkv_bias,
+                attention_dropout=spec.attn_dropout, hidden_dropout=spec.resid_dropout,
+                use_parallel_residual=spec.parallel_residual,
+                rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA,
+                                 "partial_rotary_factor": spec.rotary_fraction},
+                bos_token_id=0, eos_token_id=0)
+
+
+FAMILY_CONFIGS = {"phi3": _phi3_config, "olmo2": _olmo2_config, "granite": _granite_config,
+                  "gpt_neox": _gpt_neox_config}
 
 
 def _make_config(config: dict):

@@ -3,7 +3,8 @@ FSDP2 wrapping (validate.wrap), tensor parallelism (validate.tensor_parallel) an
 (validate.dist_formulas) share.
 
 - validate.models.ReferenceLM: `model.blocks`
-- HF GPT-2: `model.transformer.h`; HF Llama, Mistral, Qwen2: `model.model.layers`
+- HF GPT-2: `model.transformer.h`; HF Llama, Mistral, Qwen2, Phi-3, OLMo-2, Granite, SmolLM3:
+  `model.model.layers`; HF GPT-NeoX: `model.gpt_neox.layers`
   (`base_model_prefix` names the base model)
 
 >>> from types import SimpleNamespace as NS

@@ -16,8 +16,11 @@ from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
 from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
 from memcalc.training import OPTIMIZER_IMPLS as IMPLS
-from memcalc.training import OPTIMIZERS, PRECISIONS, TrainingConfig
+from memcalc.training import PRECISIONS, TrainingConfig
+from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
+from validate.ci_families_b import ci_families_b
+from validate.ci_optim import ci_optim_matrix
 from validate.dist_matrices import dist_ci_matrix
 
 
@@ -140,11 +143,13 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     Two independent pairwise designs (seeds 0 and 1), so every pair is covered twice.
 
-    >>> cases = ci_matrix(); 40 < len(cases) < 90
+    >>> cases = ci_matrix(); 40 < len(cases) < 200
     True
     """
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
-    return [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
+    cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
+    return cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

@@ -46,7 +46,11 @@ def optimizer_kwargs(training) -> dict:
     ...                                 optimizer_impl="fused"))
     {'lr': 0.001, 'weight_decay': 0.0, 'momentum': 0.9, 'foreach': False, 'fused': True}
     """
+    if training.optimizer == "adafactor":  # its defaults: relative step, so no lr
+        return {"weight_decay": training.resolved_weight_decay}
     kwargs = {"lr": LR, "weight_decay": training.resolved_weight_decay}
+    if training.optimizer in BNB_OPTIMIZERS:  # one implementation: no foreach/fused flags
+        return kwargs
     if training.optimizer.startswith("sgd"):
         kwargs["momentum"] = 0.9 if training.optimizer == "sgd-momentum" else 0.0
     impl = training.resolved_optimizer_impl
@@ -67,12 +71,25 @@ def make_optimizer(params, training) -> torch.optim.Optimizer:
     return optimizer_class(training.optimizer)(params, **optimizer_kwargs(training))
 
 
-def optimizer_class(name: str) -> type:
-    """The torch.optim class of a memcalc optimizer name (SGD with or without momentum).
+BNB_OPTIMIZERS = {"adamw-8bit": "AdamW8bit", "paged-adamw-8bit": "PagedAdamW8bit",
+                  "paged-adamw": "PagedAdamW"}  # bitsandbytes.optim class names
 
-    >>> optimizer_class("sgd-momentum").__name__
-    'SGD'
+
+def optimizer_class(name: str) -> type:
+    """The optimizer class of a memcalc optimizer name (SGD with or without momentum;
+    bitsandbytes and transformers imported only when named).
+
+    >>> optimizer_class("sgd-momentum").__name__, optimizer_class("adamw-8bit").__name__
+    ('SGD', 'AdamW8bit')
     """
+    if name in BNB_OPTIMIZERS:
+        import bitsandbytes.optim
+
+        return getattr(bitsandbytes.optim, BNB_OPTIMIZERS[name])
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor
     return {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD,
             "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
 
@@ -159,7 +176,7 @@ def train_step(trainee: Trainee, training, meter, vocab_size: int) -> StepPeaks:
         loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids))  # noqa: F821
         _phase(meter, "backward", peaks, lambda: _backward(trainee, loss))  # noqa: F821
         del loss
-    _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee))
+    _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee, training))
     del ids
     return StepPeaks(peak=max(peaks.values()), phases={p: peaks[p] for p in PHASES})
 
@@ -176,7 +193,11 @@ def _backward(trainee, loss) -> None:
     (trainee.scaler.scale(loss) if trainee.scaler is not None else loss).backward()
 
 
-def _optimizer_step(trainee) -> None:
+def _optimizer_step(trainee, training) -> None:
+    if training.max_grad_norm is not None:  # the HF Trainer's order (trainer.py _clip_grad_norm)
+        if trainee.scaler is not None:
+            trainee.scaler.unscale_(trainee.optimizer)
+        torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), training.max_grad_norm)
     if trainee.scaler is not None:
         trainee.scaler.step(trainee.optimizer)
         trainee.scaler.update()

@@ -7,7 +7,11 @@ Same method as torch.distributed._tools.mem_tracker.MemTracker (which validate c
 What it sees: every storage returned by an ATen op run while the mode is active (parameters,
 buffers, gradients, optimizer state, inputs, activations, temporaries), plus tensors registered
 with `track_tensor`. What it cannot see: scratch memory inside one kernel (it never becomes a
-tensor), and tensors made under `no_dispatch`. The peak is checked after every op, when the op's
+tensor), and tensors made under `no_dispatch`. A custom op is one op to the mode (the mode is
+off while its kernel runs), so the tensors a Python kernel allocates and frees inside are
+unseen; the kernels in SEE_INSIDE (bitsandbytes' CPU optimizer updates, Python functions that
+dequantize the 8-bit states to fp32 temporaries: bitsandbytes/backends/cpu/ops.py) are run with
+the mode on. The peak is checked after every op, when the op's
 inputs and outputs are alive together: the same moment the CUDA caching allocator peaks.
 
 Works under FakeTensorMode (enter the fake mode first, then the tracker): fake tensors have
@@ -21,6 +25,19 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+
+# custom ops whose CPU kernel is a Python function allocating temporaries the process really holds
+SEE_INSIDE = frozenset({"bitsandbytes::optimizer_update_8bit_blockwise",
+                        "bitsandbytes::optimizer_update_32bit"})
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _plain_cpu(args) -> bool:
+    """All tensor arguments are real CPU tensors (not fake, not subclasses)."""
+    tensors = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+               for t in tensors)
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -122,7 +139,11 @@ class LiveTensorTracker(TorchDispatchMode):
             self.timeline.append((what, self.live))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func._schema.name in SEE_INSIDE and _plain_cpu(args):
+            with self:  # the kernel's own ops are seen (their temporaries count)
+                out = func.redispatch(_CPU_KEYS, *args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track_tensor(t)

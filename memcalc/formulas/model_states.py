@@ -7,6 +7,13 @@ parameter's dtype; autocast leaves parameters, hence gradients and states, in fp
     fp32, fp16-amp, bf16-amp     4        4      8 | 4 | 0
     bf16 (pure)                  2        2      4 | 2 | 0
 
+Fine-tuning optimizers (memcalc.tape.finetune_optim), from a count alone, as one tensor:
+adamw-8bit 2 bytes/param (uint8 state1, state2) + 8 bytes per block of 256 (fp32 absmax1,
+absmax2); paged-adamw-8bit and paged-adamw 0 on CUDA (their states are managed memory that torch's
+allocator does not count; 2 or 8 bytes/param on CPU, where paging is off); adafactor 0 (its
+factored states, 4 x (rows + cols) per matrix, need the shapes: a lower bound; estimate() counts
+them, and the fp32 states of small tensors).
+
 Adam's per-tensor `step` counters are a few bytes per tensor, not per parameter, and are left out
 (estimate() counts them). The ZeRO paper's mixed-precision figure (fp16 weights and grads plus fp32
 master weights, momentum and variance: 2 + 2 + 12 = 16 bytes, Rajbhandari et al. 2020, sec. 3.1)
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 from memcalc.errors import MemcalcError, UnknownNameError, closest_names
 from memcalc.regime import STATES_PER_PARAM, param_element_size
-from memcalc.training import PRECISIONS, SHARDINGS
+from memcalc.training import FINE_TUNE_OPTIMIZERS, PRECISIONS, SHARDINGS
 
 # bytes per element of the parameters (and so of their gradients and optimizer states)
 PARAM_BYTES = {p: param_element_size(p) for p in PRECISIONS}
@@ -38,17 +45,38 @@ def _lookup(table: dict, name: str, field: str) -> int:
     return table[name]
 
 
-def model_state_bytes(params: int, precision: str = "fp32", optimizer: str = "adam") -> int:
+def model_state_bytes(params: int, precision: str = "fp32", optimizer: str = "adam",
+                      device: str = "cuda") -> int:
     """Weights + gradients + optimizer states of `params` parameters, in bytes.
 
     >>> model_state_bytes(7_000_000_000, precision="fp32", optimizer="adam")  # 16 bytes/param
     112000000000
     >>> model_state_bytes(1_000, precision="bf16", optimizer="sgd")
     4000
+    >>> model_state_bytes(1_024, precision="bf16", optimizer="adamw-8bit")  # 2+2 + 2 + 8/256
+    6176
     """
     elt = _lookup(PARAM_BYTES, precision, "precision")
+    _check_params(params)
+    if optimizer in FINE_TUNE_OPTIMIZERS:
+        return params * 2 * elt + fine_tune_state_bytes(params, optimizer, device)
     states = _lookup(STATES_PER_PARAM, optimizer, "optimizer")
-    return _check_params(params) * elt * (2 + states)
+    return params * elt * (2 + states)
+
+
+def fine_tune_state_bytes(params: int, optimizer: str, device: str = "cuda") -> int:
+    """Optimizer-state bytes of a fine-tuning optimizer from a parameter count alone, as one
+    tensor (module docstring; a lower bound for adafactor).
+
+    >>> fine_tune_state_bytes(4096, "adamw-8bit"), fine_tune_state_bytes(4096, "paged-adamw", "cpu")
+    (8320, 32768)
+    """
+    blocks = -(-params // 256)
+    if optimizer == "adafactor" or (optimizer.startswith("paged") and device == "cuda"):
+        return 0
+    if optimizer.endswith("8bit"):
+        return 2 * params + 8 * blocks
+    return 8 * params
 
 
 def zero_paper_mixed_precision_bytes(params: int) -> int:

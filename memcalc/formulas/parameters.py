@@ -21,6 +21,8 @@ def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     """
     h, f = spec.hidden_size, spec.ffn_size
     q, kv = spec.num_heads * spec.head_size, spec.kv_heads * spec.head_size
+    if spec.family in FAMILY_BLOCKS:
+        return FAMILY_BLOCKS[spec.family](spec, h, f, q, kv)
     if spec.family == "gpt2":  # biases as the spec configures them (the reference model's flags)
         return [("ln_1.weight", h), ("ln_1.bias", h), ("attn.c_attn.weight", h * (q + 2 * kv))] \
             + [("attn.c_attn.bias", q + 2 * kv)] * spec.qkv_bias \
@@ -52,6 +54,8 @@ def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     shapes = [("wte", V * h)]
     if spec.family == "gpt2":
         shapes += [("wpe", spec.max_position_embeddings * h), ("ln_f.weight", h), ("ln_f.bias", h)]
+    elif spec.family == "gpt_neox":
+        shapes += [("final_layer_norm.weight", h), ("final_layer_norm.bias", h)]
     else:
         shapes += [("norm.weight", h)]
     if not spec.tie_embeddings:
@@ -68,3 +72,38 @@ def parameter_count(spec: ModelSpec) -> int:
     """
     block = sum(n for _, n in block_param_shapes(spec))
     return spec.num_layers * block + sum(n for _, n in outer_param_shapes(spec))
+
+
+# ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py)
+def _phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+    """Phi3DecoderLayer: self_attn (o_proj registered before the fused qkv_proj), mlp (fused
+    gate_up_proj, down_proj), the two RMSNorms; no biases."""
+    return [("o_proj.weight", q * h), ("qkv_proj.weight", h * (q + 2 * kv)),
+            ("gate_up_proj.weight", h * 2 * f), ("down_proj.weight", f * h),
+            ("input_layernorm.weight", h), ("post_attention_layernorm.weight", h)]
+
+
+def _gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[tuple[str, int]]:
+    """GPTNeoXLayer: two LayerNorms with biases, fused query_key_value and dense (biases with
+    attention_bias), the MLP's two linears (always biased)."""
+    attn = [("query_key_value.weight", h * 3 * q)] + [("query_key_value.bias", 3 * q)] * spec.qkv_bias \
+        + [("dense.weight", q * h)] + [("dense.bias", h)] * spec.out_bias
+    return [("input_layernorm.weight", h), ("input_layernorm.bias", h),
+            ("post_attention_layernorm.weight", h), ("post_attention_layernorm.bias", h)] + attn \
+        + [("dense_h_to_4h.weight", h * f), ("dense_h_to_4h.bias", f),
+           ("dense_4h_to_h.weight", f * h), ("dense_4h_to_h.bias", h)]
+
+
+def _olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+    """Olmo2DecoderLayer: q/k/v/o (biases with attention_bias), q_norm (a*d) and k_norm (kv*d)
+    over the whole projection, the SwiGLU MLP, the two post-norms."""
+    bias = spec.qkv_bias
+    return [("q_proj.weight", h * q)] + [("q_proj.bias", q)] * bias + [("k_proj.weight", h * kv)] \
+        + [("k_proj.bias", kv)] * bias + [("v_proj.weight", h * kv)] + [("v_proj.bias", kv)] * bias \
+        + [("o_proj.weight", q * h)] + [("o_proj.bias", h)] * bias \
+        + [("q_norm.weight", q), ("k_norm.weight", kv), ("gate_proj.weight", h * f),
+           ("up_proj.weight", h * f), ("down_proj.weight", f * h),
+           ("post_attention_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
+
+
+FAMILY_BLOCKS = {"phi3": _phi3_block, "gpt_neox": _gpt_neox_block, "olmo2": _olmo2_block}

@@ -49,6 +49,11 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
     if training.sequence_parallel and training.seq_len % t:
         raise SpecError("seq_len", f"{training.seq_len} tokens do not split evenly over "
                         f"tensor_parallel={t}", f"use a multiple of {t}")
+    if model.implementation == "hf" and model.family in ("phi3", "gpt_neox", "olmo2", "granite") \
+            or model.no_rope_layers:
+        raise NotModelledError("tensor_parallel", f"tensor parallelism is modelled (and measured) for "
+                               f"the llama and gpt2 programs, not HF {model.family}",
+                               "use tensor_parallel=1 (data parallelism and FSDP are modelled)")
     if model.implementation == "hf" and model.family == "gpt2":
         raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
                                "torch's ColwiseParallel/RowwiseParallel",

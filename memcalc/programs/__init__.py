@@ -3,13 +3,17 @@ picked from a registry by (implementation, family)."""
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError
-from memcalc.programs import hf_gpt2, hf_llama, ref_gpt2, ref_llama
+from memcalc.programs import hf_gpt2, hf_gpt_neox, hf_granite, hf_llama, hf_olmo2, hf_phi3, ref_gpt2, ref_llama
 from memcalc.programs.base import Program
 from memcalc.specs import ModelSpec
 
 PROGRAMS: dict[tuple[str, str], Program] = {
     ("hf", "gpt2"): hf_gpt2.PROGRAM,
-    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral and Qwen2 (memcalc.hf_config)
+    ("hf", "llama"): hf_llama.PROGRAM,  # also Mistral, Qwen2, SmolLM3 (memcalc.hf_config)
+    ("hf", "phi3"): hf_phi3.PROGRAM,  # Phi-3, Phi-4
+    ("hf", "gpt_neox"): hf_gpt_neox.PROGRAM,  # Pythia
+    ("hf", "olmo2"): hf_olmo2.PROGRAM,
+    ("hf", "granite"): hf_granite.PROGRAM,
     ("reference", "gpt2"): ref_gpt2.PROGRAM,
     ("reference", "llama"): ref_llama.PROGRAM,
 }

@@ -38,14 +38,20 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value) -> Value:
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous_q: bool = False) -> Value:
     """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
     returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
     is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
-    rules out the flash kernel and the math composite runs."""
+    rules out the flash kernel and the math composite runs. `contiguous_q`: q arrives
+    contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary cat); the CPU flash kernel lays
+    its output out like q (measured, torch 2.13), so the caller's transpose(1, 2).contiguous()
+    copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
         return sdpa_math(ops, spec, q, k, v)
-    return sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
+    if contiguous_q and ops.device == "cpu":
+        out = copy(ops, out, "transpose(1,2).contiguous()")
+    return out
 
 
 def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int) -> Value:
@@ -111,13 +117,16 @@ def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Va
     return copy(ops, y, "transpose contiguous"), p
 
 
-def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
+                contiguous_qk: bool = False) -> tuple[Value, Value]:
     """Llama-family eager attention (modeling_llama.eager_attention_forward): repeat_kv copies
     k and v (in their own dtype) to all heads when kv < heads, their backward summing back to a
     kv-sized gradient; autocast then casts the matmul operands; bmm's reshape copies q (laid out
     (b, s, heads, d) by the projection view) and k when it was not repeated; softmax runs in fp32
     and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
-    acts in that dtype, and autocast casts the probabilities for the second matmul."""
+    acts in that dtype, and autocast casts the probabilities for the second matmul.
+    `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
+    cat), so bmm's reshape copies neither."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
@@ -128,8 +137,9 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     else:
         v = copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
-    q = copy(ops, q, "q reshape copy")
-    if kv == a:
+    if not contiguous_qk:
+        q = copy(ops, q, "q reshape copy")
+    if kv == a and not contiguous_qk:
         k = copy(ops, k, "k^T reshape copy")
     s = ops.to(add_float_mask(ops, ops.scale(scores_matmul(ops, q, k, a), "* scale"), mask), 4,
                "softmax dtype=float32")

@@ -82,7 +82,7 @@ class DecoderProgram:
         ops.scope_end(emb.held_until_norm)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
-        logits = ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head")
+        logits = self.head_output(ops, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
         self.loss(ops, logits, emb.ids)
         ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                       + emb.held_until_return)
@@ -114,6 +114,12 @@ class DecoderProgram:
         alternation); memcalc.depth derives every depth from a few, and checks it at one more
         depth (a wrong period falls back to simulating every layer, never a wrong answer)."""
         return 1
+
+    def head_output(self, _ops: Ops, logits: Value) -> Value:
+        """What the causal LM does to the LM head's output before the loss (`logits` is rebound,
+        so the head's own output is freed unless this returns it; Granite divides by
+        logits_scaling)."""
+        return logits
 
     def registration_rank(self, _label: str) -> Any:
         """Sort key giving nn.Module registration order (model.parameters()); by default the

@@ -6,13 +6,13 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
-from memcalc.programs.attention import attention_core, gpt2_eager, sdpa
+from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.layers import gelu_new
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Grad, Value
+from memcalc.tape.graph import FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops
 
 
@@ -21,6 +21,39 @@ def activation(ops: Ops, x: Value, kind: str) -> Value:
     if kind == "gelu_new":
         return gelu_new(ops, x)
     return ops.unary_saving_input(kind, x)
+
+
+def upcast_reordered_attn(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> tuple[Value, Value]:
+    """GPT2Attention._upcast_and_reordered_attn (reorder_and_upcast_attn under eager attention):
+    torch.empty of fp32 (b*heads, s, s) scores; with autocast off, reshape copies of q and k^T
+    (locals `q`, `k` until the function returns) and their `.float()` copies, which baddbmm saves
+    (beta=0, alpha=scaling: the scale folds into the matmul, so no (b, heads, s, s) scaling op;
+    backward makes each operand's gradient as bmm(...) then * alpha: a temporary, then the
+    gradient); + the float mask; softmax saving its fp32 result; `.type(value.dtype)`; dropout;
+    @ v (v copied by bmm's reshape); transpose, then the caller's reshape(...).contiguous()."""
+    g, a, d = ops.g, spec.num_heads, spec.head_size
+    empty = g.op("torch.empty fp32 scores", [], size("b a s s", 4, a=a), requires_grad=False, elt=4)
+    qc, kc = copy(ops, q, "q reshape copy"), copy(ops, k, "k^T reshape copy")
+    q32, k32 = ops.to(qc, 4, "q.float()"), ops.to(kc, 4, "k.float()")
+    scores = g.op("baddbmm", [empty, q32, k32], size("b a s s", 4, a=a), saves=[q32, k32],
+                  backward=[Temp(q32.size), Grad(1), FreeTemps(), Temp(k32.size), Grad(2), FreeTemps()], elt=4)
+    p = ops.unary_saving_output("softmax", add_float_mask(ops, scores, mask))
+    p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
+    vc = copy(ops, v, "v reshape copy")
+    y = g.op("p@v", [p, vc], size("b s a d", v.elt, a=a, d=d), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=v.elt)
+    ops.scope_end([qc, kc])
+    return copy(ops, y, "transpose contiguous"), p
+
+
+def eager_core(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
+               mask: Value) -> tuple[Value, Value]:
+    """The eager attention GPT2Attention.forward picks: the upcast path with reorder_and_upcast_attn
+    when `config._attn_implementation == "eager"` (`using_eager`), else eager_attention_forward;
+    selective checkpointing runs eager through a registered interface of another name
+    (validate.hf.register_selective), so `using_eager` is false there."""
+    if spec.reorder_and_upcast_attn and not regime.selective:
+        return upcast_reordered_attn(ops, spec, q, k, v, mask)
+    return gpt2_eager(ops, spec, q, k, v, mask)
 
 
 class HFGPT2(DecoderProgram):
@@ -57,7 +90,7 @@ class HFGPT2(DecoderProgram):
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         y, weights = attention_core(ops, regime, lambda: (
             (sdpa(ops, spec, q, k, v), None) if regime.attention == "sdpa"
-            else gpt2_eager(ops, spec, q, k, v, context["mask"])))
+            else eager_core(ops, spec, regime, q, k, v, context["mask"])))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
                           p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")
         attn = ops.dropout(attn, spec.resid_dropout)

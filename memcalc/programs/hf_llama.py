@@ -21,30 +21,61 @@ from memcalc.tape.graph import Grad, Value
 from memcalc.tape.ops import Ops
 
 
-def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict,
-              p: Callable[..., Value]) -> tuple[Value, Value]:
-    """LlamaAttention with the configured attention interface; returns (output, weights)."""
-    a, kv, d, h = spec.num_heads, spec.kv_heads, spec.head_size, spec.hidden_size
-    N = TOKENS
-    q, k, v = qkv_projections(ops, spec, x, p)
-    cos, sin = context["cos"], context["sin"]
-    q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, kv, d)
-    q_local, k_local, v_local = q, k, v
-
-    def core():
-        if regime.attention == "sdpa":
-            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
-        return llama_eager(ops, spec, q, k, v, context["mask"])
-
-    y, weights = attention_core(ops, regime, core)
-    out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
-                         p("self_attn.o_proj.bias", h) if spec.out_bias else None, N, h, "o_proj")
-    ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
-    return out, weights
-
-
 class HFLlama(DecoderProgram):
-    """LlamaForCausalLM: parameters model.embed_tokens, model.layers.{i}.*, model.norm, lm_head."""
+    """LlamaForCausalLM: parameters model.embed_tokens, model.layers.{i}.*, model.norm, lm_head.
+
+    Hooks for the Llama-shaped families (memcalc.programs.hf_phi3, hf_granite): `project_qkv`,
+    `position` (rotary), `scale_embeddings`, `residual_branch`."""
+
+    def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict,
+                  p: Callable[..., Value]) -> tuple[Value, Value]:
+        """LlamaAttention with the configured attention interface; returns (output, weights)."""
+        a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
+        q, k, v = self.project_qkv(ops, spec, x, p)
+        q, k = self.position(ops, spec, q, k, layer, context)
+        q_local, k_local, v_local = q, k, v
+
+        def core():
+            if regime.attention == "sdpa":
+                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
+            return llama_eager(ops, spec, q, k, v, context["mask"])
+
+        y, weights = attention_core(ops, regime, core)
+        out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
+                             p("self_attn.o_proj.bias", h) if spec.out_bias else None, TOKENS, h, "o_proj")
+        ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
+        return out, weights
+
+    def project_qkv(self, ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
+        """q_proj, k_proj, v_proj, each viewed (b, heads, s, d)."""
+        return qkv_projections(ops, spec, x, p)
+
+    def position(self, ops: Ops, spec: ModelSpec, q: Value, k: Value, layer: int, context: dict) -> tuple[Value, Value]:
+        """apply_rotary_pos_emb (skipped on SmolLM3's NoPE layers, modeling_smollm3.py use_rope)."""
+        if layer in spec.no_rope_layers:
+            return q, k
+        cos, sin, d = context["cos"], context["sin"], spec.head_size
+        return rotary(ops, q, cos, sin, spec.num_heads, d), rotary(ops, k, cos, sin, spec.kv_heads, d)
+
+    def mlp(self, ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
+        """LlamaMLP (SwiGLU)."""
+        return swiglu_mlp(ops, spec, x, TOKENS, p)
+
+    def rotary_dim(self, spec: ModelSpec) -> int:
+        """Width of the cos/sin tables: the head size (partial rotary narrows it)."""
+        return spec.head_size
+
+    def rotary_table_elt(self, x_elt: int) -> int:
+        """The tables' element size: `.to(x.dtype)` of the hidden states."""
+        return x_elt
+
+    def scale_embeddings(self, _ops: Ops, x: Value) -> Value:
+        """What the base model does to inputs_embeds before the layers (nothing in Llama)."""
+        return x
+
+    def residual_branch(self, _ops: Ops, _spec: ModelSpec, y: Value) -> Value:
+        """What a residual branch's output goes through before `residual + y` (nothing in Llama)."""
+        return y
 
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; a (b,1,s,s) float mask for eager attention; the
@@ -54,11 +85,12 @@ class HFLlama(DecoderProgram):
         embed = ops.param("model.embed_tokens.weight", V * h, V)
         x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                  backward=[Grad(0)], elt=embed.elt)
+        x = self.scale_embeddings(ops, x)
         g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         mask = None
         if regime.attention == "eager":
             mask = g.op("causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
-        cos, sin = rotary_tables(ops, spec.head_size, x.elt)
+        cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))
         return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin},
                         held_until_norm=[x, mask, cos, sin])  # inputs_embeds lives to return
 
@@ -68,12 +100,12 @@ class HFLlama(DecoderProgram):
         h = spec.hidden_size
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = rms_norm(ops, x, p("input_layernorm.weight", h), TOKENS, weight_in_fp32=False)
-        attn, weights = attention(ops, spec, regime, n1, context, p)  # `hidden_states, _ = ...`
-        x = ops.add(x, attn, "residual 1")
+        attn, weights = self.attention(ops, spec, regime, n1, layer, context, p)  # `hidden_states, _ = ...`
+        x = ops.add(x, self.residual_branch(ops, spec, attn), "residual 1")
         ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
         n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), TOKENS, weight_in_fp32=False)
-        m = swiglu_mlp(ops, spec, n2, TOKENS, p)
-        out = ops.add(x, m, "residual 2")
+        m = self.mlp(ops, spec, n2, p)
+        out = ops.add(x, self.residual_branch(ops, spec, m), "residual 2")
         ops.scope_end([block_input, n2, weights])
         return out
 
@@ -97,7 +129,8 @@ LAYER_ORDER = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
                "post_attention_layernorm"]
 
 
-def llama_registration_rank(label: str, layers: str, outer: dict[str, int]) -> tuple:
+def llama_registration_rank(label: str, layers: str, outer: dict[str, int],
+                            order: list[str] | None = None) -> tuple:
     """(position among the top-level modules, layer, position inside the layer).
 
     >>> llama_registration_rank("model.layers.3.mlp.up_proj.weight", "model.layers.", {})
@@ -105,7 +138,7 @@ def llama_registration_rank(label: str, layers: str, outer: dict[str, int]) -> t
     """
     if label.startswith(layers):
         i, name = label[len(layers):].split(".", 1)
-        return (1, int(i), LAYER_ORDER.index(name.rsplit(".", 1)[0]))
+        return (1, int(i), (order or LAYER_ORDER).index(name.rsplit(".", 1)[0]))
     return (outer[label], 0, 0)
 
 

@@ -6,8 +6,10 @@ from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.base import TOKENS, size
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import FreeTemps, Grad, Temp, Value
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops, numel
+
+from memcalc.poly import ZERO
 
 if TYPE_CHECKING:
     from memcalc.poly import Poly
@@ -98,3 +100,41 @@ def gelu_new(ops: Ops, x: Value) -> Value:
     inner = ops.add(x, ops.scale(cube, "0.044715*x^3"), "x + 0.044715x^3")
     t = ops.unary_saving_output("tanh", ops.scale(inner, "sqrt(2/pi)*"))
     return ops.mul(half, ops.shift(t, "1 + tanh"), "gelu_new out")
+
+
+def rms_norm_weight_first(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
+    """Olmo2RMSNorm (modeling_olmo2.py): like LlamaRMSNorm but `(weight * hidden_states)` in fp32
+    (the weight promotes to the fp32 normalised tensor) and only then `.to(input_dtype)`; the
+    product is a temporary when the cast copies."""
+    g = ops.g
+    x32 = ops.to(x, 4, "rmsnorm .float()")
+    sq = ops.unary_saving_input("pow 2", x32, temps=2)
+    var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
+    normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+    out = g.op("weight * x", [w, normed32], normed32.size, saves=[w, normed32],
+               backward=[Temp(normed32.size), Grad(0), FreeTemps(), Grad(1)], elt=4)
+    return ops.to(out, x.elt, "rmsnorm .to(input_dtype)")
+
+
+def partial_rotary(ops: Ops, x: Value, cos: Value, sin: Value, heads: int, d: int, rotary_dim: int) -> Value:
+    """Phi-3's and GPT-NeoX's apply_rotary_pos_emb on one of q, k (modeling_phi3.py,
+    modeling_gpt_neox.py): x_rot = x[..., :rotary_dim], x_pass = x[..., rotary_dim:] (two slices,
+    each SliceBackward allocating a zero-filled gradient of x's whole size, the second added in
+    place into the first: input_buffer.cpp accumulate), the rotation on x_rot, then
+    cat([x_rot_embed, x_pass]): a new tensor, even when x_pass is empty (rotary_dim == d), in the
+    promoted dtype (fp32 rotation under CPU autocast); its backward narrows the gradient (views),
+    converting the slice whose dtype differs."""
+    g, full = ops.g, size("b s a d", x.elt, a=heads, d=d)
+    x_rot = g.view("x[..., :rotary_dim]", x, size("b s a d", x.elt, a=heads, d=rotary_dim),
+                   backward=[Temp(full)])  # runs second: its gradient is added in place
+    x_pass = g.view("x[..., rotary_dim:]", x, size("b s a d", x.elt, a=heads, d=d - rotary_dim),
+                    backward=[Grad(0, full)])
+    rot = rotary(ops, x_rot, cos, sin, heads, rotary_dim)
+    elt = max(rot.elt, x.elt)
+    back = [Alias(0) if rot.elt == elt else Grad(0)]
+    if d > rotary_dim:
+        back.append(Alias(1) if x.elt == elt else Grad(1))
+    else:  # an empty (b, heads, s, 0) gradient, still defined: x_pass's SliceBackward runs
+        back.append(Grad(1, ZERO))
+    return g.op("cat([x_embed, x_pass])", [rot, x_pass], size("b s a d", elt, a=heads, d=d),
+                backward=back, elt=elt)

@@ -63,3 +63,39 @@ def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[
     if coupled_wd:
         return total if impl == "foreach" else largest
     return 0
+
+
+CUDA_CHUNK = 65536  # aten/src/ATen/native/cuda/MultiTensorApply.cuh kChunkSize
+
+
+def clip_bytes(numels: list[int], grad_elt: int, device: str, g: int) -> int:
+    """Peak temporaries of torch.nn.utils.clip_grad_norm_ (torch/nn/utils/clip_grad.py, its
+    default foreach=None) over gradients of `numels` elements, `grad_elt` bytes each, every
+    allocation rounded to `g`. _get_total_norm: the per-gradient norms, their torch.stack and
+    the total norm; on CPU the norms are one 0-dim tensor each (torch._foreach_norm's CPU path
+    and the foreach=False loop of linalg.vector_norm alike, measured); on CUDA _foreach_norm
+    (ForeachReduceOp.cu) fills one (N,) tensor whose views it returns, after fp32 partial sums
+    of N x max chunks (65536 elements a chunk) freed at its return. Then
+    _clip_grads_with_norm_ holds the total, `total + 1e-6`, its reciprocal and the product
+    (clip_coef) before clamp; `_foreach_mul_` scales in place. All in the gradients' dtype
+    (measured on CPU with validate.tracker). GradScaler.unscale_ before it (fp16-amp)
+    unscales in place (torch._amp_foreach_non_finite_check_and_unscale_); its 0-dim found_inf
+    and inv_scale are, like the scaler's other scalars, not modelled. Not selectable: foreach=False
+    on CUDA (N 0-dim norms, at most N x 512 B more).
+
+    >>> clip_bytes([10] * 28, 4, "cpu", 1)
+    228
+    >>> clip_bytes([10, 10], 4, "cuda", 512), clip_bytes([70_000] * 300, 4, "cuda", 512)
+    (2048, 4096)
+    """
+    def r(nbytes: int) -> int:
+        return -(-nbytes // g) * g
+
+    n = len(numels)
+    scalar, stacked = r(grad_elt), r(n * grad_elt)
+    if device == "cuda":
+        chunks = max((-(-k // CUDA_CHUNK) for k in numels), default=0)
+        norms = max(r(4 * n * chunks) + stacked, stacked + stacked + scalar)
+    else:
+        norms = n * scalar + stacked + scalar
+    return max(norms, 4 * scalar)

@@ -1,0 +1,145 @@
+"""Fine-tuning optimizers: bitsandbytes 0.50.2 AdamW8bit / PagedAdamW8bit / PagedAdamW and
+transformers' Adafactor (defaults), state tensors and step temporaries, parameter by parameter.
+
+bitsandbytes (bitsandbytes/optim/optimizer.py Optimizer2State.init_state, update_step):
+- a parameter of n >= min_8bit_size (4096) elements under an 8-bit optimizer: state1, state2 uint8
+  (n bytes each, zeros_like), absmax1, absmax2 fp32 (one per block of 256: ceil(n/256)); the two
+  qmaps (256 fp32 each) are shared by every parameter (Optimizer8bit.name2qmap); below 4096
+  elements, and for every parameter of PagedAdamW (optim_bits=32), state1/state2 fp32 (4n each),
+  even for bf16 parameters (get_state_buffer's dtype). `step` is a Python int.
+- paged (CUDA): state1/state2 of parameters with >= 1e5 elements come from F.get_paged:
+  cudaMallocManaged memory wrapped by torch.frombuffer, a CPU tensor to torch, so the caching
+  allocator (max_memory_allocated) never counts it; its pages live on the GPU while used and are
+  evicted to host under memory pressure. memcalc predicts the allocator's peak and leaves them
+  out (paged_state_bytes gives their size). On CPU paging is off (a warning; zeros_like).
+- CUDA step: one fused kernel per parameter, no temporaries (backends/cuda/ops.py). CPU step
+  (backends/cpu/ops.py, Python): 8-bit: both states dequantised to fp32, grad.float() * 1.0,
+  sqrt and its quotient: 5 x 4n alive together (+4n p.float() for bf16 parameters); 32-bit:
+  g.float() * 1.0, sqrt, + eps and the quotient: 3 x 4n (+4n for bf16). Freed when the kernel
+  returns (measured with validate.tracker seeing inside the kernel).
+- qmaps on the device: created at construction (fill_qmap) on CPU; on CUDA moved to the device
+  at the first 8-bit parameter's init_state.
+
+Adafactor (transformers/optimization.py Adafactor.step; beta1=None, relative_step=True):
+- states fp32 (`.to(grad)` with grad upcast to fp32): exp_avg_sq_row (dim 0 of a 2-D parameter)
+  and exp_avg_sq_col (its dim 1), or exp_avg_sq (n) for 1-D; `RMS`, a 0-dim fp32 tensor.
+- temporaries, per parameter, fp32 (bf16 parameters add the fp32 copies of the grad and of the
+  parameter, bound to locals until the next parameter rebinds them): `update = grad**2 + eps`
+  (2 x 4n, while the previous parameter's `update` is still bound); factored, `_approx_sq_grad`'s
+  row and column factors and their product beside the old update: 2 x 4n + 4(rows + cols);
+  `p.add_(-update)`: 2 x 4n; the learning rate is a 0-dim tensor (param_scale = RMS when RMS >
+  eps[1] = 1e-3, the weights' case) alive across the loop: 4 bytes counted always.
+"""
+from __future__ import annotations
+
+from memcalc.allocator import round_up
+
+BNB_8BIT = ("adamw-8bit", "paged-adamw-8bit")
+BNB = BNB_8BIT + ("paged-adamw",)
+MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
+BLOCK = 256  # Optimizer2State.init_state: blocksize = 256
+QMAP_BYTES = 256 * 4  # F.create_dynamic_map: 256 fp32 values
+PAGED_MIN = 100_000  # Optimizer8bit.get_state_buffer: paged only when p.numel() >= 1e5
+SCALAR = 4  # a 0-dim fp32 tensor
+
+
+def _eight_bit(optimizer: str, numel: int) -> bool:
+    return optimizer in BNB_8BIT and numel >= MIN_8BIT_SIZE
+
+
+def _paged(optimizer: str, numel: int, device: str) -> bool:
+    return optimizer.startswith("paged") and device == "cuda" and numel >= PAGED_MIN
+
+
+def state_allocations(optimizer: str, numel: int, rows: int, device: str) -> list[int]:
+    """Bytes of each state tensor a parameter of `numel` elements (dim 0 `rows`, == numel when
+    1-D) gets on the device, in creation order (paged CUDA states excluded).
+
+    >>> state_allocations("adamw-8bit", 4096 * 2, 64, "cpu")
+    [8192, 8192, 128, 128]
+    >>> state_allocations("adamw-8bit", 100, 100, "cpu")
+    [400, 400]
+    >>> state_allocations("adafactor", 6000, 100, "cpu"), state_allocations("adafactor", 200, 200, "cpu")
+    ([400, 240, 4], [800, 4])
+    >>> state_allocations("paged-adamw", 200_000, 200, "cuda")
+    []
+    """
+    if optimizer == "adafactor":
+        if rows != numel:  # factored: >= 2-D
+            return [4 * rows, 4 * (numel // rows), SCALAR]
+        return [4 * numel, SCALAR]
+    blocks = -(-numel // BLOCK)
+    if _eight_bit(optimizer, numel):
+        states = [] if _paged(optimizer, numel, device) else [numel, numel]
+        return states + [4 * blocks, 4 * blocks]
+    return [] if _paged(optimizer, numel, device) else [4 * numel, 4 * numel]
+
+
+def paged_state_bytes(optimizer: str, numels: list[int], device: str) -> int:
+    """Bytes of unified (managed) memory the paged optimizers hold, outside torch's allocator.
+
+    >>> paged_state_bytes("paged-adamw-8bit", [200_000, 100], "cuda")
+    400000
+    """
+    return sum((2 * n if _eight_bit(optimizer, n) else 8 * n) for n in numels
+               if _paged(optimizer, n, device))
+
+
+def shared_allocations(optimizer: str, numels: list[int], device: str) -> list[int]:
+    """The qmaps of an 8-bit optimizer (shared by all parameters): on CPU from construction,
+    on CUDA once a parameter of >= 4096 elements is initialised.
+
+    >>> shared_allocations("adamw-8bit", [10], "cpu"), shared_allocations("adamw-8bit", [10], "cuda")
+    ([1024, 1024], [])
+    """
+    if optimizer not in BNB_8BIT:
+        return []
+    if device == "cpu" or any(n >= MIN_8BIT_SIZE for n in numels):
+        return [QMAP_BYTES, QMAP_BYTES]
+    return []
+
+
+def _bnb_temporaries(optimizer: str, numel: int, param_elt: int, device: str) -> list[int]:
+    if device == "cuda":
+        return []
+    copies = 5 if _eight_bit(optimizer, numel) else 3
+    return [4 * numel] * (copies + (param_elt != 4))
+
+
+def _adafactor_moments(numel: int, rows: int, param_elt: int, prev: tuple[int, int]) -> list[list[int]]:
+    """Allocations alive at each candidate moment of one parameter's update; `prev` is the
+    previous parameter's (update, fp32 parameter copy) bytes still bound to locals."""
+    full = 4 * numel
+    copies = [full, full] if param_elt != 4 else []  # grad.float(), p.float()
+    prev_update, prev_copy = prev
+    moments = [[prev_update, full, full] + copies,  # update = grad**2 + eps
+               [full, full] + copies]  # -update (and the 1-D rsqrt)
+    if param_elt != 4:
+        moments.append([prev_update, prev_copy, full])  # grad.float(), before p is rebound
+    if rows != numel:
+        moments.append([full, 4 * rows, 4 * (numel // rows), full] + copies)  # _approx_sq_grad
+    return [m + [SCALAR] for m in moments]  # the lr tensor
+
+
+def step_temporaries(optimizer: str, shapes: list[tuple[int, int]], param_elt: int,
+                     device: str, g: int) -> list[int]:
+    """Peak temporaries (each allocation rounded to `g`) while each parameter is updated, in
+    model.parameters() order.
+
+    >>> step_temporaries("adamw-8bit", [(8192, 64)], 4, "cpu", 1)
+    [163840]
+    >>> step_temporaries("adamw-8bit", [(8192, 64)], 4, "cuda", 512)
+    [0]
+    >>> step_temporaries("adafactor", [(6000, 100), (200, 200)], 4, "cpu", 1)
+    [48644, 25604]
+    """
+    out = []
+    prev = (0, 0)
+    for numel, rows in shapes:
+        if optimizer == "adafactor":
+            moments = _adafactor_moments(numel, rows, param_elt, prev)
+            out.append(max(sum(round_up(a, g) for a in m) for m in moments))
+            prev = (4 * numel, 4 * numel if param_elt != 4 else 0)
+        else:
+            out.append(sum(round_up(a, g) for a in _bnb_temporaries(optimizer, numel, param_elt, device)))
+    return out
