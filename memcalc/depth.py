@@ -519,7 +519,10 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
     >>> len(shapes)
     148
     """
-    models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
+    try:  # a spec tied to its depth (no_rope_layers naming layer 7) has no smaller one: simulate
+        models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
+    except ValueError:  # memcalc.errors.SpecError, pydantic's ValidationError
+        return None
     try:
         index: dict = {}  # one numbering of (category, size) for the three runs' packed counts
         steady = [run_step(m, lay.regime, False, record=index, whole=False) for m in models]

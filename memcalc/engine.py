@@ -263,7 +263,10 @@ def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
 
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
-    key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+    try:  # one derivation for every depth of the layout: keyed by the model at N1 units
+        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+    except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
+        return None
     if key not in _CACHE:
         _CACHE[key] = derive(model, lay)
     return _CACHE[key]
