@@ -59,13 +59,17 @@ def bench_warm_new_shape(repeats: int, n: int = 2000) -> None:
 
 
 def bench_cold(repeats: int) -> None:
-    """Seconds of the first estimate of a model and regime (the simulation), cache cleared."""
+    """Milliseconds of the first estimate of a model and regime (memcalc.depth's derivation, or
+    the simulation), cache cleared; beside it, in the same run, simulating every layer
+    (engine.simulated, what the engine did before memcalc.depth)."""
     from memcalc import ModelSpec, TrainingConfig, estimate
     from memcalc import engine
 
     t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16-amp", checkpointing="per-layer")
-    for name, target in (("llama-2-7b", 30), ("llama-2-70b", 50)):
+    for name, layers, target in (("llama-2-7b", None, 30), ("llama-2-70b", None, 50),
+                                 ("llama-2-70b", 1000, None)):
         model = ModelSpec.preset(name)
+        model = model.with_(num_layers=layers) if layers else model
 
         def run() -> float:
             engine._CACHE.clear()
@@ -73,8 +77,15 @@ def bench_cold(repeats: int) -> None:
             estimate(model, t)
             return (time.perf_counter() - start) * 1e3
 
-        print(f"estimate() cold, {name} ({model.num_layers} layers): {_median(run, repeats):.0f} ms "
-              f"(target <= {target})")
+        def every_layer() -> float:
+            start = time.perf_counter()
+            engine.simulated(model, t)
+            return (time.perf_counter() - start) * 1e3
+
+        cold = _median(run, repeats)
+        direct = f", every layer simulated {_median(every_layer, repeats):.0f} ms" if layers is None else ""
+        goal = f" (target <= {target})" if target else ""
+        print(f"estimate() cold, {name} ({model.num_layers} layers): {cold:.0f} ms{goal}{direct}")
 
 
 def bench_grid(repeats: int) -> None:

@@ -17,7 +17,7 @@ from memcalc.checks import check_int
 from memcalc.engine import steady_polys
 from memcalc.estimate import estimate
 from memcalc.gpus import parse_budget
-from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS
+from memcalc.limits import MAX_DATA_PARALLEL, MAX_LAYERS, MAX_RANK_LAYERS
 from memcalc.step_checks import check_search, learned_positions
 
 if TYPE_CHECKING:
@@ -183,12 +183,14 @@ def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget:
 def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
                cap: int = MAX_LAYERS) -> Capacity:
     """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers, at most
-    memcalc.limits.MAX_LAYERS).
+    memcalc.limits.MAX_LAYERS, and MAX_RANK_LAYERS over the data-parallel ranks).
 
-    Depth is not symbolic and a simulation's cost grows with depth, so the search probes as few
-    depths as it can: the peak is close to affine in L (each block adds its weights, states and
-    saved activations), so a secant through L = 1, 2 guesses the answer and interpolation search
-    (bisection when it stalls) keeps a bracket lo (fits) < hi (does not fit) until hi = lo + 1.
+    Where memcalc.depth derives the depth, the peak is a max of terms affine in L
+    (engine.depth_form): each term's largest L within the budget, the min over terms, is the
+    answer unless the allocator's rounding or per-rank optimizer states move it, and estimate()
+    at that depth and the next confirms it. Otherwise (or when the confirmation fails) a
+    secant through L = 1, 2 guesses the answer and interpolation search (bisection when it
+    stalls) keeps a bracket lo (fits) < hi (does not fit) until hi = lo + 1.
 
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> small = ModelSpec.preset("gpt2").with_(hidden_size=64, num_heads=4, vocab_size=256)
@@ -197,6 +199,8 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
     """
     check_search(model, training, "num_layers")
     cap = check_int("cap", cap, 1, MAX_LAYERS)
+    if training.data_parallel > 1:  # memcalc.limits: data-parallel ranks x layers
+        cap = max(1, min(cap, MAX_RANK_LAYERS // training.data_parallel))
     nbytes = parse_budget(budget)
     seen: dict[int, int] = {}
 
@@ -205,10 +209,32 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
             seen[n] = _peak(model.with_(num_layers=n), training)
         return seen[n]
 
+    guess = _depth_guess(model, training, nbytes, cap)
+    if guess is not None and peak_at(guess) <= nbytes and (guess == cap or peak_at(guess + 1) > nbytes):
+        return Capacity("num_layers", nbytes, guess, peak_at(guess), peak_at(guess + 1) if guess < cap else None)
     if peak_at(1) > nbytes:
         return Capacity("num_layers", nbytes, 0, None, peak_at(1))
     n = _interpolation_search(peak_at, seen, nbytes, cap)
     return Capacity("num_layers", nbytes, n, peak_at(n), peak_at(n + 1) if n < cap else None)
+
+
+def _depth_guess(model: ModelSpec, training: TrainingConfig, budget: int, cap: int) -> int | None:
+    """The largest depth whose unrounded peak fits, from the terms affine in L of
+    engine.depth_form (None where the depth is not derived)."""
+    from memcalc.engine import depth_form
+
+    form = depth_form(model, training)
+    if form is None:
+        return None
+    b, s, unit = training.micro_batch, training.seq_len, form.layout.unit
+    best = cap
+    for at, per_unit in form.terms():
+        v, d = at.eval(b, s), per_unit.eval(b, s)  # bytes at this depth, and per unit more
+        if d > 0:
+            best = min(best, model.num_layers + math.floor((budget - v) / d) * unit)
+        elif v > budget:
+            return None
+    return best if best >= 1 else None
 
 
 def _interpolation_search(peak_at: Callable[[int], int | None], seen: dict, budget: int, cap: int) -> int:

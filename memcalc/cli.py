@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("estimate", help="peak memory and its breakdown")
     _model_args(p), _training_args(p), _json_arg(p)
-    p.add_argument("--formula", action="store_true", help="print the sympy expression in b, s")
+    p.add_argument("--formula", nargs="?", const="peak", choices=["peak", "activations"],
+                   help="print the peak as a sympy expression in b, s and L (num_layers, where the "
+                        "layers repeat), or with 'activations' the activation memory alone")
     p = sub.add_parser("capacity", help="largest micro-batch / seq_len / depth within a budget")
     _model_args(p), _training_args(p), _json_arg(p)
     p.add_argument("--budget", default=None, help="GPU name, 'local', bytes or '80GB'")
@@ -235,7 +237,9 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
            "first_step_peak_bytes": r.first_step_peak_bytes, "phases": r.phases,
            "components": r.components, "rank_peak_bytes": r.rank_peak_bytes}
     if args.formula:
-        out["formula"] = str(r.expr)
+        expr = r.expr if args.formula == "peak" else r.formula("activations")
+        out["formula"] = str(expr)
+        out["formula_of"] = f"{args.formula}({', '.join(sorted(map(str, expr.free_symbols), key='bsL'.index))})"
     if model.moe is not None:
         out["moe_routing"] = routing_note(training)
     if not args.json:
@@ -273,7 +277,7 @@ def _print_estimate(out: dict) -> None:
         print(f"    {name:<18} {nbytes / GIB:10.3f} GiB")
     print(f"  first step:          {out['first_step_peak_bytes'] / GIB:10.3f} GiB")
     if "formula" in out:
-        print(f"  peak(b, s) = {out['formula']}")
+        print(f"  {out['formula_of']} = {out['formula']}")
 
 
 def cmd_capacity(args: argparse.Namespace) -> dict:

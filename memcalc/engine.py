@@ -11,42 +11,18 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Callable
 
-from memcalc.allocator import device_constants
-from memcalc.errors import SpecError
-from memcalc.finetune_checks import check_freeze, check_saved_modules
-from memcalc.parallel.fsdp import Fsdp
-from memcalc.parallel.tensor import local_spec
+from memcalc.errors import NotModelledError
+from memcalc.limits import MAX_SIMULATED_LAYERS
+from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
 from memcalc.poly import ZERO, Poly
-from memcalc.programs import program_for
 from memcalc.regime import Regime
+from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
 from memcalc.specs import ModelSpec
 from memcalc.step_checks import check_step, check_supported
-from memcalc.tape.graph import Graph
-from memcalc.tape.ops import Ops
-from memcalc.tape.simulate import Moment
-from memcalc.tape.step import simulate_step
+from memcalc.tape.simulate import Moment, replay
 from memcalc.training import TrainingConfig
 
 PHASES = ("forward", "backward", "optimizer")
-
-
-def build_graph(model: ModelSpec, regime: Regime) -> Graph:
-    """The forward program one rank runs (a tensor-parallel rank runs a narrower model).
-
-    >>> g = build_graph(ModelSpec.preset("gpt2"), Regime.of(TrainingConfig(micro_batch=1, seq_len=8)))
-    >>> len(g.params)  # wte, wpe, 12 x 12 per block, ln_f weight and bias (lm_head tied)
-    148
-    """
-    ops = Ops(Graph(), regime)
-    spec = local_spec(model, regime.tensor_parallel)
-    program_for(spec).build(ops, spec, regime)
-    if regime.freeze:
-        check_freeze([v.label for v in ops.g.params], regime.freeze)
-    check_saved_modules([v.label for v in ops.g.params], regime.lora)
-    if not ops.g.trainable_params:
-        raise SpecError("freeze", "every parameter is frozen: nothing to train",
-                        "leave some parameters trainable (or add LoRA adapters)")
-    return ops.g
 
 
 class MomentSet:
@@ -184,10 +160,47 @@ class Candidates:
     """Bytes per element of the optimizer's view of the parameters (regime.master_elt)."""
     steady_set: MomentSet = field(init=False)
     first_set: MomentSet = field(init=False)
+    depth: "DepthForm | None" = field(init=False, default=None)
+    """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
 
     def __post_init__(self):
         self.steady_set = MomentSet(self.steady, self.regime.granularity)
         self.first_set = MomentSet(self.first, self.regime.granularity)
+
+
+@dataclass
+class DepthForm:
+    """The steady-state instants that can set the peak at any depth of one layout (memcalc.depth),
+    at this depth, each with what a unit more adds (Moment.per_unit)."""
+
+    layout: Layout
+    moments: list[Moment]
+
+    def terms(self, category: str | None = None) -> list[tuple[Poly, Poly]]:
+        """(bytes at this depth, bytes a unit more adds) of each instant: its total, or one
+        category; those below another at every depth of N1 units or more left out.
+
+        >>> form = depth_form(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
+        >>> at, per_unit = form.terms("weights")[0]
+        >>> per_unit.eval(1, 1) == 4 * (12 * 768 ** 2 + 13 * 768)  # one GPT-2 block's fp32 weights
+        True
+        """
+        pick = (lambda m: m.total) if category is None else (lambda m: m.by_category.get(category, ZERO))
+        back = self.layout.units - N1
+        out = [(pick(m), pick(m.per_unit)) for m in self.moments]
+        lifted = [Moment(m.phase, "", Poly({**{(k, 0): c for k, c in (v - d * back).terms.items()},
+                                           **{(k, 1): c for k, c in d.terms.items()}}), {})
+                  for m, (v, d) in zip(self.moments, out)]
+        for m in lifted:
+            m.phase = ""  # one frontier over every phase
+        kept = {id(m) for m in replay(lifted)}
+        seen, terms = set(), []
+        for m, pair in zip(lifted, out):
+            key = (tuple(sorted(pair[0].terms.items())), tuple(sorted(pair[1].terms.items())))
+            if id(m) in kept and key not in seen:
+                seen.add(key)
+                terms.append(pair)
+        return terms
 
 
 _CACHE: dict = {}
@@ -214,9 +227,13 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
         check_supported(model, training)
         if len(_CACHE) > 512:
             _CACHE.clear()
-        regime = replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len))
-        found = _CACHE[key] = _simulate(model, regime)
+        found = _CACHE[key] = _simulate(model, _regime(model, training))
     return found
+
+
+def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
+    """The regime of `training`, with the one shape condition a program branches on."""
+    return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len))
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:
@@ -229,40 +246,81 @@ def window_reached(model: ModelSpec, seq_len: int) -> bool:
     return model.sliding_window is not None and seq_len >= model.sliding_window
 
 
+def simulated(model: ModelSpec, training: TrainingConfig) -> Candidates:
+    """The candidates of simulating every layer of this depth (no memcalc.depth, no cache): what
+    the derivation is tested against.
+
+    >>> t = TrainingConfig(micro_batch=2, seq_len=64)
+    >>> m = ModelSpec.preset("gpt2")
+    >>> max(simulated(m, t).steady_set.rounded_totals(2, 64)) == max(candidates(m, t).steady_set.rounded_totals(2, 64))
+    True
+    """
+    check_step(model, training)
+    check_supported(model, training)
+    regime = _regime(model, training)
+    steady, first = run_step(model, regime, False), run_step(model, regime, True)
+    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+
+
+def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
+    """How the steady-state peak grows with depth, or None where memcalc.depth does not hold
+    (fewer than N1 units, layers that do not repeat).
+
+    >>> depth_form(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8)).layout.units
+    12
+    """
+    c = candidates(model, training)
+    if c.depth is None:
+        lay = layout(model, c.regime)
+        derivation = _derivation(model, lay) if lay.units >= N1 and supported(c.regime, model) else None
+        if derivation is not None:
+            c.depth = DepthForm(lay, derivation.at(lay.units)[0])
+    return c.depth
+
+
+def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
+    try:  # one derivation for every depth of the layout: keyed by the model at N1 units
+        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+    except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
+        return None
+    if key not in _CACHE:
+        _CACHE[key] = derive(model, lay)
+    return _CACHE[key]
+
+
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
     experts path is the largest of several routings (memcalc.moe.worst_routings): the union of
     their moments, so that every query (peak, grid, capacity) takes their maximum."""
-    regimes = [regime]
-    if model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst":
-        from memcalc.moe import worst_routings
+    if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
+        return _simulate_one(model, regime)
+    from memcalc.moe import worst_routings
 
-        count = len(worst_routings(model.moe.num_experts, model.moe.top_k))
-        regimes = [replace(regime, moe_routing=("worst", i)) for i in range(count)]
-    runs = [_simulate_one(model, r) for r in regimes]
+    count = len(worst_routings(model.moe.num_experts, model.moe.top_k))
+    runs = [_simulate_one(model, replace(regime, moe_routing=("worst", i))) for i in range(count)]
     return Candidates(regime, [m for c in runs for m in c.steady], [m for c in runs for m in c.first],
                       runs[0].param_shapes, regime.master_elt)
 
 
 def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
-    def run(first_step: bool) -> tuple[list[Moment], list[tuple[int, int]]]:
-        graph = build_graph(model, regime)
-        constants = device_constants(regime.device)
-        if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-            constants["ddp_buckets"] = sum(v.size.eval(1, 1) for v in graph.params)
-        shapes = [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.params]
-        fsdp = None
-        if regime.fsdp:
-            fsdp = Fsdp.of(graph, regime)
-            for v in graph.params:
-                v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
-        moments = simulate_step(graph, regime, first_step, constants,
-                                with_optimizer=regime.data_parallel == 1, fsdp=fsdp)
-        return moments, shapes
-
-    steady, shapes = run(False)
-    first, _ = run(True)
-    return Candidates(regime, steady, first, shapes, regime.master_elt)
+    """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
+    once per layout and reused at every depth), else from simulating this depth."""
+    lay = layout(model, regime)
+    if lay.units > N3 and supported(regime, model):
+        derivation = _derivation(model, lay)
+        if derivation is not None:
+            steady, first, shapes = derivation.at(lay.units)
+            out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
+            out.depth = DepthForm(lay, steady)
+            return out
+    if model.num_layers > MAX_SIMULATED_LAYERS:
+        raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
+                               f"derive from a few (they do not repeat with layer_period {lay.unit} "
+                               "here) would be simulated one by one",
+                               f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
+    steady = run_step(model, regime, False)
+    first = run_step(model, regime, True)
+    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 
 def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from memcalc.engine import Candidates, MomentSet, candidates  # noqa: F401 (API)
 from memcalc.parallel.data import rank_optimizer_bytes_all
+from memcalc.poly import ZERO
 from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (sqrt_segment_size: API)
 from memcalc.specs import ModelSpec
 from memcalc.step_checks import check_shape
@@ -90,13 +91,40 @@ class MemoryReport:
 
     @property
     def expr(self):
-        """The steady-state peak as a sympy Max over the candidate moments, in b and s (before
-        the CUDA allocator's 512-byte rounding, which `peak_bytes` includes on device cuda)."""
+        """The steady-state peak as a sympy Max over the candidate moments, in b, s and L
+        (num_layers) where memcalc.depth derives the depth, else in b and s; before the CUDA
+        allocator's 512-byte rounding, which `peak_bytes` includes on device cuda. Under
+        'every-k' and 'sqrt' checkpointing L counts in whole segments of this depth's segment
+        size k (L/k segments; under 'sqrt' k = round(sqrt(L)) of this depth).
+
+        >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128, device="cpu"))
+        >>> from memcalc.symbols import b, s, L
+        >>> int(r.expr.xreplace({b: 1, s: 128, L: 12})) == r.peak_bytes
+        True
+        """
+        return self.formula()
+
+    def formula(self, category: str | None = None):
+        """`expr`, or with a category (e.g. 'activations') that category's largest over the
+        candidate moments, in b, s and L (L where memcalc.depth derives the depth).
+
+        >>> t = TrainingConfig(micro_batch=1, seq_len=128, checkpointing="per-layer")
+        >>> sorted(map(str, estimate(ModelSpec.preset("gpt2"), t).formula("activations").free_symbols))
+        ['L', 'b', 's']
+        """
         import sympy
 
-        from memcalc.symbols import b, s
+        from memcalc.engine import depth_form
+        from memcalc.symbols import L, b, s
 
-        return sympy.Max(*[m.total.to_sympy(b, s) for m in self._candidates])
+        form = depth_form(self.model, self.training)
+        if form is None:
+            pick = (lambda m: m.total) if category is None else \
+                (lambda m: m.by_category.get(category, ZERO))
+            return sympy.Max(*[pick(m).to_sympy(b, s) for m in self._candidates])
+        more = (L - self.model.num_layers) / form.layout.unit  # units more than this depth
+        return sympy.Max(*[sympy.expand(v.to_sympy(b, s) + more * d.to_sympy(b, s))
+                           for v, d in form.terms(category)], evaluate=False)
 
     @property
     def peak_gib(self) -> float:

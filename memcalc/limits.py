@@ -1,10 +1,11 @@
 """Documented ceilings: the sizes past which memcalc refuses rather than hang or overflow.
 
 Each ceiling keeps one call finite and fast (measured on 2 CPU cores, a cold `estimate`):
-- depth: the engine simulates every block, ~6 ms (GPT-2) to ~11 ms (Llama) a layer, twice
-  (steady state and first step): 128 layers is ~0.9-1.3 s, and max_layers' search over depths
-  up to the ceiling stays under ~1.5 s; every published dense model fits (Llama-3.1-405B: 126).
-  The speed issue (symbolic depth) will lift it.
+- depth: where the layers repeat (memcalc.depth) any depth costs the same (a derivation from
+  3, 4 and 5 repeats, checked), so the ceiling is 1024 layers (8x Llama-3.1-405B's 126); where
+  they do not, the engine simulates every block, ~6 ms (GPT-2) to ~11 ms (Llama) a layer, and
+  refuses past 128 layers (~1 s). Data-parallel accounting visits every rank's parameters, so
+  data_parallel x num_layers is capped at 2048 x 128 (~2 s).
 - data-parallel ranks: per-rank optimizer and FSDP shard accounting loops over every rank;
   llama-2-70b under zero3 takes 1.7 s at 2048 ranks (3.5 s at 4096).
 - widths: exact integer arithmetic never overflows, but a divisor search over heads and numpy's
@@ -15,10 +16,15 @@ Each ceiling keeps one call finite and fast (measured on 2 CPU cores, a cold `es
 """
 from __future__ import annotations
 
-MAX_LAYERS = 128
-"""num_layers: the engine simulates each block (time grows linearly with depth)."""
+MAX_LAYERS = 1024
+"""num_layers, where memcalc.depth derives the depth from a few repeats of the layers."""
+MAX_SIMULATED_LAYERS = 128
+"""num_layers where the layers do not repeat and the engine simulates each block (time grows
+linearly with depth)."""
 MAX_DATA_PARALLEL = 2048
 """world_size / tensor_parallel: per-rank accounting loops over every data-parallel rank."""
+MAX_RANK_LAYERS = MAX_DATA_PARALLEL * 128
+"""data-parallel ranks x num_layers: per-rank accounting visits every rank's parameters."""
 MAX_TENSOR_PARALLEL = 256
 """tensor_parallel: past any NVLink domain; it must divide num_heads as well."""
 MAX_HEADS = 65536

@@ -49,6 +49,15 @@ def check_training(training: TrainingConfig) -> None:
                         "(memcalc.limits: per-rank accounting visits every rank)")
 
 
+def check_rank_layers(model: ModelSpec, training: TrainingConfig) -> None:
+    """data-parallel ranks x layers within memcalc.limits.MAX_RANK_LAYERS."""
+    if training.data_parallel > 1 and training.data_parallel * model.num_layers > limits.MAX_RANK_LAYERS:
+        raise SpecError("num_layers", f"{model.num_layers:,} layers over {training.data_parallel:,} "
+                        f"data-parallel ranks is above memcalc's ceiling of {limits.MAX_RANK_LAYERS:,} "
+                        "rank-layers", f"use num_layers x data-parallel ranks <= {limits.MAX_RANK_LAYERS:,} "
+                        "(memcalc.limits: per-rank accounting visits every rank's parameters)")
+
+
 def _why(field: str) -> str:
     return {"num_layers": "the engine simulates every layer",
             "tensor_parallel": "past any NVLink domain"}.get(field, "past any model in use")
@@ -80,6 +89,7 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
     """Types, ceilings and runnability of one (model, training) step: the top of estimate()."""
     check_model(model)
     check_training(training)
+    check_rank_layers(model, training)
     check_runnable(model, training)
 
 

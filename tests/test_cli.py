@@ -42,6 +42,14 @@ def test_estimate_text_and_formula(capsys):
     assert "GiB" in text and "backward" in text and "peak(b, s) = Max(" in text
 
 
+def test_formula_in_depth(capsys):
+    """12 layers repeat (memcalc.depth): the formula is in b, s and L; `activations` alone."""
+    main(["estimate", "--model", "gpt2", "--formula", "--checkpointing", "per-layer"])
+    assert "peak(b, s, L) = Max(" in capsys.readouterr().out
+    main(["estimate", "--model", "gpt2", "--formula", "activations", "--checkpointing", "per-layer"])
+    assert "activations(b, s, L) = " in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("args,field", [
     (["estimate", "--model", "gpt3"], "model"),
     (["estimate", "--model", "gpt2", "--micro-batch", "0"], "micro_batch"),

@@ -14,7 +14,7 @@ Measured on gloo CPU processes by validate.distributed (validate/results/dist-ci
 from __future__ import annotations
 
 from memcalc.allocator import round_up
-from memcalc.parallel.fsdp import rank_elements
+from memcalc.parallel.fsdp import rank_elements, shard_rows
 from memcalc.regime import Regime
 from memcalc.tape.optimizer import step_scalar_bytes, transient_bytes
 
@@ -81,10 +81,16 @@ def rank_optimizer_bytes_all(shapes: list[tuple[int, int]], param_elt: int,
     """
     world = regime.data_parallel
     if regime.fsdp:
-        out = []
+        # ranks below `whole` hold a whole chunk of every parameter: the same bytes, computed once
+        whole = min((rows // shard_rows(rows, world) for _, rows in shapes if rows), default=world)
+        out, same = [], None
         for rank in range(world):
+            if rank < whole and same is not None:
+                out.append(same)
+                continue
             local = [rank_elements(n, rows, world, rank) * param_elt for n, rows in shapes]
             out.append(rank_optimizer_bytes(local, regime, list(range(len(local)))))
+            same = out[-1] if rank < whole else same
         return out
     param_bytes = [n * param_elt for n, _ in shapes]
     return [rank_optimizer_bytes(param_bytes, regime, owned)

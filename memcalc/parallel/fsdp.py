@@ -46,6 +46,15 @@ def shard_rows(rows: int, world: int) -> int:
     return -(-rows // world)
 
 
+def padded_shard_bytes(nbytes: int, rows: int, world: int) -> int:
+    """Bytes of one rank's padded shard of a parameter of `nbytes` and `rows` rows (dim 0).
+
+    >>> padded_shard_bytes(4 * 1001 * 2, 1001, 4)  # ceil(1001 / 4) = 251 rows of 8 bytes
+    2008
+    """
+    return shard_rows(rows, world) * (nbytes // rows)
+
+
 def rank_elements(numel: int, rows: int, world: int, rank: int) -> int:
     """Real (unpadded) elements of a parameter on one rank.
 
@@ -71,8 +80,10 @@ class Fsdp:
         self.groups: dict[str, list] = {}
         for v in graph.params:
             self.groups.setdefault(group_of(v.label), []).append(v)
-        self.shard = {g: sum(shard_rows(v.rows, world) * (v.size.eval(1, 1) // v.rows) for v in vs)
+        self.shard = {g: sum(padded_shard_bytes(v.size.eval(1, 1), v.rows, world) for v in vs)
                       for g, vs in self.groups.items()}  # bytes of the padded shard S_g
+        self.whole = True
+        """False: the sharded parameters are held as 0 bytes (memcalc.depth adds them per depth)."""
         self.layers = sorted((g for g in self.groups if g != "root"), key=int)
         self.mesh_bytes = 4 * world if device == "cpu" else 0  # DeviceMesh rank table (CPU)
         self.unsharded: dict[str, Storage] = {}
@@ -96,7 +107,8 @@ class Fsdp:
     def setup(self, mem: Memory) -> None:
         """Sharded parameters (padded) and the mesh table; parameter storages themselves are
         zero-sized in the graph, the unsharded copies are allocated here."""
-        self._new(mem, self.master * sum(self.shard.values()), "weights", "sharded parameters")
+        self._new(mem, self.master * sum(self.shard.values()) if self.whole else 0, "weights",
+                  "sharded parameters")
         if self.mesh_bytes:
             self._new(mem, self.mesh_bytes, "fsdp", "device mesh")
 

@@ -121,6 +121,12 @@ class DecoderProgram:
         """The causal-LM loss on the logits."""
         raise NotImplementedError
 
+    def layer_period(self, _spec: ModelSpec) -> int:
+        """Layers after which the decoder stack repeats op for op (2 for a local/global
+        alternation); memcalc.depth derives every depth from a few, and checks it at one more
+        depth (a wrong period falls back to simulating every layer, never a wrong answer)."""
+        return 1
+
     def registration_rank(self, _label: str) -> Any:
         """Sort key giving nn.Module registration order (model.parameters()); by default the
         parameters are created in that order."""
@@ -132,6 +138,7 @@ def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x
     its boundaries), grouped into checkpoint regions starting at the layers in `segments`."""
     g = ops.g
     for layer in range(num_layers):
+        g.layer_starts.append(len(g.nodes))
         if layer in segments:
             g.begin_region()
         g.module_boundary("begin", str(layer))
@@ -139,6 +146,7 @@ def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x
         g.module_boundary("end", str(layer))
         if layer + 1 in segments or layer == num_layers - 1:
             g.end_region()
+    g.layer_starts.append(len(g.nodes))
     return x
 
 

@@ -118,6 +118,9 @@ class Graph:
         self._next_region = 0
         self.keep: list[Value] = []  # outputs kept alive past the forward (the loss)
         self.leaves: list[Value] = []  # activations made leaves requiring grad (require_grad_leaf)
+        self.layer_starts: list[int] = []
+        """Index of the first node of each decoder layer, and after the last layer the index
+        past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""
 
     # ---- leaves ------------------------------------------------------------------------------
     def param(self, label: str, size: Poly, elt: int = 4, trainable: bool = True,

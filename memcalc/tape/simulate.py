@@ -35,6 +35,8 @@ class Moment:
     total: Poly
     by_category: dict[str, Poly]
     sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
+    per_unit: "Moment | None" = None
+    """What each repeat of the layer stack adds (memcalc.depth), when derived."""
 
 
 def grad_category(param: Value) -> str:
@@ -52,14 +54,39 @@ class Memory:
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
 
-    def __init__(self) -> None:
+    SLOT = 40
+    """Bits per (category, size) in `packed` (no count of live storages comes near 2**30)."""
+    TOTAL_SLOT = 192
+    """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
+
+    def __init__(self, record: bool | dict = False) -> None:
         self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Storage, Poly, str]] = {}
+        self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self.total = ZERO
         self.by_category: dict[str, Poly] = {}
         self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
+        self.where: object = None
+        """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
+        and the phase, the structural key of a recorded mark (memcalc.depth)."""
+        self.micro = 0
+        self.log: list[tuple] | None = [] if record is not False else None
+        """With record: every mark, unpruned, in order, as (key, label, categories seen, live
+        storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
+        {(category, size terms): how many} (every number of a moment is linear in these)."""
+        self.live: dict[tuple, int] = {}
+        self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
+        """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
+        the numbering between runs."""
+        self.packed = 0
+        self.packed_total: int | None = 0
+        """The total's coefficients as one integer, monomial ("mono", m) at index[("mono", m)]
+        (TOTAL_SLOT bits each, balanced digits); None once a size has a fractional coefficient."""
+        self._packed_sizes: dict[tuple, int] = {}
+        """The live counts as one integer, count << index[key] summed: linear like them, so
+        memcalc.depth compares linear combinations of instants with one integer equality."""
+        self._seen: dict[tuple, int] = {}
 
     @property
     def moments(self) -> list[Moment]:
@@ -74,9 +101,22 @@ class Memory:
             return
         cat = category or st.category
         self.holds[key] = 1
-        self.sizes[key] = (st, st.size, cat)
-        entry = self.size_counts.setdefault(tuple(sorted(st.size.terms.items())), [st.size, 0])
+        size_key = tuple(sorted(st.size.terms.items()))
+        self.sizes[key] = (st, st.size, cat, size_key)
+        entry = self.size_counts.setdefault(size_key, [st.size, 0])
         entry[1] += 1
+        if self.log is not None:  # the totals follow from the live storages
+            self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
+            shift = self.index.get((cat, size_key))
+            if shift is None:
+                shift = self.index[cat, size_key] = self.SLOT * len(self.index)
+            self.packed += 1 << shift
+            if self.packed_total is not None:
+                size_total = self._packed_size(size_key)  # may turn packed_total off
+                if self.packed_total is not None:
+                    self.packed_total += size_total
+            self.by_category.setdefault(cat, ZERO)
+            return
         self.total = self.total + st.size
         self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
 
@@ -86,8 +126,16 @@ class Memory:
         self.holds[key] -= 1
         if self.holds[key] == 0:
             del self.holds[key]
-            _, size, cat = self.sizes.pop(key)
-            self.size_counts[tuple(sorted(size.terms.items()))][1] -= 1
+            _, size, cat, size_key = self.sizes.pop(key)
+            self.size_counts[size_key][1] -= 1
+            if self.log is not None:
+                live = self.live[cat, size_key] = self.live[cat, size_key] - 1
+                if not live:
+                    del self.live[cat, size_key]
+                self.packed -= 1 << self.index[cat, size_key]
+                if self.packed_total is not None:
+                    self.packed_total -= self._packed_sizes[size_key]
+                return
             self.total = self.total - size
             self.by_category[cat] = self.by_category[cat] - size
 
@@ -95,19 +143,69 @@ class Memory:
         """Whether the storage is allocated."""
         return id(st) in self.holds
 
+    def _packed_size(self, size_key: tuple) -> int:
+        found = self._packed_sizes.get(size_key)
+        if found is None:
+            found = 0
+            for mono, c in size_key:
+                if not isinstance(c, int):
+                    self.packed_total = None  # sequence parallelism: b*s/t (memcalc.depth copes)
+                    return 0
+                slot = self.index.setdefault(("mono", mono), -1 - sum(1 for k in self.index if k[0] == "mono"))
+                found += c << (self.TOTAL_SLOT * (-1 - slot))
+            self._packed_sizes[size_key] = found
+        return found
+
+    def _live_sizes(self) -> tuple:
+        return tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
+
     def mark(self, label: str) -> None:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
-        phase is at least as large at every shape."""
-        total = self.total
+        phase is at least as large at every shape (in record mode: every instant, keyed)."""
+        if self.log is not None:
+            where = (self.phase, self.micro, self.where)
+            n = self._seen[where] = self._seen.get(where, -1) + 1
+            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live), self.packed,
+                             self.packed_total))
+            return
         frontier = self.frontiers.setdefault(self.phase, [])
-        for m in frontier:
-            if m.total.dominates(total):
-                return
-        frontier[:] = [m for m in frontier if not total.dominates(m.total)]
-        sizes = tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
-        frontier.append(Moment(self.phase, label, total, dict(self.by_category), sizes))
-        if len(frontier) >= self.PRUNE_AT:
-            frontier[:] = prune_convex(frontier)
+        if keep(frontier, self.total):
+            frontier.append(Moment(self.phase, label, self.total, dict(self.by_category),
+                                   self._live_sizes()))
+            if len(frontier) >= self.PRUNE_AT:
+                frontier[:] = prune_convex(frontier)
+
+
+def keep(frontier: list[Moment], total: Poly) -> bool:
+    """Whether a moment of `total` bytes joins `frontier` (the kept moments of one phase): not
+    when a kept one is at least as large at every shape; kept ones it dominates are dropped.
+
+    >>> f = [Moment("forward", "x", Poly.bs(2), {})]
+    >>> keep(f, Poly.bs(1)), keep(f, Poly.bs(3)), f
+    (False, True, [])
+    """
+    for m in frontier:
+        if m.total.dominates(total):
+            return False
+    frontier[:] = [m for m in frontier if not total.dominates(m.total)]
+    return True
+
+
+def replay(moments: list[Moment]) -> list[Moment]:
+    """The moments Memory.mark keeps of `moments` (in step order), phase by phase.
+
+    >>> m = [Moment("forward", str(k), Poly.bs(k), {}) for k in (1, 3, 2)]
+    >>> [x.label for x in replay(m)]
+    ['3']
+    """
+    frontiers: dict[str, list[Moment]] = {}
+    for m in moments:
+        frontier = frontiers.setdefault(m.phase, [])
+        if keep(frontier, m.total):
+            frontier.append(m)
+            if len(frontier) >= Memory.PRUNE_AT:
+                frontier[:] = prune_convex(frontier)
+    return [m for kept in frontiers.values() for m in kept]
 
 
 def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
@@ -159,10 +257,10 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None) -> None:
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory()
+        self.mem = Memory(record)
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
@@ -207,9 +305,11 @@ class StepSimulator:
         self._region_inputs: dict[int, list[Storage]] = {}
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
+        mem.where = "forward start"
         if fsdp is not None:
             fsdp.pre_forward(mem, "root", None)
         for i, node in enumerate(nodes):
+            mem.where = i
             if node.hook is not None and fsdp is not None:
                 kind, group = node.hook
                 if kind == "begin":
@@ -235,6 +335,7 @@ class StepSimulator:
                 expiring.setdefault(max(end, i), []).append(st)
             for st in expiring.pop(i, []):
                 mem.release(st)
+        mem.where = "forward end"
         if fsdp is not None:
             fsdp.root_post_forward(mem)
         mem.mark("end of forward")
@@ -255,6 +356,7 @@ class StepSimulator:
         """Run backward from the kept loss; parameter grads accumulate into .grad."""
         mem, nodes = self.mem, self.g.nodes
         mem.phase = "backward"
+        mem.where = "backward start"
         grads: dict[int, Storage] = {}
         self._pending = dict(self._consumers)
         loss = self.g.keep[0]
@@ -268,6 +370,7 @@ class StepSimulator:
         started_regions: set[int] = set()
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
+            mem.where = i
             if node.hook is not None:
                 kind, group = node.hook
                 if self.fsdp is not None and kind == "end":
@@ -286,6 +389,7 @@ class StepSimulator:
             if node.region is not None and node.region not in started_regions and node.saved:
                 started_regions.add(node.region)
                 recomputed = self._recompute(node.region, i)
+                mem.where = i
             def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
                 for st in node.saved:
                     mem.release(st if node.region is None else recomputed.get(id(st), st))
@@ -295,6 +399,7 @@ class StepSimulator:
             if node.region is not None and self._first_of_region(i):
                 for st in self._region_inputs.get(node.region, []):
                     mem.release(st)
+        mem.where = "backward end"
         for v in self.g.keep + self.g.leaves:
             mem.release(v.storage)
         for st in list(grads.values()) + self._leaf_grads:
@@ -318,7 +423,7 @@ class StepSimulator:
         the stopping point, when the recompute stops (checkpoint.py raises
         _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
-        first = last
+        first = trigger = last
         while first > 0 and nodes[first - 1].region == region:
             first -= 1
         while last + 1 < len(nodes) and nodes[last + 1].region == region:
@@ -332,6 +437,7 @@ class StepSimulator:
         held: dict[int, int] = {}  # copy key -> index after which Python drops it
         for j in range(first, stop + 1):
             node = nodes[j]
+            mem.where = (trigger, j)
             for v in node.outputs:
                 key = id(v.storage)
                 if key in copies or any(v.storage is u.storage for u in node.inputs):

@@ -15,7 +15,7 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.allocator import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
-from memcalc.tape.simulate import Memory, Moment, StepSimulator
+from memcalc.tape.simulate import Memory, StepSimulator
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -145,9 +145,13 @@ def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
 
 
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
-                  with_optimizer: bool = True, fsdp: Fsdp | None=None) -> list[Moment]:
+                  with_optimizer: bool = True, fsdp: Fsdp | None = None,
+                  record: bool | dict = False) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
+    With `record`, the Memory instead: its log holds every instant (for memcalc.depth, which
+    adds the optimizer's temporaries at each depth and derives no clipping nor memcalc.tape.
+    finetune_optim optimizer: memcalc.depth.supported).
 
     >>> from memcalc.engine import build_graph
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
@@ -156,7 +160,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     >>> sorted({m.phase for m in moments})
     ['backward', 'forward', 'optimizer']
     """
-    sim = StepSimulator(graph, fsdp)
+    sim = StepSimulator(graph, fsdp, record)
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
@@ -170,10 +174,17 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
         for st in states:
             sim.mem.hold(st)
     sim.hold_inputs()
-    for _ in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
+    for micro in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
+        sim.mem.micro = micro
         sim.micro_step()
     mem = sim.mem
-    mem.phase = "optimizer"
+    mem.phase, mem.where = "optimizer", "optimizer"
+    if record is not False:  # the temporaries' bytes are not affine in depth (a largest parameter):
+        if first_step:  # memcalc.depth adds them at each depth
+            for st in states:
+                mem.hold(st)
+        mem.mark("optimizer.step")
+        return mem
     _clip(mem, graph, regime)
     if finetune and with_optimizer:
         _finetune_optimizer(mem, graph, regime, first_step, per, shared)
