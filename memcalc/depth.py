@@ -321,7 +321,35 @@ class Derivation:
     """Parameters' (elements, dim 0, bytes) before, of one unit (repeated), and after."""
 
     def at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
-        """(steady moments, first-step moments, parameter shapes) at n units, in step order."""
+        """(steady moments, first-step moments, parameter shapes) at n units, in step order; the
+        storages the recorded runs leave out (DDP buckets, FSDP shards, optimizer temporaries)
+        grow with the parameters, so each steady moment's `per_unit` gets their growth to n+1."""
+        steady, first, shapes = self._at(n)
+        growth = {c: deeper - here for (c, deeper), (_, here) in zip(self._outside(n + 1), self._outside(n))}
+        for m in steady:
+            for category in getattr(m, "outside", ()):
+                if m.per_unit is not None and growth[category]:
+                    d = Poly.const(growth[category])
+                    m.per_unit.total = m.per_unit.total + d
+                    m.per_unit.by_category = {**m.per_unit.by_category,
+                                              category: m.per_unit.by_category.get(category, Poly()) + d}
+        return steady, first, shapes
+
+    def _outside(self, n: int) -> list[tuple[str, int]]:
+        """(category, bytes) of the storages the recorded runs leave out, at n units."""
+        before, one, after = self.params
+        params = before + one * (n - N1) + after
+        regime = self.layout.regime
+        sizes = [nbytes for _, _, nbytes in params]
+        buckets = sum(sizes) if regime.replicated else 0
+        sharded = (regime.master_elt // regime.param_elt) * sum(
+            padded_shard_bytes(nbytes, rows, regime.data_parallel) for _, rows, nbytes in params) \
+            if regime.fsdp else 0
+        temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
+                               sizes) if regime.data_parallel == 1 else 0
+        return [("ddp_buckets", buckets), ("weights", sharded), ("temporaries", temp)]
+
+    def _at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         before, one, after = self.params
         params = before + one * (n - N1) + after
         regime = self.layout.regime
@@ -345,6 +373,8 @@ class Derivation:
                         _add(m, "weights", sharded)
                     if temp and f.where == "optimizer":
                         _add(m, "temporaries", temp if held else 0)
+                    m.outside = [c for c, on in (("ddp_buckets", buckets), ("weights", sharded),
+                                                 ("temporaries", held)) if on]
                     moments.append(m)
             out.append(moments)
         return out[0], out[1], [(elements, rows) for elements, rows, _ in params]

@@ -274,8 +274,27 @@ def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
         lay = layout(model, c.regime)
         derivation = _derivation(model, lay) if lay.units >= N1 and supported(c.regime, model) else None
         if derivation is not None:
-            c.depth = DepthForm(lay, derivation.at(lay.units)[0])
+            c.depth = _checked_form(DepthForm(lay, derivation.at(lay.units)[0]), derivation)
     return c.depth
+
+
+_FORM_SHAPES = ((1, 1), (3, 4), (2, 64), (8, 512))
+
+
+def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
+    """The form, if its terms give the derived peak one and two units deeper at a few shapes
+    (every moment and category of those depths is itself verified by memcalc.depth); else None,
+    so that MemoryReport.expr stays in b and s rather than show a wrong slope in L. (Found: the
+    per-unit slopes of some steps, such as HF GPT-2 selective checkpointing with accumulation,
+    miss the moment that peaks deeper.)"""
+    units = form.layout.units
+    terms = form.terms()
+    for extra in (1, 2):
+        deeper = derivation.at(units + extra)[0]
+        for b, s in _FORM_SHAPES:
+            if max(v.eval(b, s) + extra * d.eval(b, s) for v, d in terms) != max(m.total.eval(b, s) for m in deeper):
+                return None
+    return form
 
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
@@ -311,7 +330,7 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
-            out.depth = DepthForm(lay, steady)
+            out.depth = _checked_form(DepthForm(lay, steady), derivation)
             return out
     if model.num_layers > MAX_SIMULATED_LAYERS:
         raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "

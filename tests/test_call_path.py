@@ -52,7 +52,8 @@ def test_cache_never_lowers_the_peak_and_is_off_under_hf_checkpointing(case):
         assert with_cache == _peak(model, t)
 
 
-@given(cases(programs=HF_PROGRAMS, checkpointing=["none"]).filter(_call_path_modelled), st.sampled_from(["ones", "padded"]))
+@given(cases(programs=HF_PROGRAMS, checkpointing=["none"]).filter(_call_path_modelled),
+       st.sampled_from(["ones", "padded"]))
 def test_eager_masks_cost_only_the_batch_tensor(case, kind):
     """Eager attention builds its (b, 1, s, s) float mask whatever the 2-D mask holds (measured:
     ones and padded peak alike); only the (b, s) int64 mask itself is added."""

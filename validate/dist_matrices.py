@@ -43,7 +43,7 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     (tensor_parallel_cases) and three mixture-of-experts rows (validate.ci_moe.dist_moe_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (61, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (64, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
