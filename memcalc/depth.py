@@ -352,14 +352,7 @@ class Derivation:
     def _at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         before, one, after = self.params
         params = before + one * (n - N1) + after
-        regime = self.layout.regime
-        sizes = [nbytes for _, _, nbytes in params]
-        buckets = sum(sizes) if regime.replicated else 0
-        sharded = (regime.master_elt // regime.param_elt) * sum(
-            padded_shard_bytes(nbytes, rows, regime.data_parallel) for _, rows, nbytes in params) \
-            if regime.fsdp else 0
-        temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
-                               sizes) if regime.data_parallel == 1 else 0
+        (_, buckets), (_, sharded), (_, temp) = self._outside(n)
         out = []
         for families, slope in ((self.steady, True), (self.first, False)):
             moments = []
