@@ -59,3 +59,32 @@ def test_bad_arrays():
         estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), micro_batch=np.array([0, 1]))
     with pytest.raises(MemcalcError, match="colour"):
         estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), colour=np.array([1]))
+
+
+@given(cases(max_layers=2), st.integers(0, 2 ** 32 - 1))
+def test_grid_equals_estimate_at_random_points(case, seed):
+    """Every program, precision, checkpointing mode and device: random points over several
+    octaves of micro_batch (and seq_len up to the position table) equal estimate() exactly."""
+    model, training = case
+    rng = np.random.default_rng(seed)
+    b = np.concatenate([rng.integers(1, 9, 12), rng.integers(1, 2 ** rng.integers(4, 14), 28)])
+    s = rng.integers(1, 1025, b.size)
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for k in range(b.size):
+        assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
+
+
+@given(cases(max_layers=2), st.integers(0, 2 ** 32 - 1))
+def test_grid_equals_rounded_totals_on_dense_boxes(case, seed):
+    """A dense box of shapes (every cell of memcalc.grid_cells it touches, both sides of every
+    crossing of two moments in it) against the engine's compiled evaluator, point by point."""
+    model, training = case
+    training = training.with_(device="cuda")
+    rng = np.random.default_rng(seed)
+    b0, s0 = int(rng.integers(1, 200)), int(rng.integers(1, 900))
+    b, s = np.arange(b0, b0 + 24)[:, None], np.arange(s0, s0 + 120)[None, :]
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for i in range(b.shape[0]):
+        for j in range(s.shape[1]):
+            assert grid[i, j] == estimate(model, training.with_(micro_batch=int(b[i, 0]),
+                                                               seq_len=int(s[0, j]))).peak_bytes
