@@ -1,9 +1,10 @@
 """estimate_grid(): steady-state peaks over arrays of shapes, evaluated with numpy.
 
 The engine simulates each (model, training without b and s) once into candidate moments whose
-totals are polynomials in b and s; the peak is their max. Here every candidate is evaluated at
-every point at once: the monomials b**i * s**j form a (points x monomials) matrix, the candidates'
-coefficients a (monomials x candidates) matrix, and their product's row-max is the peak.
+totals are polynomials in b and s; the peak is their max. On CUDA every moment's total gets the
+allocator's rounding of its live storages, exactly, in int64, with the moments that cannot win in
+a region of shapes left out there (memcalc.grid_cells); past int64, Python ints. On CPU (no
+rounding) the polynomials' upper envelope or a dense product (eval_polys).
 Needs numpy (extra 'grid').
 """
 from __future__ import annotations

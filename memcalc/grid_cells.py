@@ -170,6 +170,11 @@ class CellEvaluator:
                 np.maximum(out, total, out=out)
 
     def _learn(self, keys: numpy.ndarray) -> None:
+        """_learn_cells, 256 cells at a time (its temporaries are cells x 4 x moments x monomials)."""
+        for start in range(0, keys.size, 256):
+            self._learn_cells(keys[start:start + 256])
+
+    def _learn_cells(self, keys: numpy.ndarray) -> None:
         """Which moments can win in each new cell: all but those whose highest rounded total
         stays at or under the lowest one of a moment largest at a corner of the cell, term by
         term over the cell (b**i * s**j grows in b and s, so a positive coefficient's term is

@@ -88,3 +88,12 @@ def test_grid_equals_rounded_totals_on_dense_boxes(case, seed):
         for j in range(s.shape[1]):
             assert grid[i, j] == estimate(model, training.with_(micro_batch=int(b[i, 0]),
                                                                seq_len=int(s[0, j]))).peak_bytes
+
+
+@pytest.mark.parametrize("top", [2 ** 24, 2 ** 40])  # int64 throughout; past int64 (Python ints)
+def test_huge_shapes_on_cuda(top):
+    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=8, device="cuda")
+    b, s = np.array([1, 3, 1000, top - 1, top]), np.array([1, 7, 1024, 513, 1000])
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for k in range(b.size):
+        assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
