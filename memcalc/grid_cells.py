@@ -42,7 +42,10 @@ def cell_of(np: ModuleType, v: numpy.ndarray) -> numpy.ndarray:
     >>> cell_of(np, np.array([1, 2, 3, 7, 8, 9, 16, 17, 18, 19])).tolist()
     [0, 8, 12, 22, 24, 25, 32, 32, 33, 33]
     """
-    return (v.astype(np.float64).view(np.int64) >> (52 - MANTISSA_BITS)) - (1023 << MANTISSA_BITS)
+    key = v.astype(np.float64).view(np.int64)  # sign 0, 11 exponent bits (bias 1023), 52 mantissa bits
+    key >>= 52 - MANTISSA_BITS
+    key -= 1023 << MANTISSA_BITS
+    return key
 
 
 def cell_range(np: ModuleType, key: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
