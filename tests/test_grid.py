@@ -35,10 +35,9 @@ def test_envelope_path_on_many_points():
         assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
 
 
-def test_other_fields_loop_over_values():
-    # on cpu: the CUDA rounding tables (512 x 512 per moment) cost seconds a combination and are
-    # covered by test_grid_equals_estimate and test_envelope_path_on_many_points
-    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=64, device="cpu")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_other_fields_loop_over_values(device):
+    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=64, device=device)
     layers, precisions = [2, 3], ["fp32", "bf16"]
     grid = estimate_grid(model, training, num_layers=np.array(layers), precision=np.array(precisions)[:, None])
     for i, precision in enumerate(precisions):
