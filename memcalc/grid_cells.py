@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 
     from memcalc.engine import MomentSet
 
-MANTISSA_BITS = 3  # 8 cells per octave: a cell's hi/lo <= 9/8, tight enough that one moment wins
+# 8 cells per octave (hi/lo <= 9/8): most cells leave one moment (llama-2-7b: 3433 of 3520, the rest 2)
+MANTISSA_BITS = 3
 AXIS_CELLS = (MAX_SHAPE.bit_length() + 1) << MANTISSA_BITS  # cell keys of 1..MAX_SHAPE on one axis
-CHUNK = 1 << 16  # points evaluated at a time: a few int64 arrays of 256 KiB stay in cache
+CHUNK = 1 << 16  # points binned, sorted and evaluated at a time: int64 arrays of 512 KiB, in cache
 INT64_SAFE = 2 ** 61  # every partial sum of the evaluation and the pruning stays under 2**63
 
 
