@@ -250,7 +250,7 @@ def estimate_grid(model: ModelSpec, training: TrainingConfig, **arrays):
 
     np = _numpy()
     fields, b, s = grid_arrays(np, model, training, arrays)  # types, ranges, broadcasting
-    b, s = np.ascontiguousarray(b), np.ascontiguousarray(s)  # broadcast views made contiguous
+    b, s = np.asarray(b, order="C"), np.asarray(s, order="C")  # broadcast views made contiguous
     if not fields:
         return eval_candidates(model, training, b, s)
     return _grid_over_fields(np, model, training, fields, b, s)
