@@ -83,9 +83,27 @@ class CellEvaluator:
         high = low.copy()
         high[:, 0] += np.array(spread, dtype=object)
         self._low, self._high = low, high  # Python ints until the int64 range is checked
+        self.lookups = [self._lookups(np, mine) for mine in self.rounds]
         self.table = np.full(AXIS_CELLS * AXIS_CELLS, -1, dtype=np.int32)  # cell -> group
         self.groups: list[tuple[int, ...]] = []  # group -> moments that can win in its cells
         self._group_of: dict[bytes, int] = {}
+
+    def _lookups(self, np: ModuleType, mine: list[tuple[int, int]]) -> tuple[list, list]:
+        """A moment's rounding split into ([(monomial, table)], [(size index, storages)]): the
+        sizes c * m + d of one monomial m round by m mod g alone, so together they are one
+        g-entry table indexed by m mod g; other sizes keep their own residue."""
+        tables: dict[tuple[int, int], numpy.ndarray] = {}
+        rest = []
+        for k, n in mine:
+            size = self.sizes[k]
+            varying = [m for m in size if m != (0, 0)]
+            if len(varying) != 1:
+                rest.append((k, n))
+                continue
+            r = np.arange(self.g, dtype=np.int64)  # every value of m mod g
+            part = n * (-(size[varying[0]] * r + size.get((0, 0), 0)) % self.g)
+            tables[varying[0]] = tables.get(varying[0], 0) + part
+        return sorted(tables.items()), rest
 
     def fits_int64(self, b_max: int, s_max: int) -> bool:
         """Whether every quantity of the evaluation and the pruning stays in int64 up to the
@@ -116,15 +134,18 @@ class CellEvaluator:
         if group.min() < 0:
             self._learn(np.flatnonzero(np.bincount(key[group < 0])))  # np.unique imports numpy.ma: 80 ms
             group = self.table[key]
-        if (group == group[0]).all():
-            self._evaluate(self.groups[group[0]], b, s, out)
+        counts = np.bincount(group, minlength=len(self.groups))
+        major = int(counts.argmax())  # most points: evaluated in place on the whole chunk
+        self._evaluate(self.groups[major], b, s, out)
+        if counts[major] == b.size:
             return
-        many = len(self.groups)
-        order = np.argsort(group.astype(np.uint16) if many < 2 ** 16 else group, kind="stable")  # radix
-        ends = np.cumsum(np.bincount(group, minlength=many)).tolist()
-        bo, so, found = b[order], s[order], np.empty(b.shape, dtype=np.int64)
+        counts[major] = 0
+        rest = np.flatnonzero(group != major)  # the others, sorted by group (a radix sort)
+        minor = group[rest]
+        order = rest[np.argsort(minor.astype(np.uint16) if len(self.groups) < 2 ** 16 else minor, kind="stable")]
+        bo, so, found = b[order], s[order], np.empty(order.shape, dtype=np.int64)
         start = 0
-        for k, end in enumerate(ends):
+        for k, end in enumerate(np.cumsum(counts).tolist()):
             if end > start:
                 self._evaluate(self.groups[k], bo[start:end], so[start:end], found[start:end])
             start = end
@@ -136,6 +157,7 @@ class CellEvaluator:
         np, mask = self.np, self.g - 1
         powers: dict[tuple[int, int], numpy.ndarray] = {(1, 0): b, (0, 1): s}
         residues: dict[int, numpy.ndarray] = {}
+        indices: dict[tuple[int, int], numpy.ndarray] = {}
 
         def mono(m: tuple[int, int]) -> numpy.ndarray:
             if m not in powers:
@@ -163,10 +185,18 @@ class CellEvaluator:
                 residues[k] = np.bitwise_and(acc, mask, out=acc)  # -size mod g, g a power of two
             return residues[k]
 
+        def index(m: tuple[int, int]) -> numpy.ndarray:  # m mod g
+            if m not in indices:
+                indices[m] = mono(m) & mask
+            return indices[m]
+
         for n, i in enumerate(keep):
             low = self.lows[i]
             total = combine([(m, c) for m, c in low.items() if m != (0, 0)], low.get((0, 0), 0))
-            for k, count in self.rounds[i]:
+            tables, rest = self.lookups[i]
+            for m, table in tables:
+                total += table[index(m)]
+            for k, count in rest:
                 total += residue(k) * count if count != 1 else residue(k)
             if n == 0:
                 out[...] = total
