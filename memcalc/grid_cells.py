@@ -84,7 +84,7 @@ class CellEvaluator:
         high[:, 0] += np.array(spread, dtype=object)
         self._low, self._high = low, high  # Python ints until the int64 range is checked
         self.lookups = [self._lookups(np, mine) for mine in self.rounds]
-        self.table = np.full(AXIS_CELLS * AXIS_CELLS, -1, dtype=np.int32)  # cell -> group
+        self.table = np.full(0, -1, dtype=np.int32)  # cell -> group (-1: not learned), grown by rows of b
         self.groups: list[tuple[int, ...]] = []  # group -> moments that can win in its cells
         self._group_of: dict[bytes, int] = {}
 
@@ -130,6 +130,10 @@ class CellEvaluator:
         key = cell_of(np, b)
         key *= AXIS_CELLS
         key += cell_of(np, s)
+        if key.max() >= self.table.size:  # grown to the largest micro_batch seen (73 KiB below 128)
+            grown = np.full((int(key.max()) // AXIS_CELLS + 1) * AXIS_CELLS, -1, dtype=np.int32)
+            grown[:self.table.size] = self.table
+            self.table = grown
         group = self.table[key]
         if group.min() < 0:
             self._learn(np.flatnonzero(np.bincount(key[group < 0])))  # np.unique imports numpy.ma: 80 ms
