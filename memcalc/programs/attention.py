@@ -135,15 +135,15 @@ def repeat_kv(ops: Ops, spec: ModelSpec, k: Value, v: Value) -> tuple[Value, Val
 
 def sdpa_float_mask(ops: Ops, mask: Value, elt: int) -> Value:
     """F.scaled_dot_product_attention's convert_boolean_attn_mask (aten attention.cpp):
-    where(logical_not(mask), -inf, 0), a (b, 1, s, s) float mask in the query's dtype (full
-    size even from an expanded mask), made in every layer; the bool logical_not is a temporary.
-    A float mask is used as it is."""
+    where(mask, 0, -inf) against two 0-d scalar tensors, a (b, 1, s, s) float mask in the query's
+    dtype (full size even from an expanded mask), made in every layer (measured, torch 2.13:
+    scalar_tensor x2, where.self; no other temporary). A float mask is used as it is."""
     if mask.elt != 1:
         return mask
     g = ops.g
-    inverted = g.op("mask logical_not", [mask], size("b s s", 1), requires_grad=False, elt=1)
-    out = g.op("sdpa float mask", [inverted], size("b s s", elt), requires_grad=False, elt=elt)
-    ops.scope_end([inverted])
+    scalars = [g.op(f"scalar_tensor({x})", [], size("", elt), requires_grad=False, elt=elt) for x in ("0", "-inf")]
+    out = g.op("sdpa float mask", [mask, *scalars], size("b s s", elt), requires_grad=False, elt=elt)
+    ops.scope_end(scalars)
     return out
 
 
