@@ -27,7 +27,7 @@ from memcalc.poly import Poly
 from memcalc.programs.base import TOKENS
 from memcalc.programs.moe import INDEX, inplace
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Alias, Grad, Temp, Value
+from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops
 
 FP32 = 4
@@ -78,14 +78,14 @@ def load_balancing_loss(ops: Ops, spec: ModelSpec, router_logits: list[Value]) -
 
 def _aux_softmax(ops: Ops, logits: Value) -> Value:
     """softmax(layer_gate, dim=-1), saving its result: in the logits' dtype, except under CUDA
-    autocast (softmax is on its fp32 list: a cast copy, then fp32). With fp32 probabilities the
-    gradient that reaches it is SumBackward's stride-0 expand, which CUDA's host_softmax_backward
-    makes contiguous (`grad_.contiguous()`: an (N, E) fp32 scratch tensor the caching allocator
-    sees; the CPU kernel's copy is not a tensor the tracker sees). Source-read, not measured on
-    CUDA."""
+    autocast (softmax is on its fp32 list: a cast copy, then fp32). Its backward allocates the
+    (N, E) gradient; the gradient that reaches it in fp32 is SumBackward's stride-0 expand
+    (measured on CPU: no copy the tracker sees). CUDA's softmax_backward_cuda_out also computes
+    `grad * output` into an (N, E) temporary (aten SoftMax.cu, source-read); like every other
+    softmax of the engine's programs, that kernel temporary is not modelled (not measured on
+    CUDA)."""
     x = ops.fp32_op_input(logits) if ops.device == "cuda" else logits
-    back = [Grad(0), Temp(x.size)] if ops.device == "cuda" and x.elt == FP32 else [Grad(0)]
-    return ops.g.op("aux softmax", [x], x.size, backward=back, elt=x.elt, save_output=True)
+    return ops.g.op("aux softmax", [x], x.size, backward=[Grad(0)], elt=x.elt, save_output=True)
 
 
 def add_aux_loss(ops: Ops, spec: ModelSpec, router_logits: list[Value]) -> Value:
