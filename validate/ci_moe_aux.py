@@ -54,3 +54,24 @@ def _case(name: str, row: dict, device: str, changes: dict | None = None) -> Cas
         experts_implementation=row["experts"])
     spec = ModelSpec.from_hf_config(cfg).with_(name=f"{row['model']}-like")
     return Case(name, spec, training, cfg)
+
+
+def dist_moe_aux_cases(device: str = "cpu") -> list[Case]:
+    """Data-parallel rows with the auxiliary loss (dist-ci matrix): Qwen3-MoE under FSDP2 zero3
+    with bf16 autocast, Mixtral with jitter under DDP with per-layer checkpointing (grouped_mm
+    experts: each rank's routing changes nothing).
+
+    >>> [c.name for c in dist_moe_aux_cases()]
+    ['qwen3_moe-aux-W2-zero3-bf16-amp', 'mixtral-aux-jitter-W2-none-per-layer']
+    """
+    rows = (("qwen3_moe", "zero3", {}, dict(precision="bf16-amp"), "qwen3_moe-aux-W2-zero3-bf16-amp"),
+            ("mixtral", "none", {"router_jitter_noise": 0.01}, dict(checkpointing="per-layer"),
+             "mixtral-aux-jitter-W2-none-per-layer"))
+    cases = []
+    for kind, sharding, cfg_changes, changes, name in rows:
+        cfg = {**MOE_CONFIGS[kind], "output_router_logits": True, **cfg_changes}
+        training = TrainingConfig.make(micro_batch=2, seq_len=40, device=device, world_size=2,
+                                       sharding=sharding, **changes)
+        spec = ModelSpec.from_hf_config(cfg).with_(name=f"{kind}-like")
+        cases.append(Case(name, spec, training, cfg))
+    return cases
