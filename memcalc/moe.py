@@ -46,6 +46,13 @@ class MoESpec(FrozenModel):
     """Layers whose MLP is dense (ModelSpec.intermediate_size wide): Qwen-MoE's mlp_only_layers and
     the layers decoder_sparse_step skips. A JSON list is accepted (lax for this field only: a spec
     read back from a results file)."""
+    output_router_logits: bool = False
+    """transformers' auxiliary load-balancing loss (config output_router_logits): every MoE
+    layer's router logits are kept until the loss, which adds router_aux_loss_coef * the
+    Switch-Transformer loss over them (memcalc.programs.moe_aux)."""
+    router_jitter_noise: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    """Mixtral only: in training, the block's input is multiplied in place by uniform noise in
+    [1 - jitter, 1 + jitter] before the router (memcalc.programs.moe_aux.router_jitter); 0: none."""
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":

@@ -128,6 +128,9 @@ class ModelSpec(FrozenModel):
                              f"{', '.join(MOE_FAMILIES)} (family is {self.family})")
         if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
             raise ValueError(f"moe.dense_layers lists a layer >= num_layers={self.num_layers}")
+        if self.moe is not None and self.moe.router_jitter_noise and self.family != "mixtral":
+            raise ValueError(f"moe.router_jitter_noise is Mixtral's; transformers' {self.family} has "
+                             "no router jitter (set it to 0)")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
         if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES, *MOE_FAMILIES) and \
