@@ -210,20 +210,13 @@ def replay(moments: list[Moment]) -> list[Moment]:
 
 def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
     """True when m <= lam*m1 + (1-lam)*m2 coefficient-wise for some lam in [0, 1]; then
-    m(b, s) <= max(m1(b, s), m2(b, s)) at every shape, so m can never set the peak."""
-    lo, hi = 0.0, 1.0
-    for mono in set(m.terms) | set(m1.terms) | set(m2.terms):
-        c, c1, c2 = m.terms.get(mono, 0), m1.terms.get(mono, 0), m2.terms.get(mono, 0)
-        slope, need = c1 - c2, c - c2  # lam * slope >= need
-        if slope > 0:
-            lo = max(lo, need / slope)
-        elif slope < 0:
-            hi = min(hi, need / slope)
-        elif need > 0:
-            return False
-        if lo > hi:
-            return False
-    return True
+    m(b, s) <= max(m1(b, s), m2(b, s)) at every shape, so m can never set the peak.
+
+    >>> _below_mix(Poly.bs(5) + Poly.const(5), Poly.bs(10), Poly.const(10))
+    True
+    """
+    monos = set(m.terms) | set(m1.terms) | set(m2.terms)
+    return _below_mix_dense(*(tuple(p.terms.get(mono, 0) for mono in monos) for p in (m, m1, m2)))
 
 
 def prune_convex(moments: list[Moment]) -> list[Moment]:
@@ -234,16 +227,48 @@ def prune_convex(moments: list[Moment]) -> list[Moment]:
     >>> [m.total.terms[(0, 0)] for m in prune_convex([a, b, c]) if (0, 0) in m.total.terms]
     [10]
     """
-    kept = list(moments)
+    monos = list({mono: None for m in moments for mono in m.total.terms})
+    vecs = [tuple(m.total.terms.get(mono, 0) for mono in monos) for m in moments]
+    return [moments[j] for j in prune_convex_dense(vecs)]
+
+
+def prune_convex_dense(vecs: list[tuple]) -> list[int]:
+    """prune_convex on coefficient tuples over the same monomials (built once, not per pair as
+    _below_mix reads them): the indices kept, in order.
+
+    >>> prune_convex_dense([(0, 10), (5, 5), (10, 0)])
+    [0, 2]
+    """
+    kept = list(range(len(vecs)))
     i = 0
     while i < len(kept):
-        others = kept[:i] + kept[i + 1:]
-        if any(_below_mix(kept[i].total, x.total, y.total)
-               for j, x in enumerate(others) for y in others[j + 1:]):
+        v = vecs[kept[i]]
+        others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
+        if any(_below_mix_dense(v, x, y) for j, x in enumerate(others) for y in others[j + 1:]):
             kept.pop(i)
         else:
             i += 1
     return kept
+
+
+def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
+    """_below_mix on coefficient tuples over the same monomials.
+
+    >>> _below_mix_dense((5, 5), (0, 10), (10, 0)), _below_mix_dense((6, 5), (0, 10), (10, 0))
+    (True, False)
+    """
+    lo, hi = 0.0, 1.0
+    for c, c1, c2 in zip(v, v1, v2):
+        slope, need = c1 - c2, c - c2  # lam * slope >= need
+        if slope > 0:
+            lo = max(lo, need / slope)
+        elif slope < 0:
+            hi = min(hi, need / slope)
+        elif need > 0:
+            return False
+        if lo > hi:
+            return False
+    return True
 
 
 class StepSimulator:
