@@ -164,30 +164,34 @@ class Memory:
         cat = category or st.category
         holds[key] = 1
         size = st.size
-        size_key = self._size_key(size)
+        found = self._keys.get(id(size))
+        size_key = self._size_key(size) if found is None else found[1]
         self.sizes[key] = (st, size, cat, size_key)
         entry = self.size_counts.get(size_key)
         if entry is None:
             entry = self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
         entry[1] += 1
-        if size_key:  # a moment's `sizes` leave out zero sizes
-            self._live_keys[size_key] = entry[1]
         if self.log is not None:  # the totals follow from the live storages
-            self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
-            bit = self._bits.get((cat, size_key))
+            live, both = self.live, (cat, size_key)
+            live[both] = live.get(both, 0) + 1
+            bit = self._bits.get(both)
             if bit is None:
-                shift = self.index.get((cat, size_key))
+                self._category(cat)
+                shift = self.index.get(both)
                 if shift is None:
-                    shift = self.index[cat, size_key] = self.SLOT * len(self.index)
-                bit = self._bits[cat, size_key] = 1 << shift
+                    shift = self.index[both] = self.SLOT * len(self.index)
+                bit = self._bits[both] = 1 << shift
             self.packed += bit
             if self.packed_total is not None:
-                size_total = self._packed_size(size_key)  # may turn packed_total off
+                size_total = self._packed_sizes.get(size_key)
+                if size_total is None:
+                    size_total = self._packed_size(size_key)  # may turn packed_total off
                 if self.packed_total is not None:
                     self.packed_total += size_total
-            self._category(cat)
             return
+        if size_key:  # a moment's `sizes` leave out zero sizes
+            self._live_keys[size_key] = entry[1]
         self._add(cat, size.terms, 1)
 
     def _add(self, cat: str, terms: dict, sign: int) -> None:
@@ -219,19 +223,20 @@ class Memory:
             _, size, cat, size_key = self.sizes.pop(key)
             entry = self.size_counts[size_key]
             entry[1] -= 1
+            if self.log is not None:
+                both = (cat, size_key)
+                live = self.live[both] = self.live[both] - 1
+                if not live:
+                    del self.live[both]
+                self.packed -= self._bits[both]
+                if self.packed_total is not None:
+                    self.packed_total -= self._packed_sizes[size_key]
+                return
             if entry[1]:
                 if size_key:
                     self._live_keys[size_key] = entry[1]
             elif size_key:
                 del self._live_keys[size_key]
-            if self.log is not None:
-                live = self.live[cat, size_key] = self.live[cat, size_key] - 1
-                if not live:
-                    del self.live[cat, size_key]
-                self.packed -= self._bits[cat, size_key]
-                if self.packed_total is not None:
-                    self.packed_total -= self._packed_sizes[size_key]
-                return
             self._add(cat, size.terms, -1)
 
     def alive(self, st: Storage) -> bool:
@@ -299,20 +304,32 @@ def keep(frontier: list[Moment], total: Poly) -> bool:
 
 
 def replay(moments: list[Moment]) -> list[Moment]:
-    """The moments Memory.mark keeps of `moments` (in step order), phase by phase.
+    """The moments Memory.mark keeps of `moments` (in step order), phase by phase: keep's
+    dominance and prune_convex, on dense coefficient tuples.
 
     >>> m = [Moment("forward", str(k), Poly.bs(k), {}) for k in (1, 3, 2)]
     >>> [x.label for x in replay(m)]
     ['3']
     """
-    frontiers: dict[str, list[Moment]] = {}
+    monos = list({mono: None for m in moments for mono in m.total.terms})
+    frontiers: dict[str, tuple[list[Moment], list[tuple]]] = {}
     for m in moments:
-        frontier = frontiers.setdefault(m.phase, [])
-        if keep(frontier, m.total):
-            frontier.append(m)
-            if len(frontier) >= Memory.PRUNE_AT:
-                frontier[:] = prune_convex(frontier)
-    return [m for kept in frontiers.values() for m in kept]
+        terms = m.total.terms
+        v = tuple([terms.get(mono, 0) for mono in monos])
+        frontier, dense = frontiers.setdefault(m.phase, ([], []))
+        if any(all(map(ge, u, v)) for u in dense):
+            continue
+        below = {i for i, u in enumerate(dense) if all(map(ge, v, u))}
+        if below:
+            frontier[:] = [x for i, x in enumerate(frontier) if i not in below]
+            dense[:] = [u for i, u in enumerate(dense) if i not in below]
+        frontier.append(m)
+        dense.append(v)
+        if len(frontier) >= Memory.PRUNE_AT:
+            kept = prune_convex_dense(dense)
+            frontier[:] = [frontier[i] for i in kept]
+            dense[:] = [dense[i] for i in kept]
+    return [m for kept, _ in frontiers.values() for m in kept]
 
 
 def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
@@ -351,7 +368,12 @@ def prune_convex_dense(vecs: list[tuple]) -> list[int]:
     while i < len(kept):
         v = vecs[kept[i]]
         others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
-        if any(_below_mix_dense(v, x, y) for j, x in enumerate(others) for y in others[j + 1:]):
+        # a mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover
+        # v coefficient by coefficient can hold it below (a bit per coefficient)
+        full = (1 << len(v)) - 1
+        covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
+        if any(covers[j] | covers[k] == full and _below_mix_dense(v, others[j], others[k])
+               for j in range(len(others)) for k in range(j + 1, len(others))):
             kept.pop(i)
         else:
             i += 1
