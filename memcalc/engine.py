@@ -7,9 +7,11 @@ Every size is a polynomial in b (micro_batch) and s (seq_len), so one simulation
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, Iterator
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
@@ -227,8 +229,32 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
         check_supported(model, training)
         if len(_CACHE) > 512:
             _CACHE.clear()
-        found = _CACHE[key] = _simulate(model, _regime(model, training))
+        with _gc_paused():
+            found = _CACHE[key] = _simulate(model, _regime(model, training))
     return found
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off while a step is simulated: the simulation
+    allocates tens of thousands of small objects (storages, moments, dicts) that reference
+    counting frees, and the collector's passes over them cost about a tenth of a cold estimate
+    (measured, benchmarks/bench_estimate.py); it runs again afterwards.
+
+    >>> import gc
+    >>> with _gc_paused():
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
