@@ -306,14 +306,19 @@ def _positions(run: StepRun, lay: Layout, n: int):
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     """{family key: {unit or None: (label, categories, live storages)}} of a recorded run, and
     the (key, unit) step order."""
-    where = _positions(run, lay, n)
+    where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
     order = []
     for (phase, micro, w, count), label, cats, live, packed, total in run.moments:
-        pos, j = where(w)
+        found = cache.get(w)
+        if found is None:  # each mark's place is looked up once per node (forward, backward)
+            found = cache[w] = where(w)
+        pos, j = found
         key = (phase, micro, pos, count)
-        members = out.setdefault(key, {})
-        if j in members:
+        members = out.get(key)
+        if members is None:
+            members = out[key] = {}
+        elif j in members:
             raise NotRepeating(f"two instants at {key}")
         members[j] = (label, cats, live, packed, total)
         order.append((key, j))

@@ -453,6 +453,7 @@ class StepSimulator:
     def forward(self) -> None:
         """Run the forward program, holding saved tensors (or region inputs)."""
         mem, nodes = self.mem, self.g.nodes
+        holds = mem.holds
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
         kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
@@ -471,7 +472,7 @@ class StepSimulator:
                     previous = group
                 else:
                     fsdp.post_forward(mem, group)
-            new = [v.storage for v in node.outputs if not mem.alive(v.storage)]
+            new = [v.storage for v in node.outputs if id(v.storage) not in holds]  # not mem.alive
             for st in new:
                 mem.hold(st)
                 produced_in[id(st)] = node.region
