@@ -18,7 +18,7 @@ from memcalc.limits import MAX_SIMULATED_LAYERS
 from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
-from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
+from memcalc.simulation import build_graph, run_step, run_steps  # noqa: F401 (build_graph, run_step: API)
 from memcalc.specs import ModelSpec
 from memcalc.step_checks import check_step, check_supported
 from memcalc.tape.simulate import Moment, replay
@@ -284,7 +284,8 @@ def simulated(model: ModelSpec, training: TrainingConfig) -> Candidates:
     check_step(model, training)
     check_supported(model, training)
     regime = _regime(model, training)
-    steady, first = run_step(model, regime, False), run_step(model, regime, True)
+    with _gc_paused():
+        steady, first = run_steps(model, regime)
     return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 
@@ -363,8 +364,7 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
                                f"derive from a few (they do not repeat with layer_period {lay.unit} "
                                "here) would be simulated one by one",
                                f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
-    steady = run_step(model, regime, False)
-    first = run_step(model, regime, True)
+    steady, first = run_steps(model, regime)
     return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 
