@@ -330,7 +330,8 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
     except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
         return None
     if key not in _CACHE:
-        _CACHE[key] = derive(model, lay)
+        with _gc_paused():  # (also when depth_form derives it outside candidates)
+            _CACHE[key] = derive(model, lay)
     return _CACHE[key]
 
 
