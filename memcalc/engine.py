@@ -162,12 +162,25 @@ class Candidates:
     """Bytes per element of the optimizer's view of the parameters (regime.master_elt)."""
     steady_set: MomentSet = field(init=False)
     first_set: MomentSet = field(init=False)
-    depth: "DepthForm | None" = field(init=False, default=None)
-    """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
+    _depth: "DepthForm | None" = field(init=False, default=None, repr=False)
+    _pending: "Callable[[], DepthForm | None] | None" = field(init=False, default=None, repr=False)
+    """What gives `depth` when it is first read (its check costs about a tenth of a cold estimate)."""
 
     def __post_init__(self):
         self.steady_set = MomentSet(self.steady, self.regime.granularity)
         self.first_set = MomentSet(self.first, self.regime.granularity)
+
+    @property
+    def depth(self) -> "DepthForm | None":
+        """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._depth = pending()
+        return self._depth
+
+    @depth.setter
+    def depth(self, form: "DepthForm | None") -> None:
+        self._pending, self._depth = None, form
 
 
 @dataclass
@@ -358,7 +371,7 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
-            out.depth = _checked_form(DepthForm(lay, steady), derivation)
+            out._pending = lambda: _checked_form(DepthForm(lay, steady), derivation)
             return out
     if model.num_layers > MAX_SIMULATED_LAYERS:
         raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
