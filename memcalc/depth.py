@@ -208,15 +208,6 @@ class Family:
         """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
         self._base = expand(self.base, self.cats, sizes)
         self._step = expand(self.step, self.cats, sizes)
-        counts = self._base[2]
-        self._shrinking = [(counts.get(k, 0), d) for k, d in self._step[2].items() if d < 0]
-
-    def total(self, n: int) -> Poly:
-        """The total bytes of `moment(n)`, without building the moment."""
-        x = n - N1
-        if any(c + x * d < 0 for c, d in self._shrinking):
-            raise NotRepeating("a negative number of storages")
-        return self._base[0] + self._step[0] * x
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
@@ -358,18 +349,6 @@ class Derivation:
                     m.per_unit.by_category = {**m.per_unit.by_category,
                                               category: m.per_unit.by_category.get(category, Poly()) + d}
         return steady, first, shapes
-
-    def steady_totals(self, n: int) -> list[Poly]:
-        """The totals of the steady moments of `at(n)`, in order, without building them."""
-        (_, buckets), (_, sharded), (_, temp) = self._outside(n)
-        common = Poly.const(buckets) + Poly.const(sharded)
-        out = []
-        for f in self.steady:
-            total = f.total(n) + common
-            if temp and f.where == "optimizer":  # _at: temporaries held, then freed
-                out.append(total + Poly.const(temp))
-            out.append(total)
-        return out
 
     def _outside(self, n: int) -> list[tuple[str, int]]:
         """(category, bytes) of the storages the recorded runs leave out, at n units."""
