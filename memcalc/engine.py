@@ -13,7 +13,7 @@ from typing import Callable
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
-from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
+from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, small_model, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
@@ -299,7 +299,7 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
     try:  # one derivation for every depth of the layout: keyed by the model at N1 units
-        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+        key = ("depth", small_model(model, lay, N1), lay)
     except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
         return None
     if key not in _CACHE:
