@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import event, given, settings
+from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
 from strategies import cases, finetune_steps
 
@@ -39,14 +40,22 @@ def _features(model: ModelSpec, training: TrainingConfig) -> list[str]:
     return out
 
 
+def _event(text: str) -> None:
+    """hypothesis.event inside a given test; nothing elsewhere."""
+    try:
+        event(text)
+    except InvalidArgument:
+        pass
+
+
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
     derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
     # repeat (depth.supported: every regime but index-tied settings), else the simulation does
     used = any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
     for f in _features(model, training) + [model.family]:
-        event(f"{f}: {'derived' if used else 'simulated'}")
-    event(f"prefix {layout(model, Regime.of(training)).prefix}, unit {layout(model, Regime.of(training)).unit}")
+        _event(f"{f}: {'derived' if used else 'simulated'}")
+    _event(f"prefix {layout(model, Regime.of(training)).prefix}, unit {layout(model, Regime.of(training)).unit}")
     direct = engine.simulated(model, training)
     assert derived.param_shapes == direct.param_shapes
     key = (model, engine._regime_key(training))
@@ -208,3 +217,52 @@ def test_a_thousand_layers():
     r32, r1000 = estimate(model, t), estimate(model.with_(num_layers=1000), t)
     per_layer = (estimate(model.with_(num_layers=33), t).peak_bytes - r32.peak_bytes)
     assert r1000.peak_bytes == r32.peak_bytes + (1000 - 32) * per_layer
+
+
+_LLAMA = ModelSpec.make(family="llama", implementation="hf", vocab_size=100, hidden_size=32, num_layers=9,
+                        num_heads=2, intermediate_size=64, max_position_embeddings=256, qkv_bias=False,
+                        out_bias=False, mlp_bias=False)
+_GPT2 = ModelSpec.make(family="gpt2", implementation="hf", vocab_size=100, hidden_size=32, num_layers=9,
+                       num_heads=2, max_position_embeddings=256)
+
+
+def _moe(family: str, dense: tuple = (), **fields) -> ModelSpec:
+    from memcalc.moe import MoESpec
+
+    return _LLAMA.with_(family=family, num_layers=10, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_size=32,
+                                                                  dense_layers=dense, **fields))
+
+
+def _used(model: ModelSpec, training: TrainingConfig) -> bool:
+    engine._CACHE.clear()
+    engine.candidates(model, training)
+    return any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
+
+
+@pytest.mark.parametrize("name,model,fields,derived", [
+    ("clip", _LLAMA, dict(max_grad_norm=1.0, device="cuda", precision="fp16-amp"), True),
+    ("adamw-8bit cpu", _LLAMA, dict(optimizer="adamw-8bit", device="cpu"), True),
+    ("adafactor clip bf16", _LLAMA, dict(optimizer="adafactor", max_grad_norm=1.0, precision="bf16"), True),
+    ("lora 8bit clip", _GPT2, dict(lora={"rank": 4, "targets": ["c_attn"]}, optimizer="adamw-8bit",
+                                   max_grad_norm=1.0), True),
+    ("qlora", _LLAMA, dict(lora={"rank": 4, "targets": "all-linear"}, quantization="nf4", device="cuda",
+                           optimizer="paged-adamw-8bit"), True),
+    ("freeze", _GPT2, dict(freeze=("*ln_*", "*wte*")), True),
+    ("freeze by index", _GPT2, dict(freeze=("*h.1.*",)), False),
+    ("lora some layers", _LLAMA, dict(lora={"rank": 4, "layers": [0, 2, 4, 6, 8]}), False),
+    ("trainer 8bit", _GPT2, dict(hf_trainer=True, optimizer="adamw-8bit", max_grad_norm=1.0), True),
+    ("call path", _LLAMA, dict(use_cache=True, attention_mask="padded", pad_tokens=3, labels="separate",
+                               num_items_in_batch=True), True),
+    ("qwen2 max_window_layers", _LLAMA.with_(sliding_window=8, max_window_layers=3, num_layers=12),
+     dict(attention="eager"), True),
+    ("mixtral worst eager", _moe("mixtral"), dict(experts_implementation="eager"), True),
+    ("qwen2-moe dense first", _moe("qwen2_moe", (0,), shared_expert_ffn_size=32), dict(moe_routing="balanced"), True),
+    ("mixtral uniform counts", _moe("mixtral"), dict(moe_routing=((16, 16, 16, 16),) * 10), True),
+    ("mixtral per-layer counts", _moe("mixtral"), dict(moe_routing=((16, 16, 16, 16),) * 9 + ((32, 32, 0, 0),)), False),
+])
+def test_features_derived(name, model, fields, derived):
+    """Each feature derives (or, singling out layers by index, is simulated layer by layer: memcalc.
+    depth.supported) and gives the simulation's numbers."""
+    training = TrainingConfig(micro_batch=2, seq_len=16, **fields)
+    assert _used(model, training) == derived
+    _compare(model, training, [(2, 16)] if "counts" in name else [(2, 16), (3, 40)])
