@@ -1,9 +1,12 @@
 """Depth as a symbol: any depth of a decoder stack from three small ones.
 
-The layers of a decoder repeat (every layer alike, or a short pattern: `layer_period` of the
-program), and a checkpointed stack repeats per segment, so a stack of L = n*u + r layers is n
-identical units of u layers (u: the period and the checkpoint segment's common multiple) and r
-layers more, which run with the suffix (a short last segment). Every instant of the step then has
+The layers of a decoder repeat (every layer alike, or a short pattern: what the spec says of
+each layer by index, `layer_kinds`, and `layer_period` of the program), possibly after a prefix
+of different layers (a MoE model's dense first layers), and a checkpointed stack repeats per
+segment, so a stack of L = p + n*u + r layers is p prefix layers, n identical units of u layers
+(u: the period and the checkpoint segment's common multiple; `repeat`) and r layers more, which
+run with the suffix (a short last segment); the small depths are the stack's first layers
+(`small_model`), so the pattern and the prefix stay as they are. Every instant of the step then has
 a structural key: phase, micro-step, where in the program (before the stack, op `k` of a unit,
 after the stack) and which mark there; and the instants of units 1 .. n-2 are affine in the
 unit's index j and in n (saved activations of the j units before, gradients of the n-1-j after,
@@ -17,7 +20,10 @@ checks it at n = 5 exactly: the number of live storages of every (category, size
 categories and the CUDA allocator's per-storage rounding all follow, and the labels; at n = 5 it
 also checks that unit 2's instants are exactly the interpolation of units 1 and 3. Storages
 whose size grows with depth are paired across the depths (_growing); those that hold every
-parameter at once, and the optimizer's temporaries, are added at each depth (Derivation.at).
+parameter at once, clipping's norms, the optimizer's temporaries and a memcalc.tape.
+finetune_optim optimizer's first-step states, all of which follow the parameters one by one,
+are added at each depth by memcalc.tape.step's own functions on that depth's parameters
+(ParamView; Derivation.at).
 Any mismatch (a program whose layers do not repeat with its declared period, a prefix of
 different layers) gives None, and the engine simulates the depth itself: never a wrong answer.
 """

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
+from strategies import PROGRAMS as PROGRAM_LIST
 from strategies import cases, finetune_steps
 
 from memcalc import engine
@@ -98,12 +99,12 @@ def _patterned(pattern: dict, model: ModelSpec, layers: int) -> ModelSpec:
 
 
 @st.composite
-def deep_cases(draw, parallel: bool = True, finetune: bool = True):
+def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROGRAM_LIST):
     """A model past N3 units of its layout (prefix, unit: memcalc.depth.repeat over its layer
     pattern) and a step over every program, precision, checkpointing mode, optimizer, parallel
     layout, and, with `finetune`, clipping, bitsandbytes/Adafactor optimizers, LoRA / QLoRA /
     frozen parameters and the HF call paths (strategies.finetune_steps)."""
-    model, training = draw(cases(max_layers=1, parallel=parallel))
+    model, training = draw(cases(max_layers=1, parallel=parallel, programs=programs))
     if finetune:
         training = draw(finetune_steps(model, training))
     pattern = draw(_patterns(model))
@@ -122,6 +123,29 @@ def deep_cases(draw, parallel: bool = True, finetune: bool = True):
 @settings(max_examples=8)
 @given(deep_cases(), st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
 def test_derived_depth_equals_simulation(case, shapes):
+    model, training = case
+    _compare(model, training, shapes)
+
+
+FINETUNED = [("gpt2", "hf"), ("llama", "hf"), ("gpt2", "reference"), ("llama", "reference")]
+"""The programs LoRA, QLoRA, frozen parameters and the HF call paths apply to (memcalc.
+finetune_checks, programs.call_path); the reference ones take clipping, freeze and the
+fine-tuning optimizers."""
+
+
+@settings(max_examples=8)
+@given(deep_cases(parallel=False, programs=FINETUNED),
+       st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
+def test_finetuned_depth_equals_simulation(case, shapes):
+    model, training = case
+    _compare(model, training, shapes)
+
+
+@pytest.mark.slow
+@settings(max_examples=150)
+@given(deep_cases(parallel=False, programs=FINETUNED),
+       st.lists(st.tuples(st.integers(1, 64), st.integers(1, 512)), min_size=1, max_size=4))
+def test_finetuned_depth_equals_simulation_long(case, shapes):
     model, training = case
     _compare(model, training, shapes)
 
