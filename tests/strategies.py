@@ -228,8 +228,8 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
     groups = []
     if draw(st.booleans()):
         groups.append({"max_grad_norm": 1.0})
-    if draw(st.booleans()):
-        groups.append({"optimizer": draw(st.sampled_from(FINETUNE_OPTIMIZERS))})
+    if draw(st.booleans()):  # (optimizer_impl names a torch.optim implementation only)
+        groups.append({"optimizer": draw(st.sampled_from(FINETUNE_OPTIMIZERS)), "optimizer_impl": None})
     family = "llama" if model.family == "llama" else "gpt2"
     kind = draw(st.sampled_from(["none", "lora", "freeze", "qlora"]))
     if kind in ("lora", "qlora"):
@@ -245,12 +245,11 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
                                         if kind == "qlora" else {})})
     elif kind == "freeze":
         groups.append({"freeze": draw(st.sampled_from(FREEZE[family] + (INDEX_TIED_FREEZE if index_tied else [])))})
-    if draw(st.booleans()):
-        mask = draw(st.sampled_from(["none", "ones", "padded"]))
-        groups.append({"use_cache": draw(st.booleans()), "attention_mask": mask,
-                       "pad_tokens": draw(st.integers(1, 3)) if mask == "padded" else 0,
-                       "labels": draw(st.sampled_from(["input_ids", "separate"])),
-                       "num_items_in_batch": draw(st.booleans())})
+    mask = draw(st.sampled_from(["none", "ones", "padded"]))  # each call-path field on its own
+    groups += [{"use_cache": True}] if draw(st.booleans()) else []
+    groups += [{"attention_mask": mask, "pad_tokens": draw(st.integers(1, 3)) if mask == "padded" else 0}]
+    groups += [{"labels": "separate"}] if draw(st.booleans()) else []
+    groups += [{"num_items_in_batch": True}] if draw(st.booleans()) else []
     if draw(st.booleans()):
         groups.append({"hf_trainer": True, "weight_decay": draw(st.sampled_from([0.0, 0.1]))})
     out = training

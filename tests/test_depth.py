@@ -127,10 +127,10 @@ def test_derived_depth_equals_simulation(case, shapes):
     _compare(model, training, shapes)
 
 
-FINETUNED = [("gpt2", "hf"), ("llama", "hf"), ("gpt2", "reference"), ("llama", "reference")]
+FINETUNED = [("gpt2", "hf"), ("llama", "hf")] * 2 + [("gpt2", "reference"), ("llama", "reference")]
 """The programs LoRA, QLoRA, frozen parameters and the HF call paths apply to (memcalc.
-finetune_checks, programs.call_path); the reference ones take clipping, freeze and the
-fine-tuning optimizers."""
+finetune_checks, programs.call_path), the HF ones drawn twice as often; the reference ones take
+clipping, freeze and the fine-tuning optimizers."""
 
 
 @settings(max_examples=8)
