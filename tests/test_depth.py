@@ -174,6 +174,8 @@ def test_formula_in_depth_is_the_simulated_peak(case, bv, sv):
     other = small_model(model, lay, lay.units - 1)
     if training.checkpointing == "sqrt" and layout(other, Regime.of(training)).unit != lay.unit:
         other = model  # the segment size moved: the formula holds for this depth's segments
+    if training.lora is not None and training.lora.layers is not None:  # every layer (derived)
+        training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(other.num_layers))}))
     peak = max(engine.simulated(other, training).steady_set.totals(training.micro_batch, training.seq_len))
     assert int(expr.xreplace({b: training.micro_batch, s: training.seq_len, L: other.num_layers})) == peak
 
