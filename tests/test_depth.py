@@ -13,7 +13,7 @@ from strategies import cases, finetune_steps
 
 from memcalc import engine
 from memcalc.depth import FINETUNE_OPTIMIZERS, N3, layout, small_model
-from memcalc.errors import NotModelledError
+from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.estimate import estimate
 from memcalc.programs import PROGRAMS
 from memcalc.regime import Regime
@@ -52,8 +52,14 @@ def _event(text: str) -> None:
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
-    derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
-    # repeat (depth.supported: every regime but index-tied settings), else the simulation does
+    try:  # memcalc.depth serves it where the layers repeat (depth.supported: every regime but
+        derived = engine.candidates(model, training)  # index-tied settings), else the simulation
+    except MemcalcError as err:  # a refusal found while simulating (trainable parameters of two
+        with pytest.raises(type(err)) as direct:  # dtypes with clipping): the same, by name
+            engine.simulated(model, training)
+        assert str(direct.value) == str(err)
+        _event("refused alike")
+        return
     used = any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
     for f in _features(model, training) + [model.family]:
         _event(f"{f}: {'derived' if used else 'simulated'}")
