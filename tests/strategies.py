@@ -231,7 +231,7 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
     if draw(st.booleans()):  # (optimizer_impl names a torch.optim implementation only)
         groups.append({"optimizer": draw(st.sampled_from(FINETUNE_OPTIMIZERS)), "optimizer_impl": None})
     family = "llama" if model.family == "llama" else "gpt2"
-    kind = draw(st.sampled_from(["none", "lora", "freeze", "qlora"]))
+    kind = draw(st.sampled_from(["none", "lora", "lora", "freeze", "qlora"]))
     if kind in ("lora", "qlora"):
         layers = draw(st.sampled_from([None, "all"] + (["some"] if index_tied else [])))
         layers = {None: None, "all": tuple(range(model.num_layers)),
