@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.poly import ZERO, Poly
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value, count_slack, per_token
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -59,7 +59,9 @@ class Memory:
     TOTAL_SLOT = 192
     """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
-    def __init__(self, record: bool | dict = False) -> None:
+    def __init__(self, record: bool | dict = False, granularity: int = 1) -> None:
+        self.granularity = granularity
+        """The allocator's rounding that storages with a Storage.count are bounded for."""
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self.total = ZERO
@@ -101,10 +103,14 @@ class Memory:
             return
         cat = category or st.category
         self.holds[key] = 1
-        size_key = tuple(sorted(st.size.terms.items()))
-        self.sizes[key] = (st, st.size, cat, size_key)
-        entry = self.size_counts.setdefault(size_key, [st.size, 0])
-        entry[1] += 1
+        size = st.size
+        if st.count is not None:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+        size_key = tuple(sorted(size.terms.items()))
+        self.sizes[key] = (st, size, cat, size_key)
+        if st.count is None:  # rounded by the allocator (memcalc.engine.MomentSet)
+            entry = self.size_counts.setdefault(size_key, [size, 0])
+            entry[1] += 1
         if self.log is not None:  # the totals follow from the live storages
             self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
             shift = self.index.get((cat, size_key))
@@ -117,8 +123,8 @@ class Memory:
                     self.packed_total += size_total
             self.by_category.setdefault(cat, ZERO)
             return
-        self.total = self.total + st.size
-        self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
+        self.total = self.total + size
+        self.by_category[cat] = self.by_category.get(cat, ZERO) + size
 
     def release(self, st: Storage) -> None:
         """Drop one reference; free the storage on the last."""
@@ -127,7 +133,8 @@ class Memory:
         if self.holds[key] == 0:
             del self.holds[key]
             _, size, cat, size_key = self.sizes.pop(key)
-            self.size_counts[size_key][1] -= 1
+            if st.count is None:
+                self.size_counts[size_key][1] -= 1
             if self.log is not None:
                 live = self.live[cat, size_key] = self.live[cat, size_key] - 1
                 if not live:
@@ -246,6 +253,11 @@ def prune_convex(moments: list[Moment]) -> list[Moment]:
     return kept
 
 
+def _grad_count(count: Poly | None, size: Poly) -> Poly | None:
+    """A gradient of one expert's tensor in a 'worst' bound is that expert's too (Storage.count)."""
+    return count if count is not None and per_token(size, count) is not None else None
+
+
 class StepSimulator:
     """Simulate micro-steps of forward and backward over one Graph.
 
@@ -260,7 +272,7 @@ class StepSimulator:
     def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory(record)
+        self.mem = Memory(record, graph.granularity)
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
@@ -444,7 +456,7 @@ class StepSimulator:
                     continue  # already made, or a view of an input
                 if j == stop and not any(v.storage is st for st in node.saved):
                     continue  # the last pack is of an input: the stop comes before the kernel
-                copies[key] = Storage(v.storage.size, "activations", "recomputed")
+                copies[key] = Storage(v.storage.size, "activations", "recomputed", v.storage.count)
                 mem.hold(copies[key])
                 held[key] = last_use.get(key, j)
             mem.mark(f"recompute {node.name}")
@@ -481,7 +493,7 @@ class StepSimulator:
                     continue
                 size = step.size or target.grad_size or target.size
                 st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
-                             f"grad {target.label}")
+                             f"grad {target.label}", _grad_count(target.storage.count, size))
                 mem.hold(st)
                 mem.mark(f"{node.name} backward")
                 deliveries.append((target, st))
@@ -520,7 +532,7 @@ class StepSimulator:
         if old is None:
             buffers[key] = st
             return
-        total = Storage(size, "activation_grads", "grad sum")
+        total = Storage(size, "activation_grads", "grad sum", _grad_count(st.count, size))
         self.mem.hold(total)
         self.mem.mark("sum of gradients")
         self.mem.release(st)
