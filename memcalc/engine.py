@@ -309,8 +309,9 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
-    experts path is the largest of several routings (memcalc.moe.worst_routings): the union of
-    their moments, so that every query (peak, grid, capacity) takes their maximum."""
+    experts path is the largest of several routings (memcalc.moe.worst_routings), each expert's
+    storages counted with their largest rounding: the union of their moments, so that every query
+    (peak, grid, capacity) takes their maximum, a bound over every routing."""
     if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
         return _simulate_one(model, regime)
     from memcalc.moe import worst_routings

@@ -2,7 +2,9 @@
 against transformers' own num_parameters(); published config.json files read back to the presets;
 routing refused where it cannot hold; 'worst' routing never below any routing; grouped_mm memory
 independent of routing."""
+import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -265,3 +267,30 @@ def test_grouped_mm_memory_does_not_depend_on_routing(step):
     counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
     peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
     assert len(peaks) == 1
+
+
+# ---- the measured rows -------------------------------------------------------------------------
+MOE_RESULTS = Path(__file__).resolve().parent.parent / "validate" / "results" / "cpu-ci-moe.jsonl"
+
+
+def _moe_rows() -> list[dict]:
+    return [json.loads(line) for line in MOE_RESULTS.read_text().splitlines() if line.strip()]
+
+
+def test_worst_routing_is_never_below_a_measured_peak():
+    """Every MoE ci row (validate/results/cpu-ci-moe.jsonl), predicted again under 'worst' from
+    its recorded model and training: at least the prediction with the routing each step
+    measured; on the eager rows never below the measured steady-state peak (README's "worst"
+    row); on the grouped_mm rows the routed prediction itself (routing changes nothing)."""
+    over = []
+    for row in _moe_rows():
+        spec, training = ModelSpec.model_validate(row["model"]), TrainingConfig(**row["training"])
+        worst = estimate(spec, training.with_(moe_routing="worst")).peak_bytes
+        routed = max(row["extra"]["moe"]["routed_peaks"])
+        if training.experts_implementation == "grouped_mm":
+            assert worst == routed, row["name"]
+            continue
+        assert worst >= routed and worst >= row["measured_peak_bytes"], row["name"]
+        over.append((worst - row["measured_peak_bytes"]) / row["measured_peak_bytes"])
+    assert len(over) == 12
+    assert (round(100 * min(over), 2), round(100 * max(over), 2)) == (0.61, 4.94)
