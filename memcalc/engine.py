@@ -244,7 +244,8 @@ def single_sequence(training: TrainingConfig) -> bool:
 
     >>> single_sequence(TrainingConfig(micro_batch=1, seq_len=8, attention="eager"))
     True
-    >>> single_sequence(TrainingConfig(micro_batch=1, seq_len=8)), single_sequence(TrainingConfig(micro_batch=2, seq_len=8, attention="eager"))
+    >>> eager = TrainingConfig(micro_batch=2, seq_len=8, attention="eager")
+    >>> single_sequence(eager), single_sequence(TrainingConfig(micro_batch=1, seq_len=8))
     (False, False)
     """
     return training.micro_batch == 1 and training.attention == "eager"
