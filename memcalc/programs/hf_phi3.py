@@ -62,7 +62,7 @@ class HFPhi3(HFLlama):
                 return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
             return llama_eager(ops, spec, q, k, v, context["mask"], contiguous_qk=True)
 
-        y, weights = attention_core(ops, regime, core)
+        y, weights = attention_core(ops, regime, core, context.get("position_ids"))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h), None, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v])  # Phi3Attention's locals
         return out, weights
