@@ -142,8 +142,9 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
                                              elt=x.elt))
         w1 = g.view(f"gate_up_proj[{e}]", gate_up, Poly.const(2 * f * h * gate_up.elt), backward=[Grad(0)])
         up = rebind("gate, up", ops.linear(state, w1, None, n, 2 * f, "expert gate_up"))
-        act, mul = _gated(ops, up, n, f)
-        rebind("current_hidden_states", mul)
+        # act_fn(gate) is a temporary of `act_fn(gate) * up`, freed after the product unless
+        # autograd saved it (inside a checkpointed layer's forward it did not)
+        mul = rebind("current_hidden_states", _gated(ops, up, n, f)[1])
         w2 = g.view(f"down_proj[{e}]", down, Poly.const(h * f * down.elt), backward=[Grad(0)])
         y = rebind("current_hidden_states", ops.linear(mul, w2, None, n, h, "expert down"))
         w = g.op("top_k_weights[token_idx, top_k_pos]", [weights, where], n * weights.elt, saves=[where],
@@ -155,7 +156,6 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         scaled = ops.to(scaled, out.elt, ".to(final dtype)")
         # index_add_ saves its source (derivatives.yaml: source.dim() in its formula)
         out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
-        ops.scope_end([act])
     ops.scope_end([mask, hit, *rebind.held()])  # the last expert's locals live to the return
     return out
 
