@@ -233,7 +233,7 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     """
     try:
         reached = window_reached(model, training.seq_len)
-        key = (model, _regime_key(training), reached)
+        key = (model, _regime_key(training), reached, single_sequence(training))
         found = _CACHE.get(key)
     except (AttributeError, TypeError):  # not a TrainingConfig, or an unhashable model
         found = None
@@ -271,8 +271,23 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
-    """The regime of `training`, with the one shape condition a program branches on."""
-    return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len))
+    """The regime of `training`, with the shape conditions a program branches on."""
+    return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len),
+                   single_sequence=single_sequence(training))
+
+
+def single_sequence(training: TrainingConfig) -> bool:
+    """micro_batch == 1 under eager attention, whose bmm operands are then views rather than
+    copies (memcalc.regime.Regime.single_sequence); elsewhere no program reads it, and one
+    simulation serves every batch size.
+
+    >>> single_sequence(TrainingConfig(micro_batch=1, seq_len=8, attention="eager"))
+    True
+    >>> eager = TrainingConfig(micro_batch=2, seq_len=8, attention="eager")
+    >>> single_sequence(eager), single_sequence(TrainingConfig(micro_batch=1, seq_len=8))
+    (False, False)
+    """
+    return training.micro_batch == 1 and training.attention == "eager"
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:

@@ -95,7 +95,9 @@ class MemoryReport:
         (num_layers) where memcalc.depth derives the depth, else in b and s; before the CUDA
         allocator's 512-byte rounding, which `peak_bytes` includes on device cuda. Under
         'every-k' and 'sqrt' checkpointing L counts in whole segments of this depth's segment
-        size k (L/k segments; under 'sqrt' k = round(sqrt(L)) of this depth).
+        size k (L/k segments; under 'sqrt' k = round(sqrt(L)) of this depth). The program is
+        this shape's where a shape condition changes it (memcalc.engine.single_sequence: b = 1
+        under eager attention; window_reached): the form then holds on this side of it.
 
         >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128, device="cpu"))
         >>> from memcalc.symbols import b, s, L

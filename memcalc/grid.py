@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from memcalc.engine import Candidates, candidates
+from memcalc.engine import Candidates, candidates, single_sequence
 from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.grid_cells import CellEvaluator
 from memcalc.poly import Poly
@@ -51,8 +51,16 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
 
     np = _numpy()
     check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
-    if model.sliding_window is not None and b.size:  # the program differs on each side of the
-        return _split_at_window(np, model, training, b, s)  # window (engine.window_reached)
+    if b.size and (model.sliding_window is not None or single_sequence(training.with_(micro_batch=1))):
+        # the program differs on each side of the window (engine.window_reached) and at one
+        # sequence (engine.single_sequence)
+        return _split_at_shape(np, model, training, b, s)
+    return _eval_class(np, model, training, b, s)
+
+
+def _eval_class(np: ModuleType, model: ModelSpec, training: TrainingConfig, b: numpy.ndarray,
+                s: numpy.ndarray):
+    """Peaks at points that share training's shape conditions (one simulation)."""
     cands, g = _candidates(model, training)
     if model.moe is not None and cands.steady_set.fractional and b.size:
         # MoE routings sized in fractions of b*s (memcalc.moe): exact, as estimate() rounds them
@@ -76,17 +84,18 @@ def _eval_side(np: ModuleType, cands: Candidates, g: int, b: numpy.ndarray, s: n
     return np.array(flat, dtype=np.int64 if bound + 512 * 10**6 < 2 ** 62 else object).reshape(b.shape)
 
 
-def _split_at_window(np: ModuleType, model: ModelSpec, training: TrainingConfig, b: numpy.ndarray,
-                     s: numpy.ndarray):
-    """eval_candidates on the points below the sliding window and on those reaching it, each
-    with a training config whose seq_len is on that side (the simulation it reuses)."""
-    reached = s >= model.sliding_window
+def _split_at_shape(np: ModuleType, model: ModelSpec, training: TrainingConfig, b: numpy.ndarray,
+                    s: numpy.ndarray):
+    """eval_candidates on each class of points that share the shape conditions (below or at
+    the sliding window; one sequence or more), each with a training config of a point of that
+    class (the simulation it reuses)."""
+    reached = s >= model.sliding_window if model.sliding_window is not None else np.zeros(s.shape, bool)
+    single = b == 1
     parts = []
-    for side in (reached, ~reached):
+    for side in (reached & single, reached & ~single, ~reached & single, ~reached & ~single):
         if side.any():
-            probe = training.with_(seq_len=int(s[side].flat[0]))
-            cands, g = _candidates(model, probe)
-            parts.append((side, _eval_side(np, cands, g, b[side], s[side])))
+            probe = training.with_(seq_len=int(s[side].flat[0]), micro_batch=int(b[side].flat[0]))
+            parts.append((side, _eval_class(np, model, probe, b[side], s[side])))
     out = np.empty(b.shape, dtype=object if any(p.dtype == object for _, p in parts) else np.int64)
     for side, found in parts:
         out[side] = found

@@ -228,20 +228,23 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
     cat), so bmm's reshape copies neither. With `softcap` (Gemma-2's eager_attention_forward):
     scores / cap (a new tensor), tanh (saves its result), * cap, before the mask. The
-    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy."""
+    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy. With one sequence
+    (Regime.single_sequence) no reshape copies: merging the size-1 batch dimension with the heads
+    is a view whatever the layout (measured: no clone before either bmm at b=1, torch 2.13)."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
+    reshape_copies = not ops.regime.single_sequence
     if kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]  # key_states / value_states: locals until the function returns
-    elif not contiguous:
+    elif not contiguous and reshape_copies:
         v = copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
-    if not contiguous_qk:
+    if not contiguous_qk and reshape_copies:
         q = copy(ops, q, "q reshape copy")
-    if kv == a and not contiguous_qk and not contiguous:
+    if kv == a and not contiguous_qk and not contiguous and reshape_copies:
         k = copy(ops, k, "k^T reshape copy")
     scores = ops.scale(scores_matmul(ops, q, k, a), "* scale")
     if softcap:
@@ -279,11 +282,17 @@ def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, cop
     return copy(ops, y, "transpose contiguous")
 
 
-def attention_core(ops: Ops, regime: Regime, core: Callable[[], Any]) -> Any:
+def attention_core(ops: Ops, regime: Regime, core: Callable[[], Any], position_ids: Value | None = None) -> Any:
     """Run `core()` (the attention core) in its own checkpoint region under selective
-    checkpointing (Korthikanti et al. 2022: only the core is recomputed)."""
+    checkpointing (Korthikanti et al. 2022: only the core is recomputed). The checkpointed
+    function (validate.hf.register_selective) closes over the attention interface's keyword
+    arguments, among them the `position_ids` the decoder layer passes through the attention
+    module's **kwargs (modeling_llama.py LlamaDecoderLayer, LlamaAttention): checkpoint's frame
+    keeps it, like the region's inputs, until the region's backward (measured: 8*s bytes)."""
     if regime.selective:
         ops.g.begin_region()
+        if position_ids is not None:
+            ops.g.view("checkpointed closure's position_ids", position_ids)
     out = core()
     if regime.selective:
         ops.g.end_region()

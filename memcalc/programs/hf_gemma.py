@@ -59,7 +59,7 @@ class HFGemma(HFLlama):
         raw = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
         x = ops.scale(raw, "* embed_scale")
-        g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         masks = build_masks(ops, spec, regime, x.elt)
         if spec.family == "gemma3":  # a table per kind in config.layer_types
             kinds = sorted({"sliding" if spec.layer_is_sliding(i) else "full" for i in range(spec.num_layers)})
@@ -68,7 +68,7 @@ class HFGemma(HFLlama):
             shared = tuple(rotary_tables(ops, spec.head_size, x.elt))
             rope = {"full": shared, "sliding": shared}
         tables = {id(t): t for pair in rope.values() for t in pair}.values()
-        return Embedded(x, ids, {"masks": masks, "rope": rope},
+        return Embedded(x, ids, {"masks": masks, "rope": rope, "position_ids": pos},
                         held_until_norm=[x, *masks.values(), *tables])
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:

@@ -46,13 +46,13 @@ class HFGPTNeoX(DecoderProgram):
         embed = ops.param("gpt_neox.embed_in.weight", V * h, V)
         emb = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
-        g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         mask = None
         if regime.attention == "eager":
             mask = g.op("causal mask", [], size("b s s", emb.elt), requires_grad=False, elt=emb.elt)
         x = ops.dropout(emb, spec.embd_dropout)
         cos, sin = rotary_tables(ops, rotary_width(spec), x.elt)
-        return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin},
+        return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin, "position_ids": pos},
                         held_until_norm=[emb, mask, cos, sin])  # inputs_embeds lives to return
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict,
@@ -68,7 +68,7 @@ class HFGPTNeoX(DecoderProgram):
         q, k = partial_rotary(ops, q, cos, sin, a, d, rd), partial_rotary(ops, k, cos, sin, a, d, rd)
 
         y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
-            ops, spec, regime, q, k, v, context["mask"]))
+            ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
         out = ops.linear(y, p("attention.dense.weight", h * h, h),
                          p("attention.dense.bias", h) if spec.out_bias else None, TOKENS, h, "dense")
         ops.scope_end([q, k, v])  # GPTNeoXAttention's locals

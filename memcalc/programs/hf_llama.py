@@ -81,7 +81,7 @@ class HFLlama(DecoderProgram):
         def core():
             return attention_kernel(ops, spec, regime, q, k, v, mask, spec.attn_softcap, contiguous)
 
-        y, weights = attention_core(ops, regime, core)
+        y, weights = attention_core(ops, regime, core, context.get("position_ids"))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
                              p("self_attn.o_proj.bias", h) if spec.out_bias else None, TOKENS, h, "o_proj")
         ops.scope_end([q_local, k_local, v_local])  # LlamaAttention's locals
@@ -133,14 +133,15 @@ class HFLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         input_require_grads(ops, x)
         x = self.scale_embeddings(ops, x)
-        g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
             masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
         else:
             masks = build_masks(ops, spec, regime, x.elt)
         cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))
         context = {"masks": masks, "rope": {"full": (cos, sin), "sliding": (cos, sin)},
-                   "mask": masks.get("full"), "cos": cos, "sin": sin}  # one table, one mask kind
+                   "mask": masks.get("full"), "cos": cos, "sin": sin,  # one table, one mask kind
+                   "position_ids": pos}
         return Embedded(x, ids, context,
                         held_until_norm=[x, *masks.values(), cos, sin])  # inputs_embeds lives to return
 

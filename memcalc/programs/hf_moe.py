@@ -42,7 +42,7 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
             return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
         return llama_eager(ops, spec, q, k, v, context["mask"])
 
-    y, weights = attention_core(ops, regime, core)
+    y, weights = attention_core(ops, regime, core, context.get("position_ids"))
     out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),
                          p("self_attn.o_proj.bias", h) if spec.out_bias else None, TOKENS, h, "o_proj")
     ops.scope_end([q, k, v])  # the attention module's locals

@@ -69,7 +69,7 @@ class HFPhi3(HFLlama):
         q, k = self.position(ops, spec, q, k, layer, context)
 
         y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
-            ops, spec, regime, q, k, v, context["mask"]))
+            ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h), None, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v])  # Phi3Attention's locals
         return out, weights

@@ -135,30 +135,58 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     hit = g.op("expert_hit", [mask], Poly.const(E * INDEX), requires_grad=False, elt=INDEX)
     bound = is_worst(regime.moe_routing)
     g.granularity = regime.granularity
+    rebind = _Locals(ops)
     for e, n in enumerate(token_counts(spec, regime.moe_routing, layer)):
         if n.is_zero():
             continue
         g.count = n if bound else None  # the bound counts each storage's rounding at its most
-        where = g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False, elt=INDEX)
-        state = g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt), saves=[where],
-                     backward=[Temp(x.size), Grad(0), FreeTemps()], elt=x.elt)
+        where = rebind("top_k_pos, token_idx", g.op("torch.where", [mask, hit], n * (2 * INDEX),
+                                                    requires_grad=False, elt=INDEX))
+        state = rebind("current_state", g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt),
+                                             saves=[where], backward=[Temp(x.size), Grad(0), FreeTemps()],
+                                             elt=x.elt))
         w1 = g.view(f"gate_up_proj[{e}]", gate_up, Poly.const(2 * f * h * gate_up.elt), backward=[Grad(0)])
-        up = ops.linear(state, w1, None, n, 2 * f, "expert gate_up")
-        act, mul = _gated(ops, up, n, f)
+        up = rebind("gate, up", ops.linear(state, w1, None, n, 2 * f, "expert gate_up"))
+        # act_fn(gate) is a temporary of `act_fn(gate) * up`, freed after the product unless
+        # autograd saved it (inside a checkpointed layer's forward it did not)
+        mul = rebind("current_hidden_states", _gated(ops, up, n, f)[1])
         w2 = g.view(f"down_proj[{e}]", down, Poly.const(h * f * down.elt), backward=[Grad(0)])
-        y = ops.linear(mul, w2, None, n, h, "expert down")
+        y = rebind("current_hidden_states", ops.linear(mul, w2, None, n, h, "expert down"))
         w = g.op("top_k_weights[token_idx, top_k_pos]", [weights, where], n * weights.elt, saves=[where],
                  backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
         scaled = ops.mul(y, w, "* routing weights") if y.elt >= w.elt else \
             g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w], backward=[Grad(0), Grad(1)],
                  elt=w.elt)
+        rebind("current_hidden_states", scaled)
         scaled = ops.to(scaled, out.elt, ".to(final dtype)")
         # index_add_ saves its source (derivatives.yaml: source.dim() in its formula)
         out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
-        ops.scope_end([act])
     g.count = None
-    ops.scope_end([mask, hit])
+    ops.scope_end([mask, hit, *rebind.held()])  # the last expert's locals live to the return
     return out
+
+
+class _Locals:
+    """The loop's Python locals (MixtralExperts.forward): a name keeps its tensor alive until the
+    next iteration rebinds it, after the new tensor is made (an assignment evaluates its right
+    side first). Under autograd they are saved anyway; inside a checkpointed layer, whose
+    forward saves nothing, the previous expert's tensors stay alive while the next computes."""
+
+    def __init__(self, ops: Ops) -> None:
+        self.ops = ops
+        self.bound: dict[str, Value] = {}
+
+    def __call__(self, name: str, value: Value) -> Value:
+        """Bind `name` to `value`; the tensor it named before is dropped here."""
+        old = self.bound.get(name)
+        self.bound[name] = value
+        if old is not None and old is not value:
+            self.ops.scope_end([old])
+        return value
+
+    def held(self) -> list[Value]:
+        """The tensors the names refer to now."""
+        return list(self.bound.values())
 
 
 def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int,

@@ -553,6 +553,12 @@ class StepSimulator:
                 continue
             incoming = [grads.pop(id(v), None) for v in node.outputs]
             if all(g is None for g in incoming):
+                # a region whose first op gets no gradient (a frozen q and k under LoRA, at one
+                # sequence with no reshape copy before q @ k^T) still ends here: checkpoint's
+                # frame drops its inputs once the region's saved tensors are released
+                if node.region is not None and self._first_of_region(i):
+                    for st in self._region_inputs.get(node.region, []):
+                        mem.release(st)
                 continue
             # checkpoint's unpack hook recomputes at the first saved tensor backward needs:
             # region nodes that saved nothing (adds, casts, scalar muls) run before it (measured)
