@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
-from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
+from memcalc.depth import N1, N2, N3, Derivation, Layout, derive, layout, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step, run_steps  # noqa: F401 (build_graph, run_step: API)
@@ -366,20 +366,81 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
     """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
     once per layout and reused at every depth), else from simulating this depth."""
     lay = layout(model, regime)
-    if lay.units > N3 and supported(regime, model):
+    derivable = lay.units > N3 and supported(regime, model)
+    if derivable and not _direct_pays(model, lay):
         derivation = _derivation(model, lay)
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
             out._pending = lambda: _checked_form(DepthForm(lay, steady), derivation)
             return out
+        derivable = False  # the layers do not repeat: simulate them (or refuse) below
     if model.num_layers > MAX_SIMULATED_LAYERS:
         raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
                                f"derive from a few (they do not repeat with layer_period {lay.unit} "
                                "here) would be simulated one by one",
                                f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
     steady, first = run_steps(model, regime)
-    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+    out = Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+    if derivable:  # simulated directly because that is cheaper: the depth form when first read
+        out._pending = lambda: _lazy_form(model, lay)
+    return out
+
+
+_FORCE_DERIVATION = False
+"""True: memcalc.depth serves every stack it supports, however short (tests/test_depth.py checks
+the derivation against the simulation at depths where simulating directly would be cheaper)."""
+
+
+@contextmanager
+def forcing_derivation() -> Iterator[None]:
+    """Candidates derived (memcalc.depth) wherever the derivation holds, not simulated directly
+    where that would be cheaper; for tests that compare the two.
+
+    >>> with forcing_derivation():
+    ...     _FORCE_DERIVATION
+    True
+    >>> _FORCE_DERIVATION
+    False
+    """
+    global _FORCE_DERIVATION
+    before, _FORCE_DERIVATION = _FORCE_DERIVATION, True
+    try:
+        yield
+    finally:
+        _FORCE_DERIVATION = before
+
+
+def _direct_pays(model: ModelSpec, lay: Layout) -> bool:
+    """Whether simulating the stack directly costs less than deriving it: the derivation walks
+    N1 + N2 + N3 units (and the short last segment three times) in record mode, about as costly
+    a layer as the direct walk of the steady and the first step together (measured with
+    memcalc tables: a 'sqrt' row of Llama-2-70B, 9-layer segments, 132 layers derived against
+    80 direct, 0.25 s against 0.11 s), so the direct walk pays when it is the shorter one, and
+    a derivation already made is reused. Either gives the same numbers (tests/test_depth.py).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> m = ModelSpec.preset("llama-2-7b")
+    >>> [_direct_pays(m, layout(m, _regime(m, TrainingConfig(micro_batch=1, seq_len=8, checkpointing=c))))
+    ...  for c in ("per-layer", "sqrt")]
+    [False, True]
+    """
+    if _FORCE_DERIVATION or model.num_layers > MAX_SIMULATED_LAYERS:
+        return False
+    derived_layers = sum(lay.depth(n) for n in (N1, N2, N3))
+    if derived_layers <= model.num_layers:
+        return False
+    try:
+        return ("depth", model.with_(num_layers=lay.depth(N1)), lay) not in _CACHE
+    except ValueError:
+        return True
+
+
+def _lazy_form(model: ModelSpec, lay: Layout) -> "DepthForm | None":
+    """The depth form of a stack simulated directly: derived when first read (MemoryReport.expr,
+    capacity.max_layers), as depth_form derives it."""
+    derivation = _derivation(model, lay)
+    return None if derivation is None else _checked_form(DepthForm(lay, derivation.at(lay.units)[0]), derivation)
 
 
 def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:
