@@ -338,6 +338,7 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
 
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
+    lay = _shared_layout(lay)
     try:  # one derivation for every depth of the layout: keyed by the model at N1 units
         key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
     except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
@@ -346,6 +347,27 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
         with _gc_paused():  # (also when depth_form derives it outside candidates)
             _CACHE[key] = derive(model, lay)
     return _CACHE[key]
+
+
+def _shared_layout(lay: Layout) -> Layout:
+    """The layout a derivation is made and cached for: under DDP or ZeRO-1 over any number of
+    ranks, that of 2 ranks. There the simulated step reads the rank count only as
+    regime.replicated (DDP's gradient buckets, one copy of every gradient whatever the count)
+    and data_parallel == 1 (the optimizer, left to memcalc.parallel.data per rank), both the
+    same for every count past one (memcalc.simulation._prepared, run_step), and so does
+    Derivation._outside; FSDP's shards (zero2, zero3) are sized by the count and keep it.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=8, world_size=64, sharding="zero1")
+    >>> m = ModelSpec.preset("gpt2")
+    >>> _shared_layout(layout(m, Regime.of(t))).regime.data_parallel
+    2
+    >>> _shared_layout(layout(m, Regime.of(t.with_(sharding="zero3")))).regime.data_parallel
+    64
+    """
+    if lay.regime.replicated and lay.regime.data_parallel != 2:
+        return replace(lay, regime=replace(lay.regime, data_parallel=2))
+    return lay
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
@@ -397,10 +419,11 @@ def forcing_derivation() -> Iterator[None]:
     """Candidates derived (memcalc.depth) wherever the derivation holds, not simulated directly
     where that would be cheaper; for tests that compare the two.
 
+    >>> from memcalc import engine
     >>> with forcing_derivation():
-    ...     _FORCE_DERIVATION
+    ...     engine._FORCE_DERIVATION
     True
-    >>> _FORCE_DERIVATION
+    >>> engine._FORCE_DERIVATION
     False
     """
     global _FORCE_DERIVATION

@@ -37,7 +37,8 @@ def _derived_depth(draw, model: ModelSpec, training: TrainingConfig) -> int:
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
-    derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
+    with engine.forcing_derivation():  # not simulated directly where that would be cheaper
+        derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
     # repeat and the optimizer phase is derived (depth.supported), else the simulation does
     direct = engine.simulated(model, training)
     assert derived.param_shapes == direct.param_shapes
