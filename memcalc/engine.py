@@ -350,7 +350,8 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
 
 
 def _shared_layout(lay: Layout) -> Layout:
-    """The layout a derivation is made and cached for: under DDP or ZeRO-1 over any number of
+    """The layout a derivation is made and cached for: of N1 units (memcalc.depth.derive reads
+    the unit and the rest, not the count: every depth of a layout shares one); under DDP or ZeRO-1 over any number of
     ranks, that of 2 ranks. There the simulated step reads the rank count only as
     regime.replicated (DDP's gradient buckets, one copy of every gradient whatever the count)
     and data_parallel == 1 (the optimizer, left to memcalc.parallel.data per rank), both the
@@ -366,8 +367,8 @@ def _shared_layout(lay: Layout) -> Layout:
     64
     """
     if lay.regime.replicated and lay.regime.data_parallel != 2:
-        return replace(lay, regime=replace(lay.regime, data_parallel=2))
-    return lay
+        lay = replace(lay, regime=replace(lay.regime, data_parallel=2))
+    return lay if lay.units == N1 else replace(lay, units=N1)  # derive reads unit and rest only
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
