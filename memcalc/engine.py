@@ -438,10 +438,12 @@ def forcing_derivation() -> Iterator[None]:
 def _direct_pays(model: ModelSpec, lay: Layout) -> bool:
     """Whether simulating the stack directly costs less than deriving it: the derivation walks
     N1 + N2 + N3 units (and the short last segment three times) in record mode, about as costly
-    a layer as the direct walk of the steady and the first step together (measured with
-    memcalc tables: a 'sqrt' row of Llama-2-70B, 9-layer segments, 132 layers derived against
-    80 direct, 0.25 s against 0.11 s), so the direct walk pays when it is the shorter one, and
-    a derivation already made is reused. Either gives the same numbers (tests/test_depth.py).
+    a layer as the direct walk of the steady and the first step together or a little more
+    (measured, CPU medians of 3: Llama-2-70B under 'sqrt', 9-layer segments, 132 layers derived
+    against 80 direct, 0.24 s against 0.13 s in bf16; 'per-layer' stacks of Llama widths, 12
+    layers derived against 8-32 direct, break even near 16), so the direct walk pays when it is
+    the shorter one, and a derivation already made is reused. Either gives the same numbers
+    (tests/test_depth.py compares them, forcing_derivation).
 
     >>> from memcalc.training import TrainingConfig
     >>> m = ModelSpec.preset("llama-2-7b")
