@@ -176,8 +176,8 @@ def test_a_stack_simulated_because_cheaper_keeps_its_depth_form():
         return [(v.terms, d.terms) for v, d in form.terms()]
 
     assert lazy is not None and terms(lazy) == terms(derived.depth)
-    for set_name in ("steady_set", "first_set"):
-        assert max(getattr(direct, set_name).rounded_totals(3, 9)) == max(getattr(derived, set_name).rounded_totals(3, 9))
+    for name in ("steady_set", "first_set"):
+        assert max(getattr(direct, name).rounded_totals(3, 9)) == max(getattr(derived, name).rounded_totals(3, 9))
 
 
 def test_ddp_and_zero1_share_one_derivation_across_rank_counts():
