@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
-from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, small_model, supported
+from memcalc.depth import N1, N2, N3, Derivation, Layout, derive, layout, small_model, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step, run_steps  # noqa: F401 (build_graph, run_step: API)
@@ -363,14 +363,45 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
 
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
-    try:  # one derivation for every depth of the layout: keyed by the model at N1 units
-        key = ("depth", small_model(model, lay, N1), lay)
-    except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
+    key = _derivation_key(model, lay)
+    if key is None:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
         return None
     if key not in _CACHE:
         with _gc_paused():  # (also when depth_form derives it outside candidates)
-            _CACHE[key] = derive(model, lay)
+            _CACHE[key] = derive(model, key[2])
     return _CACHE[key]
+
+
+def _derivation_key(model: ModelSpec, lay: Layout) -> tuple | None:
+    """The cache key of the derivation serving `lay` (one for every depth of the layout: keyed by
+    the model at N1 units and the shared layout), or None for a spec tied to its depth."""
+    shared = _shared_layout(lay)
+    try:
+        return ("depth", small_model(model, shared, N1), shared)
+    except ValueError:  # memcalc.errors.SpecError, pydantic's ValidationError
+        return None
+
+
+def _shared_layout(lay: Layout) -> Layout:
+    """The layout a derivation is made and cached for: of N1 units (memcalc.depth.derive reads
+    the unit and the rest, not the count: every depth of a layout shares one); under DDP or ZeRO-1 over any number of
+    ranks, that of 2 ranks. There the simulated step reads the rank count only as
+    regime.replicated (DDP's gradient buckets, one copy of every gradient whatever the count)
+    and data_parallel == 1 (the optimizer, left to memcalc.parallel.data per rank), both the
+    same for every count past one (memcalc.simulation._prepared, run_step), and so does
+    Derivation._outside; FSDP's shards (zero2, zero3) are sized by the count and keep it.
+
+    >>> from memcalc.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=8, world_size=64, sharding="zero1")
+    >>> m = ModelSpec.preset("gpt2")
+    >>> _shared_layout(layout(m, Regime.of(t))).regime.data_parallel
+    2
+    >>> _shared_layout(layout(m, Regime.of(t.with_(sharding="zero3")))).regime.data_parallel
+    64
+    """
+    if lay.regime.replicated and lay.regime.data_parallel != 2:
+        lay = replace(lay, regime=replace(lay.regime, data_parallel=2))
+    return lay if lay.units == N1 else replace(lay, units=N1)  # derive reads unit and rest only
 
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
@@ -403,20 +434,81 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
     """The candidates from memcalc.depth when the stack is deep enough for it to pay (derived
     once per layout and reused at every depth), else from simulating this depth."""
     lay = layout(model, regime)
-    if lay.units > N3 and supported(regime, model):
+    derivable = lay.units > N3 and supported(regime, model)
+    if derivable and not _direct_pays(model, lay):
         derivation = _derivation(model, lay)
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
             out._pending = lambda: _checked_form(DepthForm(lay, steady), derivation)
             return out
+        derivable = False  # the layers do not repeat: simulate them (or refuse) below
     if model.num_layers > MAX_SIMULATED_LAYERS:
         raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
                                f"derive from a few (they do not repeat with layer_period {lay.unit} "
                                "here) would be simulated one by one",
                                f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
     steady, first = run_steps(model, regime)
-    return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+    out = Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
+    if derivable:  # simulated directly because that is cheaper: the depth form when first read
+        out._pending = lambda: _lazy_form(model, lay)
+    return out
+
+
+_FORCE_DERIVATION = False
+"""True: memcalc.depth serves every stack it supports, however short (tests/test_depth.py checks
+the derivation against the simulation at depths where simulating directly would be cheaper)."""
+
+
+@contextmanager
+def forcing_derivation() -> Iterator[None]:
+    """Candidates derived (memcalc.depth) wherever the derivation holds, not simulated directly
+    where that would be cheaper; for tests that compare the two.
+
+    >>> from memcalc import engine
+    >>> with forcing_derivation():
+    ...     engine._FORCE_DERIVATION
+    True
+    >>> engine._FORCE_DERIVATION
+    False
+    """
+    global _FORCE_DERIVATION
+    before, _FORCE_DERIVATION = _FORCE_DERIVATION, True
+    try:
+        yield
+    finally:
+        _FORCE_DERIVATION = before
+
+
+def _direct_pays(model: ModelSpec, lay: Layout) -> bool:
+    """Whether simulating the stack directly costs less than deriving it: the derivation walks
+    N1 + N2 + N3 units (and the short last segment three times) in record mode, about as costly
+    a layer as the direct walk of the steady and the first step together or a little more
+    (measured, CPU medians of 3: Llama-2-70B under 'sqrt', 9-layer segments, 132 layers derived
+    against 80 direct, 0.24 s against 0.13 s in bf16; 'per-layer' stacks of Llama widths, 12
+    layers derived against 8-32 direct, break even near 16), so the direct walk pays when it is
+    the shorter one, and a derivation already made is reused. Either gives the same numbers
+    (tests/test_depth.py compares them, forcing_derivation).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> m = ModelSpec.preset("llama-2-7b")
+    >>> [_direct_pays(m, layout(m, _regime(m, TrainingConfig(micro_batch=1, seq_len=8, checkpointing=c))))
+    ...  for c in ("per-layer", "sqrt")]
+    [False, True]
+    """
+    if _FORCE_DERIVATION or model.num_layers > MAX_SIMULATED_LAYERS:
+        return False
+    derived_layers = sum(lay.depth(n) for n in (N1, N2, N3))
+    if derived_layers <= model.num_layers:
+        return False
+    return _derivation_key(model, lay) not in _CACHE
+
+
+def _lazy_form(model: ModelSpec, lay: Layout) -> "DepthForm | None":
+    """The depth form of a stack simulated directly: derived when first read (MemoryReport.expr,
+    capacity.max_layers), as depth_form derives it."""
+    derivation = _derivation(model, lay)
+    return None if derivation is None else _checked_form(DepthForm(lay, derivation.at(lay.units)[0]), derivation)
 
 
 def estimate_peak(model: ModelSpec, training: TrainingConfig) -> int:

@@ -53,7 +53,8 @@ def _event(text: str) -> None:
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
     try:  # memcalc.depth serves it where the layers repeat (depth.supported: every regime but
-        derived = engine.candidates(model, training)  # index-tied settings), else the simulation
+        with engine.forcing_derivation():  # index-tied settings), else the simulation; forced:
+            derived = engine.candidates(model, training)  # not simulated directly where cheaper
     except MemcalcError as err:  # a refusal found while simulating (trainable parameters of two
         with pytest.raises(type(err)) as direct:  # dtypes with clipping): the same, by name
             engine.simulated(model, training)
@@ -283,7 +284,8 @@ def _moe(family: str, dense: tuple = (), **fields) -> ModelSpec:
 
 def _used(model: ModelSpec, training: TrainingConfig) -> bool:
     engine._CACHE.clear()
-    engine.candidates(model, training)
+    with engine.forcing_derivation():
+        engine.candidates(model, training)
     return any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
 
 
@@ -314,3 +316,58 @@ def test_features_derived(name, model, fields, derived):
     training = TrainingConfig(micro_batch=2, seq_len=16, **fields)
     assert _used(model, training) == derived
     _compare(model, training, [(2, 16)] if "counts" in name else [(2, 16), (3, 40)])
+
+
+def _small_llama(layers: int) -> ModelSpec:
+    return ModelSpec.make(family="llama", implementation="hf", vocab_size=100, hidden_size=32, num_layers=layers,
+                          num_heads=2, intermediate_size=64, max_position_embeddings=64)
+
+
+def test_a_stack_simulated_because_cheaper_keeps_its_depth_form():
+    """'sqrt' at 36 layers: 6-layer segments, 72 layers to derive, so the engine simulates the
+    36 directly (engine._direct_pays); the depth form, derived when read, is the one the
+    forced derivation gives, and so are the numbers."""
+    model, t = _small_llama(36), TrainingConfig(micro_batch=2, seq_len=16, checkpointing="sqrt")
+    engine._CACHE.clear()
+    direct = engine.candidates(model, t)
+    assert direct._pending is not None  # not derived yet
+    lazy = direct.depth
+    engine._CACHE.clear()
+    with engine.forcing_derivation():
+        derived = engine.candidates(model, t)
+    def terms(form):
+        return [(v.terms, d.terms) for v, d in form.terms()]
+
+    assert lazy is not None and terms(lazy) == terms(derived.depth)
+    for name in ("steady_set", "first_set"):
+        assert max(getattr(direct, name).rounded_totals(3, 9)) == max(getattr(derived, name).rounded_totals(3, 9))
+
+
+def test_ddp_and_zero1_share_one_derivation_across_rank_counts():
+    """A derivation made at 5 ranks serves 3 (engine._shared_layout); every rank's numbers are
+    those of simulating every layer at 3 ranks."""
+    model = _small_llama(16)  # 12 layers to derive: derived, not simulated
+    for sharding in ("none", "zero1"):
+        engine._CACHE.clear()
+        t5, t3 = (TrainingConfig(micro_batch=2, seq_len=16, world_size=w, sharding=sharding) for w in (5, 3))
+        engine.candidates(model, t5)
+        derivations = sum(1 for k in engine._CACHE if k[0] == "depth")
+        shared = engine.candidates(model, t3)
+        assert sum(1 for k in engine._CACHE if k[0] == "depth") == derivations == 1
+        key = (model, engine._regime_key(t3))
+        mine = _report(estimate(model, t3))
+        engine._CACHE.clear()
+        engine._CACHE[key] = engine.simulated(model, t3)
+        assert mine == _report(estimate(model, t3)) and shared.regime.data_parallel == 3
+
+
+def test_every_depth_of_a_layout_shares_one_derivation():
+    """16 and 20 layers (unit 1, no rest): one derivation (engine._shared_layout), and each
+    depth's numbers are those of simulating every layer."""
+    t = TrainingConfig(micro_batch=2, seq_len=16, checkpointing="per-layer")
+    engine._CACHE.clear()
+    derived = [engine.candidates(_small_llama(n), t) for n in (16, 20)]
+    assert sum(1 for k in engine._CACHE if k[0] == "depth") == 1
+    for n, c in zip((16, 20), derived):
+        direct = engine.simulated(_small_llama(n), t)
+        assert max(c.steady_set.rounded_totals(3, 9)) == max(direct.steady_set.rounded_totals(3, 9))
