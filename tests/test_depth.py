@@ -69,7 +69,10 @@ def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int,
     assert derived.param_shapes == direct.param_shapes
     key = (model, engine._regime_key(training))
     for bv, sv in shapes:
-        t = training.with_(micro_batch=bv, seq_len=max(sv, training.pad_tokens + 1))
+        s = max(sv, training.pad_tokens + 1)
+        if training.sequence_parallel:  # sequence parallelism splits the tokens over the TP ranks
+            s = -(-s // training.tensor_parallel) * training.tensor_parallel
+        t = training.with_(micro_batch=bv, seq_len=s)
         engine._CACHE[key] = derived
         mine = _report(estimate(model, t))
         engine._CACHE[key] = direct
