@@ -16,14 +16,13 @@ if TYPE_CHECKING:
     import os
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-             "phi3", "gpt_neox", "olmo2", "granite", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+             "phi3", "gpt_neox", "olmo2", "granite", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+             "gpt_oss")
 # model types read but refused as a whole, with why (transformers 5.24 modeling files)
 REFUSED_TYPES = {
     "ministral": ("MinistralModel builds per-layer-type masks from layer_types (full and sliding) "
                   "and its program is not validated",
                   "use model_type mistral (with or without sliding_window) for a Mistral-shaped model"),
-    "gpt_oss": ("GPT-OSS's attention sinks, alternating sliding-window layers and clamped SwiGLU "
-                "experts with biases are not modelled", "use mixtral, qwen2_moe, qwen3_moe or olmoe"),
 }
 
 
@@ -326,6 +325,14 @@ def _gpt_neox_fields(cfg: dict) -> dict:
 
 FAMILY_READERS = {"phi3": _phi3_fields, "olmo2": _olmo2_fields, "granite": _granite_fields,
                   "smollm3": _smollm3_fields, "gpt_neox": _gpt_neox_fields}
+FAMILY_READERS["gpt_oss"] = lambda cfg: _gpt_oss_fields(cfg)
+
+
+def _gpt_oss_fields(cfg: dict) -> dict:
+    """memcalc.hf_gpt_oss (imported here: it reads this module's helpers)."""
+    from memcalc.hf_gpt_oss import gpt_oss_fields
+
+    return gpt_oss_fields(cfg)
 CONFIG_KEYS["gemma"] = CONFIG_KEYS["gemma2"] = CONFIG_KEYS["gemma3"] = CONFIG_KEYS["llama"]
 
 

@@ -21,6 +21,7 @@ from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.ci_finetune import finetune_cases
 from validate.ci_moe import ci_moe_cases
+from validate.ci_gpt_oss import ci_gpt_oss_cases
 from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
@@ -162,6 +163,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
     cases += ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
+    cases += ci_gpt_oss_cases(device)  # GPT-OSS rows (validate/ci_gpt_oss.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)
