@@ -292,6 +292,8 @@ class HFGptOss(HFLlama):
         sinks = p("self_attn.sinks", a)
         mask = context["masks"]["sliding" if spec.layer_is_sliding(layer) else "full"]
         y, weights = attention_core(ops, regime, lambda: sinks_eager(ops, spec, q, k, v, mask, sinks))
+        if regime.selective:  # validate.hf.register_selective returns (output, None): no weights held
+            weights = None
         out = ops.row_linear(y, o_w, o_b, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v])
         return out, weights
@@ -323,8 +325,8 @@ class HFGptOss(HFLlama):
         return rms_norm_weight_first(ops, x, ops.param("model.norm.weight", spec.hidden_size), TOKENS)
 
     def registration_rank(self, label: str) -> tuple:
-        """GptOssForCausalLM registration order: embed_tokens, layers (self_attn q/k/v/o with
-        biases, sinks; mlp router weight and bias, experts gate_up_proj, its bias, down_proj,
+        """GptOssForCausalLM parameter order: embed_tokens, layers (self_attn's own sinks, then
+        q/k/v/o with biases; mlp router weight and bias, experts gate_up_proj, its bias, down_proj,
         its bias; input_layernorm, post_attention_layernorm), norm, lm_head."""
         outer = {"model.embed_tokens.weight": 0, "model.norm.weight": 2, "lm_head.weight": 3}
         if not label.startswith("model.layers."):
@@ -333,9 +335,10 @@ class HFGptOss(HFLlama):
         return (1, int(i), LAYER_ORDER.index(name))
 
 
-LAYER_ORDER = [f"self_attn.{n}.{w}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")
-               for w in ("weight", "bias")] + [
-    "self_attn.sinks", "mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
+# a module's own parameters come before its submodules' (nn.Module.named_parameters): sinks first
+LAYER_ORDER = ["self_attn.sinks"] + [f"self_attn.{n}.{w}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+                                     for w in ("weight", "bias")] + [
+    "mlp.router.weight", "mlp.router.bias", "mlp.experts.gate_up_proj",
     "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj", "mlp.experts.down_proj_bias",
     "input_layernorm.weight", "post_attention_layernorm.weight"]
 
