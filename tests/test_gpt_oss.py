@@ -115,8 +115,9 @@ def gpt_oss_steps(draw):
     moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64])))
     bias = draw(st.booleans())
     spec = ModelSpec.make(family="gpt_oss", vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
-                          num_layers=draw(st.integers(1, 3)), num_heads=4, num_kv_heads=draw(st.sampled_from([1, 2, 4])),
-                          head_dim=8, intermediate_size=32, qkv_bias=bias, out_bias=bias, mlp_bias=True,
+                          num_layers=draw(st.integers(1, 3)), num_heads=4, head_dim=8,
+                          num_kv_heads=draw(st.sampled_from([1, 2, 4])), intermediate_size=32, qkv_bias=bias,
+                          out_bias=bias, mlp_bias=True,
                           tie_embeddings=False, activation="silu", sliding_window=draw(st.sampled_from([4, 128])),
                           sliding_window_pattern=2, moe=moe)
     training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),

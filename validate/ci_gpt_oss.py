@@ -23,7 +23,7 @@ GPT_OSS_CONFIG = {
 SHAPES = ((2, 40), (1, 72))
 AXES = {
     "experts": EXPERTS_IMPLEMENTATIONS,
-    "precision": ("fp32", "bf16-amp", "bf16"),
+    "precision": ("fp32", "bf16-amp", "bf16", "fp16-amp"),
     "checkpointing": ("none", "per-layer", "selective", "sqrt"),
     "optimizer": ("adamw", "sgd"),
     "shape": tuple(range(len(SHAPES))),
@@ -33,7 +33,7 @@ AXES = {
 def ci_gpt_oss_cases(device: str = "cpu") -> list[Case]:
     """The GPT-OSS rows, a pairwise design over AXES.
 
-    >>> cases = ci_gpt_oss_cases(); 10 <= len(cases) <= 16 and {c.spec.family for c in cases}
+    >>> cases = ci_gpt_oss_cases(); 14 <= len(cases) <= 20 and {c.spec.family for c in cases}
     {'gpt_oss'}
     """
     from validate.matrices import pairwise

@@ -171,8 +171,9 @@ def _olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple
 
 def _gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """GptOssDecoderLayer (modeling_gpt_oss.py): self_attn's sinks (one per head: its own
-    parameter, listed before its submodules') and q/k/v/o (biases with attention_bias); mlp router (E, h) + bias (E), experts gate_up_proj (E, h, 2f) + bias
-    (E, 2f), down_proj (E, f, h) + bias (E, h); the two RMSNorms."""
+    parameter, listed before its submodules') and q/k/v/o (biases with attention_bias); mlp
+    router (E, h) + bias (E), experts gate_up_proj (E, h, 2f) + bias (E, 2f), down_proj (E, f, h)
+    + bias (E, h); the two RMSNorms."""
     bias, E, f = spec.qkv_bias, spec.moe.num_experts, spec.moe.expert_ffn_size
     return [("sinks", spec.num_heads), ("q_proj.weight", h * q)] + [("q_proj.bias", q)] * bias \
         + [("k_proj.weight", h * kv)] + [("k_proj.bias", kv)] * bias + [("v_proj.weight", h * kv)] \

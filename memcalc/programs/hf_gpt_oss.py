@@ -260,7 +260,7 @@ class HFGptOss(HFLlama):
         """Sliding and full layers alternate (layer_types: sliding_window_pattern 2)."""
         return spec.sliding_window_pattern
 
-    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, _regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; both masks (create_causal_mask and
         create_sliding_window_causal_mask: eager's additive (b, 1, s, s) masks of the
         embeddings' dtype); the (s, d/2) rotary tables."""
