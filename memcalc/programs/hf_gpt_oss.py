@@ -96,8 +96,8 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
                    backward=[Alias(0), Temp(wide), Grad(1), FreeTemps()], elt=elt)
     probs = ops.unary_saving_output("softmax", shifted)
     scores_view = g.view("probs[..., :-1]", probs, size("b a s s", elt, a=a), backward=[Grad(0, probs.size)])
-    ops.scope_end([scores])  # `attn_weights` is rebound to the dropout's result
     weights = ops.to(ops.dropout(scores_view, spec.attn_dropout), v.elt, "attn_weights.to(value dtype)")
+    ops.scope_end([scores])  # `attn_weights` (scores + mask) until rebound to the cast's result
     pm, vm = ops.matmul_operand(weights), ops.matmul_operand(v)
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
