@@ -102,7 +102,7 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
     out = copy(ops, y, "transpose contiguous")
-    ops.scope_end(repeated + [shifted, argmax])
+    ops.scope_end(repeated + [shifted, probs])  # locals until the function returns
     return out, weights
 
 
@@ -134,7 +134,7 @@ def clamped_swiglu(ops: Ops, up: Value, rows: Poly, f: int) -> Value:
     sig = ops.unary_saving_output("sigmoid", ops.scale(gate, "gate * alpha"))
     glu = ops.mul(gate, sig, "glu = gate * sigmoid")
     out = ops.mul(ops.shift(upc, "up + 1"), glu, "(up + 1) * glu")
-    ops.scope_end([upc])
+    ops.scope_end([up, gate, upc, glu])  # the argument and the locals, until the function returns
     return out
 
 
@@ -178,12 +178,13 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up, offsets],
               backward=[Grad(1), Grad(0)], elt=pe)
     up = _add_(ops, up, b1, "out.add_(bias)")
-    ops.scope_end([b1])  # `selected_biases` until rebound for the down projection
-    mul = clamped_swiglu(ops, up, S, f)
+    mul = clamped_swiglu(ops, up, S, f)  # `proj_out` holds the projection until rebound to this
     b2 = _bias_gather(ops, down_bias, sorted_ids, S, h, "down_proj_bias[expert_ids]")
+    ops.scope_end([b1])  # `selected_biases` until rebound to the down projection's
     y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down, offsets],
              backward=[Grad(1), Grad(0)], elt=pe)
     y = _add_(ops, y, b2, "out.add_(bias)")
+    ops.scope_end([mul])  # _grouped_linear's `input`, and `proj_out` until rebound
     elt = max(y.elt, w_sorted.elt)
     wide = S * (h * elt)
     back = [Grad(0), Temp(wide), Grad(1), FreeTemps()] if elt == y.elt else \
@@ -204,7 +205,9 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     """GptOssExperts.forward: zeros_like output; one_hot (N, k, E) int64 mask; for each hit
     expert: torch.where (two int64 index vectors of its n tokens), gather (n, h), x @ W[e]
     (mm, saving both) + b[e] (a new tensor), the clamped SwiGLU, @ down[e] + b[e], times its
-    routing weights (n, 1), .to(hidden dtype), index_add_."""
+    routing weights (n, 1), .to(hidden dtype), index_add_. The loop's locals (token_idx,
+    current_state, gate_up, gated_output, out, weighted_output) live until the next iteration
+    rebinds them, the last ones until forward returns."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
     gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E)
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
@@ -213,23 +216,33 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     out = g.op("zeros_like", [], x.size, requires_grad=False, elt=x.elt)
     mask = g.op("one_hot expert mask", [indices], TOKENS * (k * E * INDEX), requires_grad=False, elt=INDEX)
     hit = g.op("expert_hit", [mask], Poly.const(E * INDEX), requires_grad=False, elt=INDEX)
+    held: dict[str, Value] = {}
+
+    def bind(name: str, value: Value) -> Value:
+        """`name = value` in the loop body: the previous iteration's value lives until now."""
+        ops.scope_end([held.get(name)])
+        held[name] = value
+        return value
+
     for e, n in enumerate(token_counts(spec, regime.moe_routing, layer)):
         if n.is_zero():
             continue
-        where = g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False, elt=INDEX)
-        state = g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt), saves=[where],
-                     backward=[Temp(x.size), Grad(0), FreeTemps()], elt=x.elt)
-        up = _expert_linear(ops, state, gate_up, gate_up_bias, n, h, 2 * f, e, "gate_up")
-        mul = clamped_swiglu(ops, up, n, f)
-        y = _expert_linear(ops, mul, down, down_bias, n, f, h, e, "down")
+        where = bind("token_idx", g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False,
+                                       elt=INDEX))
+        state = bind("current_state", g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt),
+                                           saves=[where], backward=[Temp(x.size), Grad(0), FreeTemps()],
+                                           elt=x.elt))
+        up = bind("gate_up", _expert_linear(ops, state, gate_up, gate_up_bias, n, h, 2 * f, e, "gate_up"))
+        mul = bind("gated_output", clamped_swiglu(ops, up, n, f))
+        y = bind("out", _expert_linear(ops, mul, down, down_bias, n, f, h, e, "down"))
         w = g.op("routing_weights[token_idx, top_k_pos, None]", [weights, where], n * weights.elt,
                  saves=[where], backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
-        scaled = ops.mul(y, w, "* routing weights") if y.elt >= w.elt else \
-            g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w], backward=[Grad(0), Grad(1)],
-                 elt=w.elt)
+        scaled = bind("weighted_output", ops.mul(y, w, "* routing weights") if y.elt >= w.elt else
+                      g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w],
+                           backward=[Grad(0), Grad(1)], elt=w.elt))
         scaled = ops.to(scaled, out.elt, ".to(hidden dtype)")
         out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
-    ops.scope_end([mask, hit])
+    ops.scope_end([mask, hit, *held.values()])
     return out
 
 
