@@ -3,7 +3,8 @@
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
 configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py /
 configuration_qwen3.py (and configuration_gemma*.py, memcalc.hf_gemma; and, in FAMILY_READERS,
-configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those classes' defaults for
+configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3, and configuration_gpt_oss.py in
+memcalc.hf_gpt_oss), with those classes' defaults for
 absent optional fields.
 """
 from __future__ import annotations

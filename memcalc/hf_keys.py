@@ -6,7 +6,8 @@ transformers release that adds a memory-relevant key is an error, not a silently
 
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
 modeling_mistral.py / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma*.py / modeling_phi3.py /
-modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
+modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py / modeling_gpt_oss.py,
+masking_utils.py.
 """
 from __future__ import annotations
 

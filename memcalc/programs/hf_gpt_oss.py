@@ -36,16 +36,22 @@ from memcalc.tape.ops import Ops
 
 def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
     """GptOssRotaryEmbedding.forward: position_ids[..., None].float() (s), freqs (s, d/2) fp32
-    (`emb = freqs`, no cat), cos/sin then `* attention_scaling` (a new tensor each), `.to(x.dtype)`."""
+    (`emb = freqs`, no cat), cos/sin then `* attention_scaling` (a new tensor each), `.to(x.dtype)`.
+
+    >>> from memcalc.tape.graph import Graph; from memcalc.training import TrainingConfig
+    >>> ops = Ops(Graph(), Regime.of(TrainingConfig(micro_batch=1, seq_len=8, precision="bf16")))
+    >>> [t.size.eval(1, 8) for t in rotary_tables(ops, 64, 2)]  # (s, d/2) bf16
+    [512, 512]
+    """
     g = ops.g
     pos = g.op("position_ids.float()", [], size("s", 4), requires_grad=False)
     freqs = g.op("freqs", [pos], size("s d", 4, d=d // 2), requires_grad=False)
-    out = []
+    tables = []
     for name in ("cos", "sin"):
         t = g.op(name, [freqs], size("s d", 4, d=d // 2), requires_grad=False)
-        t = g.op(f"{name}*attention_scaling", [t], size("s d", 4, d=d // 2), requires_grad=False)
-        out.append(ops.to(t, elt, f"{name}.to(dtype)"))
-    ops.scope_end([freqs] + out)
+        tables.append(g.op(f"{name}*attention_scaling", [t], size("s d", 4, d=d // 2), requires_grad=False))
+    out = [ops.to(t, elt, f"{name}.to(dtype)") for t, name in zip(tables, ("cos", "sin"))]
+    ops.scope_end([freqs] + tables)  # the fp32 locals until the function returns
     return out
 
 
@@ -270,7 +276,11 @@ class HFGptOss(HFLlama):
     router and experts, the two norms), model.norm, lm_head."""
 
     def layer_period(self, spec: ModelSpec) -> int:
-        """Sliding and full layers alternate (layer_types: sliding_window_pattern 2)."""
+        """Sliding and full layers alternate (layer_types: sliding_window_pattern 2).
+
+        >>> PROGRAM.layer_period(ModelSpec.preset("gpt-oss-20b"))
+        2
+        """
         return spec.sliding_window_pattern
 
     def embed(self, ops: Ops, spec: ModelSpec, _regime: Regime) -> Embedded:
