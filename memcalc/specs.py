@@ -51,7 +51,8 @@ class ModelSpec(BaseModel):
     Mistral, Qwen2, Qwen3, SmolLM3), or a family with its own HF program: 'phi3' (fused
     qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
     parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers),
-    'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma)."""
+    'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma); the mixture-of-experts families
+    of MOE_FAMILIES, 'gpt_oss' among them (memcalc.programs.hf_gpt_oss)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -106,7 +107,7 @@ class ModelSpec(BaseModel):
     layer attends to its whole causal prefix. Which layers slide: `layer_is_sliding`."""
     sliding_window_pattern: int | None = Field(default=None, gt=0)
     """With sliding_window: layer i attends globally when (i+1) is a multiple of this (Gemma-2: 2,
-    Gemma-3: 6); None: no layer is global by this rule."""
+    Gemma-3: 6, GPT-OSS: 2); None: no layer is global by this rule."""
     max_window_layers: int | None = Field(default=None, ge=0)
     """With sliding_window, Qwen2/Qwen3's rule: layers below this index attend globally, the rest
     through the window, and the model builds a full causal mask beside the sliding one. None:
