@@ -3,11 +3,16 @@ several repeats), with the machine and the date:
 
 - estimate() warm on a NEW shape (random micro_batch and seq_len, the simulation cached), cuda
   and cpu, and on a repeated key;
-- the first (cold) estimate of a model and regime: the simulation itself (7B, 80 layers);
+- the first (cold) estimate of a model and regime: the simulation itself (7B, 80 layers), wall
+  and CPU time of this process (time.process_time: less inflated when other jobs share the
+  machine);
 - estimate_grid: its first call, then configurations per second on cuda (exact rounding);
-- `memcalc estimate` as a cold process; `memcalc tables` (with --tables).
+- `memcalc estimate` as a cold process; `memcalc tables` (with --tables), wall and the child's
+  CPU time.
 
-    PYTHONPATH=. python benchmarks/bench_estimate.py [--tables] [--repeats 5]
+The load average before and after the run is printed with the machine and the date.
+
+    PYTHONPATH=. python benchmarks/bench_estimate.py [--tables] [--grid] [--repeats 5]
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import datetime
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,6 +31,17 @@ import time
 
 def _median(fn, repeats: int) -> float:
     return statistics.median(fn() for _ in range(repeats))
+
+
+def _medians(fn, repeats: int) -> tuple[float, float]:
+    """Medians of (wall, CPU) milliseconds of fn() over `repeats` runs."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        walls.append((time.perf_counter() - wall) * 1e3)
+        cpus.append((time.process_time() - cpu) * 1e3)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def bench_warm_new_shape(repeats: int, n: int = 2000) -> None:
@@ -71,26 +88,25 @@ def bench_cold(repeats: int) -> None:
         model = ModelSpec.preset(name)
         model = model.with_(num_layers=layers) if layers else model
 
-        def run() -> float:
+        def run() -> None:
             engine._CACHE.clear()
-            start = time.perf_counter()
             estimate(model, t)
-            return (time.perf_counter() - start) * 1e3
 
-        def every_layer() -> float:
-            start = time.perf_counter()
-            engine.simulated(model, t)
-            return (time.perf_counter() - start) * 1e3
-
-        cold = _median(run, repeats)
-        direct = f", every layer simulated {_median(every_layer, repeats):.0f} ms" if layers is None else ""
+        cold, cpu = _medians(run, repeats)
+        direct = ""
+        if layers is None:
+            wall_d, cpu_d = _medians(lambda: engine.simulated(model, t), repeats)
+            direct = f", every layer simulated {wall_d:.0f} ms (CPU {cpu_d:.0f} ms)"
         goal = f" (target <= {target})" if target else ""
-        print(f"estimate() cold, {name} ({model.num_layers} layers): {cold:.0f} ms{goal}{direct}")
+        print(f"estimate() cold, {name} ({model.num_layers} layers): {cold:.0f} ms (CPU {cpu:.0f} ms)"
+              f"{goal}{direct}")
 
 
 def bench_grid(repeats: int) -> None:
     """estimate_grid on cuda: the first call (a new model and regime already simulated), then
-    configurations per second on 1e6 random points."""
+    configurations per second on 1e6 random points: the first such call (which learns the
+    moments that can win in each cell, memcalc.grid_cells), then the median of `repeats` calls,
+    by wall time and by this process's CPU time (less inflated on a shared machine)."""
     import numpy as np
 
     from memcalc import ModelSpec, TrainingConfig, estimate, estimate_grid
@@ -98,19 +114,23 @@ def bench_grid(repeats: int) -> None:
     model = ModelSpec.preset("llama-2-7b")
     t = TrainingConfig(micro_batch=1, seq_len=8, precision="bf16-amp")
     estimate(model, t)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     estimate_grid(model, t, micro_batch=np.arange(1, 9)[:, None], seq_len=np.array([1024, 4096]))
     print(f"estimate_grid first call (simulation cached): {(time.perf_counter() - start) * 1e3:.1f} ms "
-          "(target <= 50)")
+          f"(target <= 50), by CPU time {(time.process_time() - cpu_start) * 1e3:.1f} ms")
     rng = np.random.default_rng(0)
     b, s = rng.integers(1, 128, 10**6), rng.integers(1, 8192, 10**6)
 
-    def run() -> float:
-        start = time.perf_counter()
+    def run() -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
         out = estimate_grid(model, t, micro_batch=b, seq_len=s)
-        return out.size / (time.perf_counter() - start) / 1e6
+        return out.size / (time.perf_counter() - wall) / 1e6, out.size / (time.process_time() - cpu) / 1e6
 
-    print(f"estimate_grid cuda, 1e6 random points: {_median(run, repeats):.1f} M configs/s (target >= 10)")
+    first = run()
+    rates = [run() for _ in range(repeats)]
+    wall, cpu = (statistics.median(r[i] for r in rates) for i in (0, 1))
+    print(f"estimate_grid cuda, 1e6 random points: {wall:.1f} M configs/s (target >= 10), by CPU time "
+          f"{cpu:.1f} M/s; the first call on them {first[0]:.1f} M/s")
 
 
 def bench_cli_cold(repeats: int) -> None:
@@ -129,25 +149,34 @@ def bench_cli_cold(repeats: int) -> None:
 def bench_tables() -> None:
     """Seconds of `memcalc tables` (everything it writes, plots included), one process."""
     with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
+        start, child = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out], check=True,
                        capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-        print(f"memcalc tables: {time.perf_counter() - start:.1f} s (target <= 10)")
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime
+        print(f"memcalc tables: {time.perf_counter() - start:.1f} s (CPU {cpu:.1f} s) (target <= 10)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", action="store_true", help="also time `memcalc tables`")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--grid", action="store_true", help="only time estimate_grid")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, {datetime.date.today().isoformat()}; medians of {args.repeats} runs")
+          f"{platform.python_version()}, {datetime.date.today().isoformat()}; medians of {args.repeats} runs; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    if args.grid:
+        bench_grid(args.repeats)
+        print(f"# load average at the end {os.getloadavg()[0]:.1f}")
+        return
     bench_warm_new_shape(args.repeats)
     bench_cold(args.repeats)
     bench_grid(args.repeats)
     bench_cli_cold(args.repeats)
     if args.tables:
         bench_tables()
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
 from memcalc.tape.finetune_optim import BNB
 from memcalc.tape.optimizer import transient_bytes
-from memcalc.tape.simulate import Memory, Moment, prune_convex  # noqa: F401 (Memory: doctest)
+from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
 
 FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
 N1, N2, N3 = 3, 4, 5
@@ -186,9 +186,19 @@ class Family:
     cats: tuple[str, ...]
     """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
     base: Vec
-    step: Vec
+    second: Vec
+    """Its live storages at N2 units: `step` is what each unit more adds (computed when first
+    read: most instants fall under others and never need it)."""
     totals: tuple = (None, None)
     """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
+
+    @property
+    def step(self) -> Vec:
+        """What each unit more adds to its live storages."""
+        found = self.__dict__.get("_step_vec")
+        if found is None:
+            found = self._step_vec = combine(self.second, self.base, 1, -1)
+        return found
 
     def vec(self, n: int) -> Vec:
         """Its live storages at n units."""
@@ -287,14 +297,19 @@ def _positions(run: StepRun, lay: Layout, n: int):
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     """{family key: {unit or None: (label, categories, live storages)}} of a recorded run, and
     the (key, unit) step order."""
-    where = _positions(run, lay, n)
+    where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
     order = []
     for (phase, micro, w, count), label, cats, live, packed, total in run.moments:
-        pos, j = where(w)
+        found = cache.get(w)
+        if found is None:  # each mark's place is looked up once per node (forward, backward)
+            found = cache[w] = where(w)
+        pos, j = found
         key = (phase, micro, pos, count)
-        members = out.setdefault(key, {})
-        if j in members:
+        members = out.get(key)
+        if members is None:
+            members = out[key] = {}
+        elif j in members:
             raise NotRepeating(f"two instants at {key}")
         members[j] = (label, cats, live, packed, total)
         order.append((key, j))
@@ -399,7 +414,7 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
             (l1, c1, v1, p1, t1), (l2, c2, v2, p2, t2), (l3, c3, v3, p3, _) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
-            fam = Family(key[0], key[2], (l1, l2), c1, v1, combine(v2, v1, 1, -1))
+            fam = Family(key[0], key[2], (l1, l2), c1, v1, v2)
             fam.totals = (t1, t2)
             if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
                     or not c1 == c2 == c3:
@@ -421,68 +436,63 @@ def _first_step(steady: list[Family]) -> list[Family]:
             fam = Family(fam.phase, fam.where, fam.labels,
                          tuple(c for c in fam.cats if c != "optimizer"),
                          {k: n for k, n in fam.base.items() if k[0] != "optimizer"},
-                         {k: n for k, n in fam.step.items() if k[0] != "optimizer"})
+                         {k: n for k, n in fam.second.items() if k[0] != "optimizer"})
         out.append(fam)
     return out
 
 
-def _unpack_total(x: int, monos: list) -> dict:
-    """{monomial: coefficient} of a packed total (Memory.packed_total), balanced digits.
+def _unpack_dense(x: int, k: int) -> tuple:
+    """The first k balanced digits of a packed total (Memory.packed_total): its coefficient of
+    each monomial, in the order of their slots, zeros included.
 
-    >>> _unpack_total(5 - (3 << Memory.TOTAL_SLOT), [(0, 0), (1, 1)])
-    {(0, 0): 5, (1, 1): -3}
+    >>> _unpack_dense(5 - (3 << Memory.TOTAL_SLOT), 3)
+    (5, -3, 0)
     """
-    out, slot = {}, Memory.TOTAL_SLOT
-    mask, half = (1 << slot) - 1, 1 << (slot - 1)
-    for mono in monos:
+    out, slot = [], Memory.TOTAL_SLOT
+    mask, half, full = (1 << slot) - 1, 1 << (slot - 1), 1 << slot
+    for _ in range(k):
         d = x & mask
         if d >= half:
-            d -= 1 << slot
-        if d:
-            out[mono] = d
+            d -= full
+        out.append(d)
         x = (x - d) >> slot
-    return out
+    return tuple(out)
 
 
 def _frontier(families: list[Family], sizes: dict, index: dict | None = None) -> list[Family]:
     """The families Memory.mark would keep at every depth of N1 units or more: compared on
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
-    lifted = []
-    terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
-    monos = [m for (_, m), _ in sorted(((k, -v) for k, v in (index or {}).items() if k[0] == "mono"),
-                                      key=lambda kv: kv[1])]
-    packed = index is not None and all(None not in f.totals for f in families)
-    for fam in families:
-        if packed:
-            t1, t2 = fam.totals
-            terms = {(m, 0): c for m, c in _unpack_total(t1, monos).items()}
-            terms.update({(m, 1): c for m, c in _unpack_total(t2 - t1, monos).items()})
+    k = sum(1 for key in index or {} if key[0] == "mono")
+    if index is not None and all(None not in f.totals for f in families):
+        dense = [_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in (f.totals for f in families)]
+    else:
+        terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
+        lifted = []
+        for fam in families:
+            terms: dict = {}
+            for part, v in ((0, fam.base), (1, fam.step)):
+                for (_, size), n in v.items():
+                    for mono, c in terms_of[size]:
+                        terms[mono, part] = terms.get((mono, part), 0) + n * c
             lifted.append(terms)
-            continue
-        terms: dict = {}
-        for part, v in ((0, fam.base), (1, fam.step)):
-            for (_, size), n in v.items():
-                for mono, c in terms_of[size]:
-                    terms[mono, part] = terms.get((mono, part), 0) + n * c
-        lifted.append(terms)
-    kept = _kept(lifted, [fam.phase for fam in families])
+        columns: dict = {}
+        for terms in lifted:
+            for key in terms:
+                columns.setdefault(key, len(columns))
+        dense = [tuple(terms.get(key, 0) for key in columns) for terms in lifted]
+    kept = _kept(dense, [fam.phase for fam in families])
     out = [fam for i, fam in enumerate(families) if i in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
 
 
-def _kept(lifted: list[dict], phases: list[str]) -> set[int]:
+def _kept(dense: list[tuple], phases: list[str]) -> set[int]:
     """Indices of the totals memcalc.tape.simulate.replay keeps (dominance, then the convex
     pruning), on dense coefficient tuples: largest first (at b = s = 1, n = N1 + 1) so the
     frontier stays small, equal totals in step order so the earliest is kept, as Memory.mark
     keeps it."""
-    index: dict = {}
-    for terms in lifted:
-        for k in terms:
-            index.setdefault(k, len(index))
-    dense = [tuple(terms.get(k, 0) for k in index) for terms in lifted]
     frontiers: dict[str, list[int]] = {}
     for i in sorted(range(len(dense)), key=lambda i: -sum(dense[i])):
         frontier, v = frontiers.setdefault(phases[i], []), dense[i]
@@ -490,9 +500,7 @@ def _kept(lifted: list[dict], phases: list[str]) -> set[int]:
             continue
         frontier[:] = [j for j in frontier if not all(map(ge, v, dense[j]))] + [i]
         if len(frontier) >= Memory.PRUNE_AT:
-            moments = [Moment("", "", Poly(lifted[j]), {}) for j in frontier]
-            where = {id(m): j for m, j in zip(moments, frontier)}
-            frontier[:] = [where[id(m)] for m in prune_convex(moments)]
+            frontier[:] = [frontier[j] for j in prune_convex_dense([dense[j] for j in frontier])]
     return {i for frontier in frontiers.values() for i in frontier}
 
 

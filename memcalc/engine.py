@@ -7,16 +7,18 @@ Every size is a polynomial in b (micro_batch) and s (seq_len), so one simulation
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Callable
+from typing import Callable, Iterator
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
 from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
-from memcalc.simulation import build_graph, run_step  # noqa: F401 (build_graph: API)
+from memcalc.simulation import build_graph, run_step, run_steps  # noqa: F401 (build_graph, run_step: API)
 from memcalc.specs import ModelSpec
 from memcalc.step_checks import check_step, check_supported
 from memcalc.tape.simulate import Moment, replay
@@ -160,12 +162,25 @@ class Candidates:
     """Bytes per element of the optimizer's view of the parameters (regime.master_elt)."""
     steady_set: MomentSet = field(init=False)
     first_set: MomentSet = field(init=False)
-    depth: "DepthForm | None" = field(init=False, default=None)
-    """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
+    _depth: "DepthForm | None" = field(init=False, default=None, repr=False)
+    _pending: "Callable[[], DepthForm | None] | None" = field(init=False, default=None, repr=False)
+    """What gives `depth` when it is first read (its check costs about a tenth of a cold estimate)."""
 
     def __post_init__(self):
         self.steady_set = MomentSet(self.steady, self.regime.granularity)
         self.first_set = MomentSet(self.first, self.regime.granularity)
+
+    @property
+    def depth(self) -> "DepthForm | None":
+        """How the steady-state moments grow with depth, when derived (memcalc.depth)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._depth = pending()
+        return self._depth
+
+    @depth.setter
+    def depth(self, form: "DepthForm | None") -> None:
+        self._pending, self._depth = None, form
 
 
 @dataclass
@@ -227,8 +242,32 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
         check_supported(model, training)
         if len(_CACHE) > 512:
             _CACHE.clear()
-        found = _CACHE[key] = _simulate(model, _regime(model, training))
+        with _gc_paused():
+            found = _CACHE[key] = _simulate(model, _regime(model, training))
     return found
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off while a step is simulated: the simulation
+    allocates tens of thousands of small objects (storages, moments, dicts) that reference
+    counting frees, and the collector's passes over them cost about a tenth of a cold estimate
+    (measured, benchmarks/bench_estimate.py); it runs again afterwards.
+
+    >>> import gc
+    >>> with _gc_paused():
+    ...     gc.isenabled()
+    False
+    >>> gc.isenabled()
+    True
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
@@ -258,7 +297,8 @@ def simulated(model: ModelSpec, training: TrainingConfig) -> Candidates:
     check_step(model, training)
     check_supported(model, training)
     regime = _regime(model, training)
-    steady, first = run_step(model, regime, False), run_step(model, regime, True)
+    with _gc_paused():
+        steady, first = run_steps(model, regime)
     return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 
@@ -303,7 +343,8 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
     except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
         return None
     if key not in _CACHE:
-        _CACHE[key] = derive(model, lay)
+        with _gc_paused():  # (also when depth_form derives it outside candidates)
+            _CACHE[key] = derive(model, lay)
     return _CACHE[key]
 
 
@@ -330,15 +371,14 @@ def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:
         if derivation is not None:
             steady, first, shapes = derivation.at(lay.units)
             out = Candidates(regime, replay(steady), replay(first), shapes, regime.master_elt)
-            out.depth = _checked_form(DepthForm(lay, steady), derivation)
+            out._pending = lambda: _checked_form(DepthForm(lay, steady), derivation)
             return out
     if model.num_layers > MAX_SIMULATED_LAYERS:
         raise NotModelledError("num_layers", f"{model.num_layers:,} layers that memcalc.depth cannot "
                                f"derive from a few (they do not repeat with layer_period {lay.unit} "
                                "here) would be simulated one by one",
                                f"use num_layers <= {MAX_SIMULATED_LAYERS} (memcalc.limits)")
-    steady = run_step(model, regime, False)
-    first = run_step(model, regime, True)
+    steady, first = run_steps(model, regime)
     return Candidates(regime, steady.moments, first.moments, steady.param_shapes, regime.master_elt)
 
 

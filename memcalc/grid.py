@@ -1,9 +1,10 @@
 """estimate_grid(): steady-state peaks over arrays of shapes, evaluated with numpy.
 
 The engine simulates each (model, training without b and s) once into candidate moments whose
-totals are polynomials in b and s; the peak is their max. Here every candidate is evaluated at
-every point at once: the monomials b**i * s**j form a (points x monomials) matrix, the candidates'
-coefficients a (monomials x candidates) matrix, and their product's row-max is the peak.
+totals are polynomials in b and s; the peak is their max. On CUDA every moment's total gets the
+allocator's rounding of its live storages, exactly, in int64, with the moments that cannot win in
+a region of shapes left out there (memcalc.grid_cells); past int64, Python ints. On CPU (no
+rounding) the polynomials' upper envelope or a dense product (eval_polys).
 Needs numpy (extra 'grid').
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from weakref import WeakKeyDictionary
 
 from memcalc.engine import Candidates, candidates
 from memcalc.errors import MemcalcError, NotModelledError
+from memcalc.grid_cells import CellEvaluator
 from memcalc.poly import Poly
 
 if TYPE_CHECKING:
@@ -21,7 +23,6 @@ if TYPE_CHECKING:
     import numpy
 
     from memcalc.specs import ModelSpec
-    from memcalc.tape.simulate import Moment
     from memcalc.training import TrainingConfig
 
 SHAPE_FIELDS = ("micro_batch", "seq_len")
@@ -29,7 +30,7 @@ _EXACT_FLOAT = 2 ** 53  # float64 holds every integer below this exactly
 _CHUNK = 1 << 16  # points per matrix product (bounds the temporary to ~CHUNK x candidates)
 
 
-_ROUNDING: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> _rounding_matrix
+_CELLS: WeakKeyDictionary = WeakKeyDictionary()  # Candidates -> CellEvaluator
 
 
 def _candidates(model: ModelSpec, training: TrainingConfig) -> tuple[Candidates, int]:
@@ -41,72 +42,6 @@ def _candidates(model: ModelSpec, training: TrainingConfig) -> tuple[Candidates,
                                "call estimate() per point for data-parallel ranks")
     found = candidates(model, training)
     return found, found.regime.granularity
-
-
-def _residue_source(np: ModuleType, b: numpy.ndarray, s: numpy.ndarray, g: int):
-    """residue(size) -> (-size(b, s)) mod g at every point, in int64 modular arithmetic (every
-    factor < g), with the powers of b and s mod g computed once."""
-    bg, sg, powers = b % g, s % g, {}
-
-    def power(x: numpy.ndarray, name: str, k: int):
-        if (name, k) not in powers:
-            powers[name, k] = np.ones_like(x) if k == 0 else power(x, name, k - 1) * x % g
-        return powers[name, k]
-
-    def residue(size: Poly):
-        out = np.zeros(b.shape, dtype=np.int64)
-        for (i, j), c in size.terms.items():
-            out = (out + (c % g) * power(bg, "b", i) % g * power(sg, "s", j)) % g
-        return (-out) % g
-
-    return residue
-
-
-def _rounding_matrix(np: ModuleType, cands: Candidates, g: int):
-    """(constant rounding per moment, sizes whose residue varies, counts (sizes x moments))."""
-    found = _ROUNDING.get(cands)
-    if found is None:
-        consts, sizes, per_moment = cands.steady_set.rounding_parts(g)
-        counts = np.zeros((len(sizes), len(consts)), dtype=np.int64)
-        for m, mine in enumerate(per_moment):
-            for k, n in mine.items():
-                counts[k, m] = n
-        found = _ROUNDING[cands] = (consts, sizes, counts)
-    return found
-
-
-def _may_win(moments: list[Moment], consts: list[int], counts: numpy.ndarray, g: int,
-             box: tuple[int, int, int, int]) -> list[int]:
-    """Moments whose rounded total can be the largest somewhere on the box: a moment is
-    dropped when, on the whole box, even its most rounded total (every varying storage g - 1
-    bytes over) stays at or under the least rounded total of a moment largest at a corner."""
-    lows = [m.total + Poly.const(c) for m, c in zip(moments, consts)]
-    highs = [lo + Poly.const((g - 1) * int(counts[:, i].sum())) for i, lo in enumerate(lows)]
-    b0, b1, s0, s1 = box
-    tops = {max(range(len(lows)), key=lambda i: lows[i].eval(x, y)) for x in (b0, b1) for y in (s0, s1)}
-    return [i for i in range(len(moments))
-            if i in tops or not any(_upper_bound(highs[i] - lows[q], box) <= 0 for q in tops)]
-
-
-def _eval_rounded(np: ModuleType, cands: Candidates, b: numpy.ndarray, s: numpy.ndarray, g: int):
-    """Exact rounded peaks: every moment's total plus the allocator's rounding of its live
-    storages, grouped by size (MomentSet.rounding_parts), as one float64 product (exact below
-    2**53) over the moments that can win on the box of the points."""
-    moments = cands.steady
-    consts, sizes, counts = _rounding_matrix(np, cands, g)
-    keep = _may_win(moments, consts, counts, g, (int(b.min()), int(b.max()), int(s.min()), int(s.max())))
-    monos = sorted({m for i in keep for m in moments[i].total.terms} | {(0, 0)})
-    used = [k for k in range(len(sizes)) if counts[k, keep].any()]
-    coeffs = np.array([[moments[i].total.terms.get(m, 0) + (consts[i] if m == (0, 0) else 0) for i in keep]
-                       for m in monos] + [counts[k, keep].tolist() for k in used], dtype=np.float64)
-    out = np.empty(b.shape, dtype=np.int64)
-    for start in range(0, b.size, _CHUNK):
-        bb, ss = b[start:start + _CHUNK], s[start:start + _CHUNK]
-        bf, sf = bb.astype(np.float64), ss.astype(np.float64)
-        residue = _residue_source(np, bb, ss, g)
-        mat = np.stack([bf ** i * sf ** j for i, j in monos] + [residue(sizes[k]) for k in used], 1)
-        out[start:start + _CHUNK] = (mat @ coeffs).max(axis=1)
-    return out
 
 
 def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray, s: numpy.ndarray):
@@ -127,14 +62,18 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
 
 
 def _eval_side(np: ModuleType, cands: Candidates, g: int, b: numpy.ndarray, s: numpy.ndarray):
-    """Peaks at every (b, s) from one simulation's candidates."""
+    """Peaks at every (b, s) from one simulation's candidates: on CUDA, exact in int64 with the
+    moments that can win pruned per cell (memcalc.grid_cells), else in Python ints."""
     if g <= 1 or not b.size:
         return eval_polys([m.total for m in cands.steady], b, s)
+    cells = _CELLS.get(cands)
+    if cells is None:
+        cells = _CELLS[cands] = CellEvaluator(np, cands.steady_set, g)
+    if g & (g - 1) == 0 and cells.fits_int64(int(b.max()), int(s.max())):
+        return cells.peaks(b.ravel(), s.ravel()).reshape(b.shape)
     bound = max(_upper_bound(m.total, (1, int(b.max()), 1, int(s.max()))) for m in cands.steady)
-    if bound + 512 * 10**6 >= _EXACT_FLOAT:
-        flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
-        return np.array(flat, dtype=np.int64 if bound < 2 ** 62 else object).reshape(b.shape)
-    return _eval_rounded(np, cands, b.ravel(), s.ravel(), g).reshape(b.shape)
+    flat = [max(cands.steady_set.rounded_totals(int(x), int(y))) for x, y in zip(b.ravel(), s.ravel())]
+    return np.array(flat, dtype=np.int64 if bound + 512 * 10**6 < 2 ** 62 else object).reshape(b.shape)
 
 
 def _split_at_window(np: ModuleType, model: ModelSpec, training: TrainingConfig, b: numpy.ndarray,
@@ -311,7 +250,7 @@ def estimate_grid(model: ModelSpec, training: TrainingConfig, **arrays):
 
     np = _numpy()
     fields, b, s = grid_arrays(np, model, training, arrays)  # types, ranges, broadcasting
-    b, s = np.array(b), np.array(s)  # own, contiguous copies of the broadcast views
+    b, s = np.asarray(b, order="C"), np.asarray(s, order="C")  # broadcast views made contiguous
     if not fields:
         return eval_candidates(model, training, b, s)
     return _grid_over_fields(np, model, training, fields, b, s)

@@ -150,6 +150,9 @@ def _moe_fields(cfg: dict, model_type: str) -> dict:
                required=True)
     moe = dict(num_experts=E, top_k=get(cfg, "num_experts_per_tok", 2), expert_ffn_size=ffn,
                norm_topk_prob=model_type == "mixtral" or flag(cfg, "norm_topk_prob", False))
+    moe["output_router_logits"] = flag(cfg, "output_router_logits", False)
+    if model_type == "mixtral":
+        moe["router_jitter_noise"] = _jitter(cfg)
     if model_type == "qwen2_moe":
         moe["shared_expert_ffn_size"] = get(cfg, "shared_expert_intermediate_size", required=True)
     if model_type in ("qwen2_moe", "qwen3_moe"):
@@ -163,6 +166,19 @@ def _moe_fields(cfg: dict, model_type: str) -> dict:
 
     fields["moe"] = MoESpec(**moe)
     return fields
+
+
+def _jitter(cfg: dict) -> float:
+    """Mixtral's router_jitter_noise: a number >= 0 (0: no jitter).
+
+    >>> _jitter({"router_jitter_noise": 0.01}), _jitter({})
+    (0.01, 0.0)
+    """
+    value = get(cfg, "router_jitter_noise", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise SpecError("hf_config.router_jitter_noise", f"{str(value)[:40]!r} is not a number >= 0",
+                        "write a jitter such as 0.0 (none) or 0.01")
+    return float(value)
 
 
 def spec_fields_from_hf(config: dict | str | os.PathLike) -> dict:

@@ -20,6 +20,12 @@ def gpt_oss_fields(cfg: dict) -> dict:
     """
     from memcalc.moe import MoESpec
 
+    if flag(cfg, "output_router_logits", False):
+        from memcalc.errors import NotModelledError
+
+        raise NotModelledError("hf_config.output_router_logits", "GPT-OSS's auxiliary load-balancing "
+                               "loss is not modelled (memcalc.programs.moe_aux covers mixtral, qwen2_moe, "
+                               "qwen3_moe, olmoe)", "set it to false")
     window = get(cfg, "sliding_window", 128)
     if cfg.get("sliding_window", 128) is None:
         raise SpecError("hf_config.sliding_window", "is null, but GptOssModel builds a sliding mask "

@@ -32,8 +32,8 @@ MODELLED["gemma"] = _GEMMA
 MODELLED["gemma2"] = _GEMMA | {"sliding_window", "layer_types", "attn_logit_softcapping",
                                "final_logit_softcapping"}
 MODELLED["gemma3_text"] = MODELLED["gemma2"] | {"sliding_window_pattern", "_sliding_window_pattern"}
-_MOE_KEYS = {"num_experts_per_tok", "num_local_experts", "num_experts"}
-MODELLED["mixtral"] = MODELLED["llama"] | _MOE_KEYS
+_MOE_KEYS = {"num_experts_per_tok", "num_local_experts", "num_experts", "output_router_logits"}
+MODELLED["mixtral"] = MODELLED["llama"] | _MOE_KEYS | {"router_jitter_noise"}
 MODELLED["qwen3_moe"] = MODELLED["llama"] | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob",
                                                          "decoder_sparse_step", "mlp_only_layers"}
 MODELLED["qwen2_moe"] = MODELLED["qwen3_moe"] | {"shared_expert_intermediate_size", "qkv_bias"}
@@ -92,8 +92,9 @@ INERT: dict[str, str] = {
     "is_decoder": "a decoder-only causal LM runs the same program with either value",
     "max_window_layers": ("which layers slide when use_sliding_window is true (modelled for qwen2/qwen3, "
                           "MODELLED); no effect without a sliding window"),
-    "router_aux_loss_coef": ("scales the auxiliary loss, a scalar; the loss itself is computed only "
-                             "with output_router_logits (refused)"),
+    "router_aux_loss_coef": ("a Python float in `coef * aux_loss` (one fp32 scalar whatever its value); "
+                             "the auxiliary loss itself follows output_router_logits (modelled for "
+                             "mixtral, qwen2_moe, qwen3_moe, olmoe: memcalc.programs.moe_aux)"),
     "scale_attn_by_inverse_layer_idx": ("GPT-2: transformers 5.x folds 1/(layer_idx+1) into the scaling "
                                         "constant of the same op (modeling_gpt2.py GPT2Attention.__init__)"),
     "rotary_emb_base": "GPT-NeoX's legacy rope_theta (rotary frequencies)",
@@ -159,11 +160,13 @@ REFUSED_UNLESS: dict[str, tuple[tuple, str, str]] = {
     "quantization_config": ((None,), "not read from config.json (bitsandbytes 4-bit bases are "
                             "TrainingConfig.quantization)",
                             "remove it and pass --quantization nf4, nf4-double or fp4 with LoRA adapters"),
-    "output_router_logits": ((False, None), "the auxiliary load-balancing loss keeps every layer's "
-                             "router logits until the loss and adds its own ops (not modelled yet)",
-                             "set it to false"),
-    "router_jitter_noise": ((0, 0.0, None), "Mixtral's jitter multiplies the hidden states by a "
-                            "uniform noise tensor in training (not modelled)", "set it to 0.0"),
+    # modelled for the MoE types (MODELLED; memcalc.programs.moe_aux); any other type has no router
+    "output_router_logits": ((False, None), "this model type has no MoE router whose logits an "
+                             "auxiliary load-balancing loss could use (modelled for mixtral, "
+                             "qwen2_moe, qwen3_moe, olmoe)", "set it to false"),
+    "router_jitter_noise": ((0, 0.0, None), "only Mixtral's router multiplies its input by jitter "
+                            "noise (modelled for mixtral); this model type has none",
+                            "set it to 0.0"),
     "clip_qkv": ((None,), "OLMoE's in-place clamp of q, k and v is not modelled", "set it to null"),
     "auto_map": ((None,), "the model runs custom code memcalc has no program for",
                  "use a transformers model type"),

@@ -12,9 +12,10 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from memcalc.errors import SpecError, from_pydantic
+from memcalc.errors import SpecError
+from memcalc.frozen import FrozenModel
 from memcalc.poly import Poly
 
 if TYPE_CHECKING:
@@ -22,14 +23,14 @@ if TYPE_CHECKING:
     from memcalc.training import TrainingConfig
 
 
-class MoESpec(BaseModel):
+class MoESpec(FrozenModel):
     """The sparse MLP of a mixture-of-experts decoder layer.
 
     >>> MoESpec(num_experts=8, top_k=2, expert_ffn_size=14336).active_experts
     2
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    error_name = "moe"  # a cross-field failure is reported under ModelSpec's field
 
     num_experts: int = Field(gt=0)
     """Routed experts per MoE layer (E: num_local_experts / num_experts)."""
@@ -45,6 +46,13 @@ class MoESpec(BaseModel):
     """Layers whose MLP is dense (ModelSpec.intermediate_size wide): Qwen-MoE's mlp_only_layers and
     the layers decoder_sparse_step skips. A JSON list is accepted (lax for this field only: a spec
     read back from a results file)."""
+    output_router_logits: bool = False
+    """transformers' auxiliary load-balancing loss (config output_router_logits): every MoE
+    layer's router logits are kept until the loss, which adds router_aux_loss_coef * the
+    Switch-Transformer loss over them (memcalc.programs.moe_aux)."""
+    router_jitter_noise: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    """Mixtral only: in training, the block's input is multiplied in place by uniform noise in
+    [1 - jitter, 1 + jitter] before the router (memcalc.programs.moe_aux.router_jitter); 0: none."""
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":
@@ -54,12 +62,6 @@ class MoESpec(BaseModel):
         if any(i < 0 for i in self.dense_layers) or len(set(self.dense_layers)) != len(self.dense_layers):
             raise ValueError("dense_layers must list distinct layer indices >= 0")
         return self
-
-    def __init__(self, **fields):
-        try:
-            super().__init__(**fields)
-        except ValidationError as err:
-            raise from_pydantic(err, "moe") from None
 
     @property
     def active_experts(self) -> int:

@@ -17,7 +17,7 @@ from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Graph
 from memcalc.tape.ops import Ops
-from memcalc.tape.step import simulate_step
+from memcalc.tape.step import simulate_both, simulate_step
 
 
 def build_graph(model: ModelSpec, regime: Regime) -> Graph:
@@ -56,6 +56,42 @@ class StepRun:
     """With record=True: each storage size's Poly by its terms."""
 
 
+def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
+    """The steady step and the first step of `model` under `regime`, as run_step(first_step=
+    False) and (True) give them, from one walk through forward and backward where
+    memcalc.tape.step.simulate_both applies (else two).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8))
+    >>> gpt2 = ModelSpec.preset("gpt2")
+    >>> steady, first = run_steps(gpt2, regime)
+    >>> [m.total.terms for m in first.moments] == [m.total.terms for m in run_step(gpt2, regime, True).moments]
+    True
+    """
+    graph, constants, shapes, sizes, fsdp = _prepared(model, regime, True)
+    both = simulate_both(graph, regime, constants, with_optimizer=regime.data_parallel == 1, fsdp=fsdp)
+    if both is None:
+        return run_step(model, regime, False), run_step(model, regime, True)
+    return tuple(StepRun(moments, shapes, sizes, graph.layer_starts, {}) for moments in both)
+
+
+def _prepared(model: ModelSpec, regime: Regime, whole: bool) -> tuple:
+    """(graph, constant storages, parameter shapes, parameter bytes, Fsdp or None) of a step."""
+    graph = build_graph(model, regime)
+    constants = device_constants(regime.device)
+    sizes = [v.size.eval(1, 1) for v in graph.params]
+    if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
+        constants["ddp_buckets"] = sum(sizes) if whole else 0
+    shapes = [(nbytes // regime.param_elt, v.rows) for nbytes, v in zip(sizes, graph.params)]
+    fsdp = None
+    if regime.fsdp:
+        fsdp = Fsdp.of(graph, regime)
+        fsdp.whole = whole
+        for v in graph.params:
+            v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
+    return graph, constants, shapes, sizes, fsdp
+
+
 def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | dict = False,
              whole: bool = True) -> StepRun:
     """Simulate one step (the first, or a steady-state one) of `model` under `regime`. Without
@@ -69,18 +105,7 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
     >>> len(run.param_shapes), run.layer_starts[0] < run.layer_starts[-1]
     (148, True)
     """
-    graph = build_graph(model, regime)
-    constants = device_constants(regime.device)
-    sizes = [v.size.eval(1, 1) for v in graph.params]
-    if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-        constants["ddp_buckets"] = sum(sizes) if whole else 0
-    shapes = [(nbytes // regime.param_elt, v.rows) for nbytes, v in zip(sizes, graph.params)]
-    fsdp = None
-    if regime.fsdp:
-        fsdp = Fsdp.of(graph, regime)
-        fsdp.whole = whole
-        for v in graph.params:
-            v.storage.size = Poly()  # counted by Fsdp: padded shards, unsharded copies
+    graph, constants, shapes, sizes, fsdp = _prepared(model, regime, whole)
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
     if record is not False:

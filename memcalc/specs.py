@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from memcalc.errors import UnknownNameError, closest_names, from_pydantic
+from memcalc.errors import UnknownNameError, closest_names
+from memcalc.frozen import FrozenModel
 from memcalc.moe import MoESpec
 
 if TYPE_CHECKING:
@@ -35,14 +36,12 @@ Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(FrozenModel):
     """A decoder-only transformer's shape.
 
     >>> ModelSpec.preset("gpt2").param_count
     124439808
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     name: str = "custom"
     """A label for reports; presets carry their own name."""
@@ -133,6 +132,9 @@ class ModelSpec(BaseModel):
                              f"{', '.join(MOE_FAMILIES)} (family is {self.family})")
         if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
             raise ValueError(f"moe.dense_layers lists a layer >= num_layers={self.num_layers}")
+        if self.moe is not None and self.moe.router_jitter_noise and self.family != "mixtral":
+            raise ValueError(f"moe.router_jitter_noise is Mixtral's; transformers' {self.family} has "
+                             "no router jitter (set it to 0)")
         if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
             raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
         if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES, *MOE_FAMILIES) and \
@@ -209,12 +211,6 @@ class ModelSpec(BaseModel):
             return False
         return self.sliding_window_pattern is None or (layer + 1) % self.sliding_window_pattern != 0
 
-    def __init__(self, **fields):
-        try:
-            super().__init__(**fields)
-        except ValidationError as err:  # one SpecError naming the field, as make() gives
-            raise from_pydantic(err, type(self).__name__) from None
-
     # ---- derived sizes -------------------------------------------------------------------
     @property
     def kv_heads(self) -> int:
@@ -243,18 +239,6 @@ class ModelSpec(BaseModel):
         return parameter_count(self)
 
     # ---- constructors --------------------------------------------------------------------
-    @classmethod
-    def make(cls, **fields) -> "ModelSpec":
-        """Build a spec, turning validation failures into one SpecError naming the field.
-
-        >>> ModelSpec.make(family="gpt2", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4).head_size
-        16
-        """
-        try:
-            return cls(**fields)
-        except ValidationError as err:
-            raise from_pydantic(err, "ModelSpec") from None
-
     @classmethod
     def preset(cls, name: str) -> "ModelSpec":
         """A published model by name (see `memcalc.presets.PRESETS`).
@@ -302,3 +286,6 @@ def _check_gpt_oss(spec: ModelSpec) -> None:
     if moe is not None and (moe.shared_expert_ffn_size is not None or moe.dense_layers or not moe.norm_topk_prob):
         raise ValueError("gpt_oss has no shared expert and no dense layers, and its router's softmax "
                          "over the top-k normalises them; drop those moe fields")
+    if moe is not None and moe.output_router_logits:
+        raise ValueError("gpt_oss's auxiliary load-balancing loss (moe.output_router_logits) is not "
+                         "modelled (memcalc.programs.moe_aux covers the other MoE types); set it to false")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from memcalc.errors import from_pydantic
+from memcalc.frozen import FrozenModel
 from memcalc.lora import LoRA
 
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
@@ -50,14 +50,12 @@ DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1
                         "adafactor": 0.0}
 
 
-class TrainingConfig(BaseModel):
+class TrainingConfig(FrozenModel):
     """One training step.
 
     >>> TrainingConfig(micro_batch=4, seq_len=1024, device="cpu").resolved_optimizer_impl
     'for-loop'
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     micro_batch: int = Field(gt=0)
     """Sequences per forward/backward pass (b)."""
@@ -188,28 +186,10 @@ class TrainingConfig(BaseModel):
                              "implementation, a loop over parameters); leave optimizer_impl unset")
         return self
 
-    def __init__(self, **fields):
-        try:
-            super().__init__(**fields)
-        except ValidationError as err:  # one SpecError naming the field, as make() gives
-            raise from_pydantic(err, type(self).__name__) from None
-
     @property
     def data_parallel(self) -> int:
         """Data-parallel degree: world_size / tensor_parallel."""
         return self.world_size // self.tensor_parallel
-
-    @classmethod
-    def make(cls, **fields) -> "TrainingConfig":
-        """Build a config, turning validation failures into one SpecError naming the field.
-
-        >>> TrainingConfig.make(micro_batch=1, seq_len=8).grad_accum
-        1
-        """
-        try:
-            return cls(**fields)
-        except ValidationError as err:
-            raise from_pydantic(err, "TrainingConfig") from None
 
     @property
     def resolved_optimizer_impl(self) -> str:

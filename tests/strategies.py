@@ -142,14 +142,16 @@ def _hf_variant(draw, family: str, fields: dict) -> dict:
 @st.composite
 def moe_specs(draw, family: str, layers: int) -> MoESpec:
     """Experts of a MoE family: 1-8 experts, any top_k, Qwen2-MoE's shared expert, Qwen-MoE's
-    dense layers."""
+    dense layers, the auxiliary loss (output_router_logits), Mixtral's router jitter."""
     experts = draw(st.integers(1, 8))
     dense = draw(st.sets(st.integers(0, layers - 1), max_size=layers - 1)) if family.startswith("qwen") else set()
     return MoESpec(num_experts=experts, top_k=draw(st.integers(1, experts)),
                    expert_ffn_size=draw(st.sampled_from([32, 64, 96])),
                    norm_topk_prob=draw(st.booleans()) if family not in ("mixtral", "gpt_oss") else True,
                    shared_expert_ffn_size=draw(st.sampled_from([32, 64])) if family == "qwen2_moe" else None,
-                   dense_layers=tuple(sorted(dense)))
+                   dense_layers=tuple(sorted(dense)),
+                   output_router_logits=family != "gpt_oss" and draw(st.booleans()),  # GPT-OSS's: refused
+                   router_jitter_noise=draw(st.sampled_from([0.0, 0.01])) if family == "mixtral" else 0.0)
 
 
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:

@@ -50,8 +50,9 @@ def _states_per_rank(model, t):
 def test_per_rank_memory_falls_as_world_size_grows(case, sharding, world):
     model, t = case
     # FSDP2 shards dim 0 in ceil(rows / W) chunks, padded on every rank: 3-D expert weights
-    # (E, ., .) with fewer experts than ranks take more memory per rank as W grows
-    assume(model.moe is None or model.moe.num_experts >= 2 * world)
+    # (E, ., .) whose experts do not split evenly take more memory per rank as W grows (found:
+    # E = 5, W 2 -> 4 under zero2, the reduce-scatter's padded input 8 rows against 6)
+    assume(model.moe is None or model.moe.num_experts % (2 * world) == 0)
     t = t.with_(sharding=sharding, world_size=world)
     assert _states_per_rank(model, t.with_(world_size=2 * world)) <= _states_per_rank(model, t)
     assert estimate(model, t.with_(world_size=2 * world)).peak_bytes <= estimate(model, t).peak_bytes

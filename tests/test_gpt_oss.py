@@ -76,6 +76,12 @@ def test_configs_memcalc_does_not_model_are_refused_by_name(changes, key):
         ModelSpec.from_hf_config({**DEQUANTIZED, **changes})
 
 
+def test_the_auxiliary_loss_is_refused_on_a_spec_too():
+    with pytest.raises(MemcalcError, match="output_router_logits"):
+        ModelSpec.preset("gpt-oss-20b").with_(moe=dict(num_experts=32, top_k=4, expert_ffn_size=2880,
+                                                        output_router_logits=True))
+
+
 def test_sdpa_is_refused_for_gpt_oss():
     spec = ModelSpec.preset("gpt-oss-20b").with_(num_layers=2)
     with pytest.raises(NotModelledError, match="attention: .*sinks"):

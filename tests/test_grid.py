@@ -35,10 +35,9 @@ def test_envelope_path_on_many_points():
         assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
 
 
-def test_other_fields_loop_over_values():
-    # on cpu: the CUDA rounding tables (512 x 512 per moment) cost seconds a combination and are
-    # covered by test_grid_equals_estimate and test_envelope_path_on_many_points
-    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=64, device="cpu")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_other_fields_loop_over_values(device):
+    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=64, device=device)
     layers, precisions = [2, 3], ["fp32", "bf16"]
     grid = estimate_grid(model, training, num_layers=np.array(layers), precision=np.array(precisions)[:, None])
     for i, precision in enumerate(precisions):
@@ -59,3 +58,41 @@ def test_bad_arrays():
         estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), micro_batch=np.array([0, 1]))
     with pytest.raises(MemcalcError, match="colour"):
         estimate_grid(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8), colour=np.array([1]))
+
+
+@given(cases(max_layers=2), st.integers(0, 2 ** 32 - 1))
+def test_grid_equals_estimate_at_random_points(case, seed):
+    """Every program, precision, checkpointing mode and device: random points over several
+    octaves of micro_batch (and seq_len up to the position table) equal estimate() exactly."""
+    model, training = case
+    rng = np.random.default_rng(seed)
+    b = np.concatenate([rng.integers(1, 9, 12), rng.integers(1, 2 ** rng.integers(4, 14), 28)])
+    s = rng.integers(1, 1025, b.size)
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for k in range(b.size):
+        assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes
+
+
+@given(cases(max_layers=2), st.integers(0, 2 ** 32 - 1))
+def test_grid_equals_rounded_totals_on_dense_boxes(case, seed):
+    """A dense box of shapes (every cell of memcalc.grid_cells it touches, both sides of every
+    crossing of two moments in it) against the engine's compiled evaluator, point by point."""
+    model, training = case
+    training = training.with_(device="cuda")
+    rng = np.random.default_rng(seed)
+    b0, s0 = int(rng.integers(1, 200)), int(rng.integers(1, 900))
+    b, s = np.arange(b0, b0 + 24)[:, None], np.arange(s0, s0 + 120)[None, :]
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for i in range(b.shape[0]):
+        for j in range(s.shape[1]):
+            assert grid[i, j] == estimate(model, training.with_(micro_batch=int(b[i, 0]),
+                                                               seq_len=int(s[0, j]))).peak_bytes
+
+
+@pytest.mark.parametrize("top", [2 ** 24, 2 ** 40])  # int64 throughout; past int64 (Python ints)
+def test_huge_shapes_on_cuda(top):
+    model, training = _small_gpt2(), TrainingConfig(micro_batch=1, seq_len=8, device="cuda")
+    b, s = np.array([1, 3, 1000, top - 1, top]), np.array([1, 7, 1024, 513, 1000])
+    grid = estimate_grid(model, training, micro_batch=b, seq_len=s)
+    for k in range(b.size):
+        assert grid[k] == estimate(model, training.with_(micro_batch=int(b[k]), seq_len=int(s[k]))).peak_bytes

@@ -139,8 +139,7 @@ def test_routing_counts_for_a_dense_model_and_capacity_searches_are_refused():
 
 
 @pytest.mark.parametrize("changes,key", [
-    ({"num_experts_per_tok": 9}, "moe"), ({"router_jitter_noise": 0.1}, "hf_config.router_jitter_noise"),
-    ({"output_router_logits": True}, "hf_config.output_router_logits"),
+    ({"num_experts_per_tok": 9}, "moe"), ({"router_jitter_noise": -0.1}, "hf_config.router_jitter_noise"),
     ({"sliding_window": 4096}, "hf_config.sliding_window")])
 def test_unmodelled_router_and_attention_options_are_refused(changes, key):
     with pytest.raises(MemcalcError, match=key):

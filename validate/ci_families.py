@@ -82,7 +82,7 @@ def families_cases(device: str = "cpu") -> list[Case]:
     >>> cases = families_cases(); 25 <= len(cases) <= 45
     True
     """
-    from validate.matrices import pairwise
+    from validate.pairwise import pairwise
 
     cases = []
     for i, row in enumerate(pairwise(AXES, seed=0) + list(EXTRA)):

@@ -14,11 +14,10 @@ memcalc predicts.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 from memcalc.specs import ModelSpec
-from memcalc.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainingConfig
+from memcalc.training import TrainingConfig
 from validate.case import Case
+from validate.pairwise import TRAINING_AXES, pairwise, pairwise_case
 
 # small shapes (~1 s a row under the tracker), each family's variant chosen by the shape
 SHAPES = (
@@ -28,12 +27,7 @@ SHAPES = (
 )
 AXES = {
     "model": ("phi3", "gpt_neox", "olmo2", "granite", "smollm3"),
-    "precision": PRECISIONS,
-    "checkpointing": CHECKPOINTINGS,
-    "optimizer": TORCH_OPTIMIZERS,
-    "impl": OPTIMIZER_IMPLS,
-    "attention": ("eager", "sdpa"),
-    "grad_accum": (1, 2),
+    **TRAINING_AXES,
     "shape": tuple(range(len(SHAPES))),
 }
 
@@ -60,25 +54,20 @@ def family_spec(model: str, shape: dict, attn_dropout: float) -> ModelSpec:
     return ModelSpec.make(family=model, **llama)
 
 
-def ci_families_b(device: str, pairwise: Callable[..., list[dict]], seed: int = 0) -> list[Case]:
-    """One pairwise design over the part-b families (rows named cifb00...), then the GPT-2 upcast
-    rows; `pairwise` is validate.matrices.pairwise (passed in: validate.matrices imports this module).
+def ci_families_b(device: str, seed: int = 0) -> list[Case]:
+    """One pairwise design over the part-b families (rows named cifb00...; validate.pairwise's
+    design and row builder, as the ci matrix's), then the GPT-2 upcast rows.
 
-    >>> from validate.matrices import pairwise
-    >>> cases = ci_families_b("cpu", pairwise); 20 <= len(cases) <= 40
+    >>> cases = ci_families_b("cpu"); 20 <= len(cases) <= 40
     True
     """
     cases = []
     for i, r in enumerate(pairwise(AXES, seed=seed)):
-        shape, ck = SHAPES[r["shape"]], r["checkpointing"]
-        spec = family_spec(r["model"], shape, shape["dropout"] if ck == "none" else 0.0)
-        precision = "bf16-amp" if (r["model"], r["precision"]) == ("olmo2", "fp16-amp") else r["precision"]
-        training = TrainingConfig.make(
-            micro_batch=shape["b"], seq_len=shape["s"], grad_accum=r["grad_accum"], precision=precision,
-            optimizer=r["optimizer"],
-            optimizer_impl=r["impl"], checkpointing=ck, checkpoint_every=2 if ck == "every-k" else None,
-            attention=r["attention"], device=device)
-        cases.append(Case(f"cifb{i:02d}-{r['model']}", spec, training))
+        shape = SHAPES[r["shape"]]
+        spec = family_spec(r["model"], shape, shape["dropout"] if r["checkpointing"] == "none" else 0.0)
+        if (r["model"], r["precision"]) == ("olmo2", "fp16-amp"):  # see the module docstring
+            r = {**r, "precision": "bf16-amp"}
+        cases.append(pairwise_case(f"cifb{i:02d}-{r['model']}", r, shape, device, spec))
     return cases + ci_gpt2_upcast(device)
 
 

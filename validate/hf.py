@@ -143,10 +143,10 @@ def _moe_config(spec) -> dict:
                tie_word_embeddings=spec.tie_embeddings, hidden_act="silu",
                attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA,
                bos_token_id=0, eos_token_id=0, pad_token_id=None, num_experts_per_tok=moe.top_k,
-               output_router_logits=False)
+               output_router_logits=moe.output_router_logits)
     if family == "mixtral":
         cfg.update(num_local_experts=moe.num_experts, intermediate_size=moe.expert_ffn_size,
-                   sliding_window=None, router_jitter_noise=0.0)
+                   sliding_window=None, router_jitter_noise=moe.router_jitter_noise)
         return cfg
     cfg.update(num_experts=moe.num_experts, norm_topk_prob=moe.norm_topk_prob)
     if family == "olmoe":

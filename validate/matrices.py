@@ -3,73 +3,27 @@
 (validate/dist_matrices.py).
 
 `ci` (CPU) and `gpu-full` are covering designs: every value of every axis appears and every pair of
-values of any two axes appears in some row (greedy pairwise construction, deterministic), far
-fewer rows than the full product. `gpu-quick` is a hand-picked list sized for ~5 minutes on one
-H200, with 7B-class layer shapes at realistic sequence lengths and few layers.
+values of any two axes appears in some row (validate.pairwise: greedy pairwise construction,
+deterministic), far fewer rows than the full product. `gpu-quick` is a hand-picked list sized
+for ~5 minutes on one H200, with 7B-class layer shapes at realistic sequence lengths and few
+layers.
 """
 from __future__ import annotations
 
-import itertools
-import random
-
 from memcalc.errors import UnknownNameError, closest_names
 from memcalc.specs import ModelSpec
-from memcalc.training import CHECKPOINTINGS as CHECKPOINTING
-from memcalc.training import OPTIMIZER_IMPLS as IMPLS
 from memcalc.training import PRECISIONS, TrainingConfig
-from memcalc.training import TORCH_OPTIMIZERS as OPTIMIZERS
 from validate.case import Case
 from validate.ci_finetune import finetune_cases
 from validate.ci_moe import ci_moe_cases
 from validate.ci_gpt_oss import ci_gpt_oss_cases
+from validate.ci_moe_aux import ci_moe_aux_cases
 from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
 from validate.ci_optim import ci_optim_matrix
 from validate.dist_matrices import dist_ci_matrix
-
-
-
-def pairwise(axes: dict[str, tuple], seed: int = 0, candidates: int = 40) -> list[dict]:
-    """Rows covering every pair of values of every two axes (greedy AETG-style, deterministic).
-
-    >>> rows = pairwise({"a": (1, 2), "b": (1, 2), "c": (1, 2)})
-    >>> len(rows) <= 6 and {(r["a"], r["b"]) for r in rows} == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    True
-    """
-    names = list(axes)
-    uncovered = {((i, a), (j, b)) for i, j in itertools.combinations(range(len(names)), 2)
-                 for a in range(len(axes[names[i]])) for b in range(len(axes[names[j]]))}
-    rng = random.Random(seed)
-    rows = []
-    while uncovered:
-        best = max((_candidate(axes, names, uncovered, rng) for _ in range(candidates)),
-                   key=lambda row: _gain(row, uncovered))
-        uncovered -= _pairs(best)
-        rows.append({n: axes[n][v] for n, v in zip(names, best)})
-    return rows
-
-
-def _pairs(row) -> set:
-    return {((i, row[i]), (j, row[j])) for i, j in itertools.combinations(range(len(row)), 2)}
-
-
-def _gain(row, uncovered) -> int:
-    return len(_pairs(row) & uncovered)
-
-
-def _candidate(axes, names, uncovered, rng) -> tuple:
-    (i, a), (j, b) = rng.choice(sorted(uncovered))
-    row: dict[int, int] = {i: a, j: b}
-    for k in rng.sample(range(len(names)), len(names)):
-        if k in row:
-            continue
-        options = list(range(len(axes[names[k]])))
-        rng.shuffle(options)
-        row[k] = max(options, key=lambda v: sum(((min(k, m), v if k < m else w),
-                                                 (max(k, m), w if k < m else v)) in uncovered
-                                                for m, w in row.items()))
-    return tuple(row[k] for k in range(len(names)))
+from validate.pairwise import TRAINING_AXES, pairwise, pairwise_case
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -109,14 +63,8 @@ def _model(kind: str, shape: dict):
 
 
 def _case(name: str, row: dict, shape: dict, device: str) -> Case:
-    spec, cfg = _model(row["model"], shape)
-    ck = row["checkpointing"]
-    training = TrainingConfig.make(
-        micro_batch=shape["b"], seq_len=shape["s"], grad_accum=row["grad_accum"],
-        precision=row["precision"], optimizer=row["optimizer"], optimizer_impl=row["impl"],
-        checkpointing=ck, checkpoint_every=2 if ck == "every-k" else None,
-        attention=row["attention"], device=device)
-    return Case(name, spec, training, cfg)
+    """A ci row: validate.pairwise.pairwise_case for the row's model kind (`_model`)."""
+    return pairwise_case(name, row, shape, device, *_model(row["model"], shape))
 
 
 # ---- ci ----------------------------------------------------------------------------------------
@@ -132,12 +80,7 @@ CI_SHAPES = (
 )
 CI_AXES = {
     "model": ("gpt2-ref", "llama-ref", "gpt2-hf", "llama-hf", "qwen2-hf"),
-    "precision": PRECISIONS,
-    "checkpointing": CHECKPOINTING,
-    "optimizer": OPTIMIZERS,
-    "impl": IMPLS,
-    "attention": ("eager", "sdpa"),
-    "grad_accum": (1, 2),
+    **TRAINING_AXES,
     "shape": tuple(range(len(CI_SHAPES))),
 }
 
@@ -160,9 +103,10 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
 
     rows = pairwise(CI_AXES, seed=0) + pairwise(CI_AXES, seed=1)
     cases = [_case(f"ci{i:02d}", r, CI_SHAPES[r["shape"]], device) for i, r in enumerate(rows)]
-    cases += ci_families_b(device, pairwise)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
+    cases += ci_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     cases += families_cases(device)  # issue 12 part a: Qwen3, sliding windows, Gemma 1/2/3
     cases += ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
+    cases += ci_moe_aux_cases(device)  # MoE auxiliary loss, router jitter (validate/ci_moe_aux.py)
     cases += ci_gpt_oss_cases(device)  # GPT-OSS rows (validate/ci_gpt_oss.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
@@ -253,12 +197,7 @@ GPU_SHAPES = ((1, 4096), (4, 1024), (2, 2048))
 GPU_AXES = {
     "model": tuple(GPU_MODELS),
     "implementation": ("hf", "reference"),
-    "precision": PRECISIONS,
-    "checkpointing": CHECKPOINTING,
-    "optimizer": OPTIMIZERS,
-    "impl": IMPLS,
-    "attention": ("eager", "sdpa"),
-    "grad_accum": (1, 2),
+    **TRAINING_AXES,
     "shape": tuple(range(len(GPU_SHAPES))),
 }
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from memcalc.programs.base import size
-from memcalc.programs.call_path import sdpa_float_mask
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, Grad, Value, product_saves
@@ -39,31 +38,42 @@ def add_float_mask(ops: Ops, scores: Value, mask: Value) -> Value:
     return ops.g.op("+ mask", [scores, mask], numel(scores) * elt, backward=back, elt=elt)
 
 
-def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
-         contiguous: bool = False, contiguous_q: bool = False) -> Value:
-    """F.scaled_dot_product_attention on (b, heads, s, d) views laid out as (b, s, heads, d);
-    returns the (b, s, heads*d) input of the output projection. Which kernel runs decides what
-    is saved (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout
-    rules out the flash kernel and the math composite runs. `mask`: a (b, 1, s, s) bool mask
-    (a padded batch, memcalc.programs.call_path); `contiguous`: k and v are the DynamicCache's
+def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous: bool = False,
+         contiguous_q: bool = False) -> Value:
+    """F.scaled_dot_product_attention(is_causal=True) on (b, heads, s, d) views laid out as
+    (b, s, heads, d), with no materialised mask (a mask: sdpa_masked); returns the (b, s,
+    heads*d) input of the output projection. Which kernel runs decides what is saved
+    (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp): on CPU, attention dropout rules out
+    the flash kernel and the math composite runs. `contiguous`: k and v are the DynamicCache's
     contiguous copies; `contiguous_q`: q arrives contiguous (b, heads, s, d) (Phi-3's and
     GPT-NeoX's rotary cat); the CPU flash kernel lays its output out like q (measured, torch
     2.13), so the caller's transpose(1, 2).contiguous() copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
         return sdpa_math(ops, spec, q, k, v, contiguous=contiguous)
-    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size, sdpa_float_mask(ops, mask, q.elt))
+    out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
     if contiguous_q and ops.device == "cpu":
         out = copy(ops, out, "transpose(1,2).contiguous()")
     return out
+
+
+def sdpa_attention(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None,
+                   contiguous: bool = False) -> Value:
+    """transformers' sdpa_attention_forward (integrations/sdpa_attention.py) on the projections:
+    with no mask, is_causal and enable_gqa on autocast's operands (`sdpa`); with a materialised
+    mask, `sdpa_masked`. `contiguous`: k and v are the DynamicCache's copies (use_cache)."""
+    if mask is None:
+        return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous=contiguous)
+    return sdpa_masked(ops, spec, q, k, v, mask, contiguous)
 
 
 def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int,
                mask: Value | None = None) -> Value:
     """Flash kernel (CPU: _scaled_dot_product_flash_attention_for_cpu; CUDA: flash, or
     memory-efficient for fp32 or with a mask): outputs (b,s,heads*d) and an fp32 logsumexp
-    (b,heads,s); saves q, k, v, the float mask if any, output, logsumexp; backward allocates
-    grad q, k, v. No s^2 term but the mask's. The output is laid out (b, s, heads, d), so
-    transpose(1, 2).contiguous() copies nothing."""
+    (b,heads,s); saves q, k, v, the float mask if any (derivatives.yaml
+    _scaled_dot_product_flash_attention_for_cpu: attn_mask), output, logsumexp; backward
+    allocates grad q, k, v. No s^2 term but the mask's. The output is laid out (b, s, heads, d),
+    so transpose(1, 2).contiguous() copies nothing."""
     masks = [mask] if mask is not None else []
     out, _ = ops.g.op_multi("sdpa", [q, k, v] + masks, [size("b s a d", q.elt, a=heads, d=head_dim),
                                                           size("b a s", 4, a=heads)],
@@ -72,26 +82,22 @@ def sdpa_flash(ops: Ops, q: Value, k: Value, v: Value, heads: int, head_dim: int
     return out
 
 
-def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value) -> Value:
-    """transformers' sdpa_attention_forward with a materialised boolean mask (a sliding-window
-    layer whose window the sequence reaches): use_gqa_in_sdpa is false with a mask, so
-    repeat_kv copies k and v to all heads in their own dtype (integrations/sdpa_attention.py);
-    autocast casts q, k, v; scaled_dot_product_attention turns the bool mask into an additive
-    one of q's dtype, (b, 1, s, s) as the mask was expanded (convert_boolean_attn_mask), which
-    the CPU flash kernel saves with q, k, v (derivatives.yaml
-    _scaled_dot_product_flash_attention_for_cpu: attn_mask). Measured: +2 (b,1,s,s) masks and
-    the repeated k, v per layer against the unmasked run."""
-    g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
-    repeated, layout = [], "projection"
-    if 1 < kv < a:
-        k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
-        v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
-        repeated, layout = [k, v], "contiguous"  # sdpa_attention_forward's locals until it returns
-    elif kv == 1 < a:  # one kv head: expand + reshape is a view (stride 0 over heads), no copy;
-        # its gradient comes back (b, heads, s, d) and is summed to the head (ExpandBackward)
-        k = g.view("repeat_kv k (view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
-        v = g.view("repeat_kv v (view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
-        layout = "expanded"
+def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
+                contiguous: bool = False) -> Value:
+    """transformers' sdpa_attention_forward with a materialised mask (integrations/
+    sdpa_attention.py), the one model of it: a padded batch's (b, 1, s, s) bool mask
+    (memcalc.programs.call_path.causal_mask, HF GPT-2 and Llama) or a sliding-window layer's
+    (1, 1, s, s) bool mask expanded to (b, 1, s, s) (memcalc.programs.masks, the window reached).
+    use_gqa_in_sdpa is false with a mask, so repeat_kv copies k and v to all heads in their own
+    dtype (`repeat_kv`: kv < heads; none for GPT-2, whose module has no num_key_value_groups and
+    kv == heads), held until the function returns; autocast casts q, k, v;
+    scaled_dot_product_attention turns the bool mask into an additive one of q's dtype
+    (`sdpa_float_mask`), which the kernel saves. `contiguous`: k and v are the DynamicCache's
+    copies (use_cache). Measured: +2 (b,1,s,s) masks and the repeated k, v per layer against the
+    unmasked run (sliding ci rows fam*; padded: cp*, tr*)."""
+    a, d = spec.num_heads, spec.head_size
+    k, v, layout = repeat_kv(ops, spec, k, v)
+    held = [k, v]  # sdpa_attention_forward's key / value locals until it returns
     q = ops.matmul_operand(q)
     k_cast, v_cast = ops.matmul_operand(k), ops.matmul_operand(v)
     # autocast's cast of an expanded view is a full contiguous copy (empty_like falls back to
@@ -99,15 +105,45 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     layouts = tuple("contiguous" if cast is not t and layout == "expanded" else layout
                     for t, cast in ((k, k_cast), (v, v_cast)))
     k, v = k_cast, v_cast
-    additive = g.op("bool mask -> additive", [mask], size("b s s", q.elt), requires_grad=False, elt=q.elt)
+    additive = sdpa_float_mask(ops, mask, q.elt)
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        out = sdpa_math(ops, spec, q, k, v, additive, layouts=layouts)
+        out = sdpa_math(ops, spec, q, k, v, additive, layouts=layouts, contiguous=contiguous)
     else:
-        out, _ = g.op_multi("sdpa", [q, k, v, additive], [size("b s a d", q.elt, a=a, d=d),
-                                                        size("b a s", 4, a=a)],
-                            saves=[q, k, v, additive], backward=[Grad(0), Grad(1), Grad(2)],
-                            elts=[q.elt, 4], save_outputs=(0, 1))
-    ops.scope_end(repeated)
+        out = sdpa_flash(ops, q, k, v, a, d, additive)
+    ops.scope_end(held)
+    return out
+
+
+def repeat_kv(ops: Ops, spec: ModelSpec, k: Value, v: Value) -> tuple[Value, Value, str]:
+    """transformers' repeat_kv (integrations/sdpa_attention.py, with a mask): k and v expanded
+    to every head and reshaped, in their own dtype (before autocast casts them for SDPA);
+    backward sums each back to kv heads. Returns (k, v, their layout as sdpa_math reads it):
+    'projection' with kv == heads (nothing repeated); 'contiguous' copies made by the reshape;
+    'expanded' with one kv head (MQA), where (b, 1, n, s, d) -> (b, n, s, d) merges a size-1 dim,
+    a view of stride 0 that SDPA saves, keeping the kv-sized original (measured)."""
+    a, d, g = spec.num_heads, spec.head_size, ops.g
+    if spec.kv_heads == a:
+        return k, v, "projection"
+    if spec.kv_heads == 1:  # its gradient comes back (b, heads, s, d), summed to the head
+        k, v = (g.view(f"repeat_kv {n} (expanded view)", t, size("b s a d", t.elt, a=a, d=d),
+                       backward=[Grad(0)]) for n, t in (("k", k), ("v", v)))
+        return k, v, "expanded"
+    k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
+    v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
+    return k, v, "contiguous"
+
+
+def sdpa_float_mask(ops: Ops, mask: Value, elt: int) -> Value:
+    """F.scaled_dot_product_attention's convert_boolean_attn_mask (aten attention.cpp):
+    where(mask, 0, -inf) against two 0-d scalar tensors, a (b, 1, s, s) float mask in the query's
+    dtype (full size even from an expanded mask), made in every layer (measured, torch 2.13:
+    scalar_tensor x2, where.self; no other temporary). A float mask is used as it is."""
+    if mask.elt != 1:
+        return mask
+    g = ops.g
+    scalars = [g.op(f"scalar_tensor({x})", [], size("", elt), requires_grad=False, elt=elt) for x in ("0", "-inf")]
+    out = g.op("sdpa float mask", [mask, *scalars], size("b s s", elt), requires_grad=False, elt=elt)
+    ops.scope_end(scalars)
     return out
 
 

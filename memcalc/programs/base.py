@@ -88,6 +88,7 @@ class DecoderProgram:
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
         logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
         self.loss(ops, logits, emb.ids)
+        self.auxiliary_loss(ops, spec, emb.context)
         ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                       + emb.held_until_return + emb.context.get("cache", []))
         # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
@@ -120,6 +121,10 @@ class DecoderProgram:
     def loss(self, ops: Ops, logits: Value, ids: Value) -> None:
         """The causal-LM loss on the logits."""
         raise NotImplementedError
+
+    def auxiliary_loss(self, _ops: Ops, _spec: ModelSpec, _context: dict) -> None:
+        """A loss the causal LM adds to the loss after computing it (the MoE load-balancing
+        loss, memcalc.programs.moe_aux); by default none."""
 
     def layer_period(self, _spec: ModelSpec) -> int:
         """Layers after which the decoder stack repeats op for op (2 for a local/global

@@ -111,36 +111,6 @@ def cache_kv(ops: Ops, regime: Regime, k: Value, v: Value, context: dict) -> tup
     return kc, vc, True
 
 
-def sdpa_float_mask(ops: Ops, mask: Value | None, elt: int) -> Value | None:
-    """F.scaled_dot_product_attention's convert_boolean_attn_mask (aten attention.cpp):
-    where(logical_not(mask), -inf, 0), a (b, 1, s, s) float mask in the query's dtype, made in
-    every layer and saved by the kernel (CPU flash; measured)."""
-    if mask is None:
-        return None
-    g = ops.g
-    inverted = g.op("mask logical_not", [mask], mask.size, requires_grad=False, elt=1)
-    out = g.op("sdpa float mask", [inverted], size("b s s", elt), requires_grad=False, elt=elt)
-    ops.scope_end([inverted])
-    return out
-
-
-def repeat_kv(ops: Ops, spec: ModelSpec, k: Value, v: Value) -> tuple[Value, Value]:
-    """transformers' repeat_kv (integrations/sdpa_attention.py): with a mask, use_gqa_in_sdpa is
-    False and k and v are expanded to every head and reshaped, in their own dtype (before
-    autocast casts them for SDPA); backward sums each back to kv heads. The reshape copies,
-    except with one kv head (MQA): (b, 1, n, s, d) -> (b, n, s, d) merges a size-1 dim, a view
-    of stride 0 that SDPA saves, keeping the kv-sized original (measured)."""
-    a, d, g = spec.num_heads, spec.head_size, ops.g
-    if spec.kv_heads == a:
-        return k, v
-    if spec.kv_heads == 1:
-        return tuple(g.view(f"repeat_kv {n} (expanded view)", t, size("b s a d", t.elt, a=a, d=d),
-                            backward=[Grad(0)]) for n, t in (("k", k), ("v", v)))
-    k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
-    v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
-    return k, v
-
-
 # Trainer.get_decay_parameter_names (trainer.py): no weight decay for nn.LayerNorm modules
 # (GPT-2's ln_1, ln_2, ln_f) and names matching these patterns
 NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)|(?:^|\.)ln_(?:1|2|f)\.")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from memcalc.programs.base import TOKENS, Embedded, param_maker, size
 from memcalc.programs.hf_llama import HFLlama
-from memcalc.programs.layers import rotary_tables, swiglu_mlp
+from memcalc.programs.layers import rms_normalise, rotary_tables, swiglu_mlp
 from memcalc.programs.masks import build_masks
 from memcalc.poly import Poly
 from memcalc.regime import Regime
@@ -31,10 +31,7 @@ from memcalc.tape.ops import Ops
 def gemma_rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
     """GemmaRMSNorm (Gemma2/3RMSNorm are the same code) op by op; `tokens` rows are normalised."""
     g = ops.g
-    x32 = ops.to(x, 4, "x.float()")
-    sq = ops.unary_saving_input("pow 2", x32, temps=2)
-    var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
-    normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+    normed32 = rms_normalise(ops, x, tokens, "x.float()")
     w32 = ops.to(w, 4, "weight.float()")
     # `1 + w` is a new (h,) fp32 tensor whose backward (AddBackward1) hands the gradient on
     # unchanged, so the product's weight gradient is delivered to w32 directly

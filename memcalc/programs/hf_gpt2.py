@@ -7,7 +7,7 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
-from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa
+from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa_attention
 from memcalc.programs.call_path import cache_kv, causal_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.layers import gelu_new
@@ -92,7 +92,7 @@ class HFGPT2(DecoderProgram):
         q, k, v = ops.g.views("split qkv", qkv, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         y, weights = attention_core(ops, regime, lambda: (
-            (sdpa(ops, spec, q, k, v, context["mask"], contiguous), None) if regime.attention == "sdpa"
+            (sdpa_attention(ops, spec, q, k, v, context["mask"], contiguous), None) if regime.attention == "sdpa"
             else eager_core(ops, spec, regime, q, k, v, context["mask"], contiguous)))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
                           p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")

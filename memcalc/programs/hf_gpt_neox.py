@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.programs.attention import attention_core, llama_eager, sdpa
+from memcalc.programs.attention import attention_core
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.hf_gpt2 import activation
-from memcalc.programs.hf_phi3 import rotary_width
+from memcalc.programs.hf_phi3 import contiguous_qk_kernel, rotary_width
 from memcalc.programs.layers import partial_rotary, rotary_tables
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
@@ -67,12 +67,8 @@ class HFGPTNeoX(DecoderProgram):
         cos, sin, rd = context["cos"], context["sin"], rotary_width(spec)
         q, k = partial_rotary(ops, q, cos, sin, a, d, rd), partial_rotary(ops, k, cos, sin, a, d, rd)
 
-        def core():
-            if regime.attention == "sdpa":
-                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
-            return llama_eager(ops, spec, q, k, v, context["mask"], contiguous_qk=True)
-
-        y, weights = attention_core(ops, regime, core)
+        y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
+            ops, spec, regime, q, k, v, context["mask"]))
         out = ops.linear(y, p("attention.dense.weight", h * h, h),
                          p("attention.dense.bias", h) if spec.out_bias else None, TOKENS, h, "dense")
         ops.scope_end([q, k, v])  # GPTNeoXAttention's locals

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from memcalc.programs.attention import attention_core, llama_eager, sdpa, sdpa_masked
-from memcalc.programs.call_path import cache_kv, causal_mask, repeat_kv
+from memcalc.programs.attention import attention_core, llama_eager, sdpa_attention
+from memcalc.programs.call_path import cache_kv, causal_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
@@ -51,26 +51,12 @@ def qk_norms(ops: Ops, spec: ModelSpec, q: Value, k: Value, p: Callable[..., Val
 def attention_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
                      mask: Value | None, softcap: bool = False, contiguous: bool = False
                      ) -> tuple[Value, Value | None]:
-    """The attention interface's call: SDPA (no mask: is_causal, enable_gqa; a materialised
-    sliding mask: sdpa_masked; a padded batch's mask: sdpa_call) or the eager function; returns
-    (output, weights). `contiguous`: k and v are the DynamicCache's copies (use_cache)."""
+    """The attention interface's call: SDPA (attention.sdpa_attention: no mask, is_causal and
+    enable_gqa; a materialised mask, sliding or a padded batch's, sdpa_masked) or the eager
+    function; returns (output, weights). `contiguous`: k and v are the DynamicCache's copies (use_cache)."""
     if regime.attention == "sdpa":
-        if mask is None:
-            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous=contiguous), None
-        if spec.sliding_window is not None:  # call paths are refused with windows (check_call_path)
-            return sdpa_masked(ops, spec, q, k, v, mask), None
-        return sdpa_call(ops, spec, q, k, v, mask, contiguous), None
+        return sdpa_attention(ops, spec, q, k, v, mask, contiguous), None
     return llama_eager(ops, spec, q, k, v, mask, softcap, contiguous=contiguous)
-
-
-def sdpa_call(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None,
-              contiguous: bool) -> Value:
-    """integrations/sdpa_attention.py with a padded batch's mask: repeat_kv copies k and v (held
-    by sdpa_attention_forward until it returns); autocast casts the operands."""
-    repeated = list(repeat_kv(ops, spec, k, v)) if mask is not None else [k, v]
-    out = sdpa(ops, spec, *(ops.matmul_operand(t) for t in [q] + repeated), mask, contiguous)
-    ops.scope_end(repeated)
-    return out
 
 
 class HFLlama(DecoderProgram):

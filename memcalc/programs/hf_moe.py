@@ -17,6 +17,7 @@ from memcalc.programs.base import TOKENS, param_maker
 from memcalc.programs.hf_llama import HFLlama
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, swiglu_mlp
 from memcalc.programs.moe import sparse_moe_block
+from memcalc.programs.moe_aux import add_aux_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Value
@@ -62,12 +63,22 @@ class HFMoE(HFLlama):
         ops.scope_end([n1])
         n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), TOKENS, weight_in_fp32=False)
         if layer in moe_layers(spec):
-            m = sparse_moe_block(ops, spec, regime, n2, layer, p)
+            m = sparse_moe_block(ops, spec, regime, n2, layer, p, context.setdefault("router_logits", []))
         else:
             m = swiglu_mlp(ops, spec, n2, TOKENS, p)
         out = ops.add(x, m, "residual 2")
         ops.scope_end([block_input, n2, weights])
         return out
+
+    def auxiliary_loss(self, ops: Ops, spec: ModelSpec, context: dict) -> None:
+        """With output_router_logits: the load-balancing loss over the captured router logits,
+        added to the loss; the logits and aux_loss live until the forward returns (the output
+        object holds them)."""
+        if not spec.moe.output_router_logits:
+            return
+        captured = context.get("router_logits", [])
+        aux = add_aux_loss(ops, spec, captured)
+        ops.scope_end(captured + [aux])
 
     def registration_rank(self, label: str) -> tuple:
         """nn.Module registration order: embed_tokens, layers (self_attn, mlp, the two norms),

@@ -42,6 +42,17 @@ def rotary_width(spec: ModelSpec) -> int:
     return int(spec.head_size * spec.rotary_fraction)
 
 
+def contiguous_qk_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
+                         mask: Value | None) -> tuple[Value, Value | None]:
+    """The attention interface's call when q and k come out of the (partial) rotary cat
+    contiguous (b, heads, s, d) (Phi3Attention, GPTNeoXAttention): SDPA (is_causal; the CPU
+    flash output laid out like q, copied by the transpose) or eager (bmm copies neither q nor
+    k); returns (output, weights)."""
+    if regime.attention == "sdpa":
+        return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
+    return llama_eager(ops, spec, q, k, v, mask, contiguous_qk=True)
+
+
 class HFPhi3(HFLlama):
     """Phi3ForCausalLM: model.embed_tokens, model.layers.{i}.*, model.norm, lm_head."""
 
@@ -57,12 +68,8 @@ class HFPhi3(HFLlama):
         q, k, v = self.project_qkv(ops, spec, x, p)
         q, k = self.position(ops, spec, q, k, layer, context)
 
-        def core():
-            if regime.attention == "sdpa":
-                return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
-            return llama_eager(ops, spec, q, k, v, context["mask"], contiguous_qk=True)
-
-        y, weights = attention_core(ops, regime, core)
+        y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
+            ops, spec, regime, q, k, v, context["mask"]))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h), None, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v])  # Phi3Attention's locals
         return out, weights

@@ -15,9 +15,19 @@ if TYPE_CHECKING:
     from memcalc.poly import Poly
 
 
+def rms_normalise(ops: Ops, x: Value, tokens: Poly, upcast: str) -> Value:
+    """The fp32 core every RMSNorm shares (LlamaRMSNorm, Olmo2RMSNorm, GemmaRMSNorm, F.rms_norm):
+    x.float() (a copy named `upcast` unless x is fp32), pow 2 (saves its input; backward makes
+    two temporaries), mean over the features (one fp32 value per row of `tokens`), + eps, rsqrt
+    (saves its result), x * rsqrt; returns the fp32 normalised tensor."""
+    x32 = ops.to(x, 4, upcast)
+    sq = ops.unary_saving_input("pow 2", x32, temps=2)
+    var = ops.shift(ops.g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
+    return ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+
+
 def rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly, weight_in_fp32: bool) -> Value:
-    """RMSNorm op by op: upcast to fp32, pow 2 (saves its input; backward makes two
-    temporaries), mean, + eps, rsqrt (saves its result), x * rsqrt, then the weight.
+    """RMSNorm op by op: the fp32 core (rms_normalise), then the weight.
     - transformers' LlamaRMSNorm (`weight_in_fp32=False`): casts back to the input dtype first,
       then `weight * x` (promoting to the weight's dtype); the fp32 local `hidden_states` lives
       until forward returns;
@@ -26,10 +36,7 @@ def rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly, weight_in_fp32: bool) -
     `tokens` is b*s (b*s/t in sequence-parallel regions)."""
     g = ops.g
     x = ops.replicated_input(x, "rms_norm" if weight_in_fp32 else "rmsnorm")
-    x32 = ops.to(x, 4, "rms_norm upcast" if weight_in_fp32 else "rmsnorm .float()")
-    sq = ops.unary_saving_input("pow 2", x32, temps=2)
-    var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
-    normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+    normed32 = rms_normalise(ops, x, tokens, "rms_norm upcast" if weight_in_fp32 else "rmsnorm .float()")
     if weight_in_fp32:
         out = g.op("* weight", [normed32, w], normed32.size, saves=product_saves(normed32, w),  # promotes, no copy
                    backward=[Grad(0), Temp(normed32.size), Grad(1), FreeTemps()], elt=4)
@@ -109,10 +116,7 @@ def rms_norm_weight_first(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
     (the weight promotes to the fp32 normalised tensor) and only then `.to(input_dtype)`; the
     product is a temporary when the cast copies."""
     g = ops.g
-    x32 = ops.to(x, 4, "rmsnorm .float()")
-    sq = ops.unary_saving_input("pow 2", x32, temps=2)
-    var = ops.shift(g.op("mean", [sq], tokens * 4, backward=[Grad(0)], elt=4), "+ eps")
-    normed32 = ops.mul(x32, ops.unary_saving_output("rsqrt", var), "x * rsqrt")
+    normed32 = rms_normalise(ops, x, tokens, "rmsnorm .float()")
     out = g.op("weight * x", [w, normed32], normed32.size, saves=[w, normed32],
                backward=[Temp(normed32.size), Grad(0), FreeTemps(), Grad(1)], elt=4)
     return ops.to(out, x.elt, "rmsnorm .to(input_dtype)")

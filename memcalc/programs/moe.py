@@ -156,11 +156,19 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
 
 
 def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int,
-                     p: Callable[..., Value]) -> Value:
+                     p: Callable[..., Value], captured: list[Value] | None = None) -> Value:
     """The MoE block on the post-attention-norm hidden states (N, h): router, experts and, for
-    Qwen2-MoE, the shared expert (run first) scaled by sigmoid(shared_expert_gate(x))."""
+    Qwen2-MoE, the shared expert (run first) scaled by sigmoid(shared_expert_gate(x)). With
+    output_router_logits the router's logits are appended to `captured` (the output-capturing
+    hook keeps them; memcalc.programs.moe_aux); Mixtral's jitter multiplies x first."""
+    if spec.moe.router_jitter_noise > 0:
+        from memcalc.programs.moe_aux import router_jitter
+
+        x = router_jitter(ops, x)
     shared = _shared_expert(ops, spec, x, p) if spec.moe.shared_expert_ffn_size else None
     logits, weights, indices = router(ops, spec, x, p)
+    if spec.moe.output_router_logits and captured is not None:
+        captured.append(logits)
     if regime.experts_implementation == "eager":
         out = eager_experts(ops, spec, regime, x, weights, indices, layer, p)
     else:

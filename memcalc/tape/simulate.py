@@ -17,9 +17,10 @@ A moment is kept unless another moment of the same phase dominates it for every 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import ge
 from typing import TYPE_CHECKING, Callable
 
-from memcalc.poly import ZERO, Poly
+from memcalc.poly import Poly
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
 
 if TYPE_CHECKING:
@@ -62,11 +63,28 @@ class Memory:
     def __init__(self, record: bool | dict = False) -> None:
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
-        self.total = ZERO
-        self.by_category: dict[str, Poly] = {}
+        self._total: dict = {}
+        """The live bytes' coefficients {monomial: c}, updated in place (no Poly per hold)."""
+        self._by_category: dict[str, dict] = {}
+        """The same per category, in the order each was first held (a freed one stays, at 0)."""
+        self._polys: dict[str, Poly] = {}
+        """The Poly of each category of `_by_category` (same order), rebuilt when a kept moment
+        reads it after its coefficients changed (`_dirty`)."""
+        self._dirty: set[str | None] = set()
+        """The categories changed since their Poly was built; None: the total."""
+        self._total_poly = Poly()
+        self._live_keys: dict[tuple, int] = {}
+        """Size terms -> live storages of it, the sizes with some alive (a kept moment's
+        `sizes`, copied; ordered as in size_counts when the moment is read)."""
+        self._order: dict[tuple, int] = {}  # size terms -> position in size_counts
+        self._monos: list = []
+        """Every monomial held so far: the coordinates of the dense totals in `_dense`."""
+        self._dense: dict[str, list[tuple]] = {}
+        """Per phase, the totals of the kept moments (`frontiers`) as tuples over `_monos`."""
         self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
+        self._keys: dict[int, tuple[Poly, tuple]] = {}  # id(size Poly) -> (it, its size terms)
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
@@ -79,6 +97,7 @@ class Memory:
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
+        self._bits: dict[tuple, int] = {}  # (category, size terms) -> 1 << its offset
         self.packed = 0
         self.packed_total: int | None = 0
         """The total's coefficients as one integer, monomial ("mono", m) at index[("mono", m)]
@@ -91,53 +110,134 @@ class Memory:
     @property
     def moments(self) -> list[Moment]:
         """Every kept moment, all phases."""
-        return [m for moments in self.frontiers.values() for m in moments]
+        out = [m for moments in self.frontiers.values() for m in moments]
+        for m in out:
+            if isinstance(m.sizes, dict):  # mark's copy of _live_keys, as (size, live storages)
+                m.sizes = tuple((self.size_counts[k][0], m.sizes[k]) for k in sorted(m.sizes, key=self._order.get))
+        return out
+
+    @property
+    def total(self) -> Poly:
+        """The live bytes."""
+        self._rebuild()
+        return self._total_poly
+
+    @property
+    def by_category(self) -> dict[str, Poly]:
+        """The live bytes per category, in the order each was first held."""
+        self._rebuild()
+        return dict(self._polys)
+
+    def _rebuild(self) -> None:
+        """The Polys of what changed since they were built."""
+        if self._dirty:
+            for c in self._dirty:
+                if c is None:
+                    self._total_poly = Poly(self._total)
+                else:
+                    self._polys[c] = Poly(self._by_category[c])
+            self._dirty.clear()
+
+    def _category(self, cat: str) -> dict:
+        """The coefficients of a category, first held now or before."""
+        mine = self._by_category.get(cat)
+        if mine is None:
+            mine = self._by_category[cat] = {}
+            self._polys[cat] = Poly()
+        return mine
+
+    def _size_key(self, size: Poly) -> tuple:
+        """The size's terms, sorted (the key of its storages' counts); the Poly is kept, so its
+        id is never reused while cached."""
+        found = self._keys.get(id(size))
+        if found is None:
+            found = self._keys[id(size)] = (size, tuple(sorted(size.terms.items())))
+        return found[1]
 
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
         key = id(st)
-        if key in self.holds:
-            self.holds[key] += 1
+        holds = self.holds
+        if key in holds:
+            holds[key] += 1
             return
         cat = category or st.category
-        self.holds[key] = 1
-        size_key = tuple(sorted(st.size.terms.items()))
-        self.sizes[key] = (st, st.size, cat, size_key)
-        entry = self.size_counts.setdefault(size_key, [st.size, 0])
+        holds[key] = 1
+        size = st.size
+        found = self._keys.get(id(size))
+        size_key = self._size_key(size) if found is None else found[1]
+        self.sizes[key] = (st, size, cat, size_key)
+        entry = self.size_counts.get(size_key)
+        if entry is None:
+            entry = self.size_counts[size_key] = [size, 0]
+            self._order[size_key] = len(self._order)
         entry[1] += 1
         if self.log is not None:  # the totals follow from the live storages
-            self.live[cat, size_key] = self.live.get((cat, size_key), 0) + 1
-            shift = self.index.get((cat, size_key))
-            if shift is None:
-                shift = self.index[cat, size_key] = self.SLOT * len(self.index)
-            self.packed += 1 << shift
+            live, both = self.live, (cat, size_key)
+            live[both] = live.get(both, 0) + 1
+            bit = self._bits.get(both)
+            if bit is None:
+                self._category(cat)
+                shift = self.index.get(both)
+                if shift is None:
+                    shift = self.index[both] = self.SLOT * len(self.index)
+                bit = self._bits[both] = 1 << shift
+            self.packed += bit
             if self.packed_total is not None:
-                size_total = self._packed_size(size_key)  # may turn packed_total off
+                size_total = self._packed_sizes.get(size_key)
+                if size_total is None:
+                    size_total = self._packed_size(size_key)  # may turn packed_total off
                 if self.packed_total is not None:
                     self.packed_total += size_total
-            self.by_category.setdefault(cat, ZERO)
             return
-        self.total = self.total + st.size
-        self.by_category[cat] = self.by_category.get(cat, ZERO) + st.size
+        if size_key:  # a moment's `sizes` leave out zero sizes
+            self._live_keys[size_key] = entry[1]
+        self._add(cat, size.terms, 1)
+
+    def _add(self, cat: str, terms: dict, sign: int) -> None:
+        """Add (sign 1) or remove (-1) a storage of `terms` bytes to the running totals."""
+        total, mine = self._total, self._category(cat)
+        for mono, c in terms.items():
+            if mono not in total:
+                self._new_mono(mono)
+            total[mono] += c * sign
+            mine[mono] = mine.get(mono, 0) + c * sign
+        if terms:
+            self._dirty.add(None)
+            self._dirty.add(cat)
+
+    def _new_mono(self, mono: tuple) -> None:
+        """A monomial first held: a new coordinate (0 in every kept moment's dense total)."""
+        self._total[mono] = 0
+        self._monos.append(mono)
+        for dense in self._dense.values():
+            dense[:] = [v + (0,) for v in dense]
 
     def release(self, st: Storage) -> None:
         """Drop one reference; free the storage on the last."""
         key = id(st)
-        self.holds[key] -= 1
-        if self.holds[key] == 0:
-            del self.holds[key]
+        holds = self.holds
+        holds[key] -= 1
+        if holds[key] == 0:
+            del holds[key]
             _, size, cat, size_key = self.sizes.pop(key)
-            self.size_counts[size_key][1] -= 1
+            entry = self.size_counts[size_key]
+            entry[1] -= 1
             if self.log is not None:
-                live = self.live[cat, size_key] = self.live[cat, size_key] - 1
+                both = (cat, size_key)
+                live = self.live[both] = self.live[both] - 1
                 if not live:
-                    del self.live[cat, size_key]
-                self.packed -= 1 << self.index[cat, size_key]
+                    del self.live[both]
+                self.packed -= self._bits[both]
                 if self.packed_total is not None:
                     self.packed_total -= self._packed_sizes[size_key]
                 return
-            self.total = self.total - size
-            self.by_category[cat] = self.by_category[cat] - size
+            if entry[1]:
+                if size_key:
+                    self._live_keys[size_key] = entry[1]
+            elif size_key:
+                del self._live_keys[size_key]
+            self._add(cat, size.terms, -1)
 
     def alive(self, st: Storage) -> bool:
         """Whether the storage is allocated."""
@@ -156,24 +256,36 @@ class Memory:
             self._packed_sizes[size_key] = found
         return found
 
-    def _live_sizes(self) -> tuple:
-        return tuple((p, n) for p, n in self.size_counts.values() if n and not p.is_zero())
-
     def mark(self, label: str) -> None:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
-        phase is at least as large at every shape (in record mode: every instant, keyed)."""
+        phase is at least as large at every shape (in record mode: every instant, keyed). The
+        comparisons run on dense coefficient tuples (keep's test, Poly.dominates)."""
         if self.log is not None:
             where = (self.phase, self.micro, self.where)
             n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self.by_category), dict(self.live), self.packed,
+            self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
                              self.packed_total))
             return
-        frontier = self.frontiers.setdefault(self.phase, [])
-        if keep(frontier, self.total):
-            frontier.append(Moment(self.phase, label, self.total, dict(self.by_category),
-                                   self._live_sizes()))
-            if len(frontier) >= self.PRUNE_AT:
-                frontier[:] = prune_convex(frontier)
+        phase, total = self.phase, self._total
+        frontier = self.frontiers.get(phase)
+        if frontier is None:
+            frontier = self.frontiers[phase] = []
+            self._dense[phase] = []
+        dense = self._dense[phase]
+        v = tuple([total[mono] for mono in self._monos])
+        for u in dense:
+            if all(map(ge, u, v)):
+                return
+        below = {i for i, u in enumerate(dense) if all(map(ge, v, u))}
+        if below:
+            frontier[:] = [m for i, m in enumerate(frontier) if i not in below]
+            dense[:] = [u for i, u in enumerate(dense) if i not in below]
+        frontier.append(Moment(phase, label, self.total, self.by_category, dict(self._live_keys)))
+        dense.append(v)
+        if len(frontier) >= self.PRUNE_AT:
+            kept = prune_convex_dense(dense)
+            frontier[:] = [frontier[i] for i in kept]
+            dense[:] = [dense[i] for i in kept]
 
 
 def keep(frontier: list[Moment], total: Poly) -> bool:
@@ -192,38 +304,43 @@ def keep(frontier: list[Moment], total: Poly) -> bool:
 
 
 def replay(moments: list[Moment]) -> list[Moment]:
-    """The moments Memory.mark keeps of `moments` (in step order), phase by phase.
+    """The moments Memory.mark keeps of `moments` (in step order), phase by phase: keep's
+    dominance and prune_convex, on dense coefficient tuples.
 
     >>> m = [Moment("forward", str(k), Poly.bs(k), {}) for k in (1, 3, 2)]
     >>> [x.label for x in replay(m)]
     ['3']
     """
-    frontiers: dict[str, list[Moment]] = {}
+    monos = list({mono: None for m in moments for mono in m.total.terms})
+    frontiers: dict[str, tuple[list[Moment], list[tuple]]] = {}
     for m in moments:
-        frontier = frontiers.setdefault(m.phase, [])
-        if keep(frontier, m.total):
-            frontier.append(m)
-            if len(frontier) >= Memory.PRUNE_AT:
-                frontier[:] = prune_convex(frontier)
-    return [m for kept in frontiers.values() for m in kept]
+        terms = m.total.terms
+        v = tuple([terms.get(mono, 0) for mono in monos])
+        frontier, dense = frontiers.setdefault(m.phase, ([], []))
+        if any(all(map(ge, u, v)) for u in dense):
+            continue
+        below = {i for i, u in enumerate(dense) if all(map(ge, v, u))}
+        if below:
+            frontier[:] = [x for i, x in enumerate(frontier) if i not in below]
+            dense[:] = [u for i, u in enumerate(dense) if i not in below]
+        frontier.append(m)
+        dense.append(v)
+        if len(frontier) >= Memory.PRUNE_AT:
+            kept = prune_convex_dense(dense)
+            frontier[:] = [frontier[i] for i in kept]
+            dense[:] = [dense[i] for i in kept]
+    return [m for kept, _ in frontiers.values() for m in kept]
 
 
 def _below_mix(m: Poly, m1: Poly, m2: Poly) -> bool:
     """True when m <= lam*m1 + (1-lam)*m2 coefficient-wise for some lam in [0, 1]; then
-    m(b, s) <= max(m1(b, s), m2(b, s)) at every shape, so m can never set the peak."""
-    lo, hi = 0.0, 1.0
-    for mono in set(m.terms) | set(m1.terms) | set(m2.terms):
-        c, c1, c2 = m.terms.get(mono, 0), m1.terms.get(mono, 0), m2.terms.get(mono, 0)
-        slope, need = c1 - c2, c - c2  # lam * slope >= need
-        if slope > 0:
-            lo = max(lo, need / slope)
-        elif slope < 0:
-            hi = min(hi, need / slope)
-        elif need > 0:
-            return False
-        if lo > hi:
-            return False
-    return True
+    m(b, s) <= max(m1(b, s), m2(b, s)) at every shape, so m can never set the peak.
+
+    >>> _below_mix(Poly.bs(5) + Poly.const(5), Poly.bs(10), Poly.const(10))
+    True
+    """
+    monos = set(m.terms) | set(m1.terms) | set(m2.terms)
+    return _below_mix_dense(*(tuple(p.terms.get(mono, 0) for mono in monos) for p in (m, m1, m2)))
 
 
 def prune_convex(moments: list[Moment]) -> list[Moment]:
@@ -234,16 +351,53 @@ def prune_convex(moments: list[Moment]) -> list[Moment]:
     >>> [m.total.terms[(0, 0)] for m in prune_convex([a, b, c]) if (0, 0) in m.total.terms]
     [10]
     """
-    kept = list(moments)
+    monos = list({mono: None for m in moments for mono in m.total.terms})
+    vecs = [tuple(m.total.terms.get(mono, 0) for mono in monos) for m in moments]
+    return [moments[j] for j in prune_convex_dense(vecs)]
+
+
+def prune_convex_dense(vecs: list[tuple]) -> list[int]:
+    """prune_convex on coefficient tuples over the same monomials (built once, not per pair as
+    _below_mix reads them): the indices kept, in order.
+
+    >>> prune_convex_dense([(0, 10), (5, 5), (10, 0)])
+    [0, 2]
+    """
+    kept = list(range(len(vecs)))
     i = 0
     while i < len(kept):
-        others = kept[:i] + kept[i + 1:]
-        if any(_below_mix(kept[i].total, x.total, y.total)
-               for j, x in enumerate(others) for y in others[j + 1:]):
+        v = vecs[kept[i]]
+        others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
+        # a mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover
+        # v coefficient by coefficient can hold it below (a bit per coefficient)
+        full = (1 << len(v)) - 1
+        covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
+        if any(covers[j] | covers[k] == full and _below_mix_dense(v, others[j], others[k])
+               for j in range(len(others)) for k in range(j + 1, len(others))):
             kept.pop(i)
         else:
             i += 1
     return kept
+
+
+def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
+    """_below_mix on coefficient tuples over the same monomials.
+
+    >>> _below_mix_dense((5, 5), (0, 10), (10, 0)), _below_mix_dense((6, 5), (0, 10), (10, 0))
+    (True, False)
+    """
+    lo, hi = 0.0, 1.0
+    for c, c1, c2 in zip(v, v1, v2):
+        slope, need = c1 - c2, c - c2  # lam * slope >= need
+        if slope > 0:
+            lo = max(lo, need / slope)
+        elif slope < 0:
+            hi = min(hi, need / slope)
+        elif need > 0:
+            return False
+        if lo > hi:
+            return False
+    return True
 
 
 class StepSimulator:
@@ -299,6 +453,7 @@ class StepSimulator:
     def forward(self) -> None:
         """Run the forward program, holding saved tensors (or region inputs)."""
         mem, nodes = self.mem, self.g.nodes
+        holds = mem.holds
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
         kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
@@ -317,7 +472,7 @@ class StepSimulator:
                     previous = group
                 else:
                     fsdp.post_forward(mem, group)
-            new = [v.storage for v in node.outputs if not mem.alive(v.storage)]
+            new = [v.storage for v in node.outputs if id(v.storage) not in holds]  # not mem.alive
             for st in new:
                 mem.hold(st)
                 produced_in[id(st)] = node.region

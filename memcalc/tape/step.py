@@ -15,7 +15,7 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.allocator import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
-from memcalc.tape.simulate import Memory, StepSimulator
+from memcalc.tape.simulate import Memory, Moment, StepSimulator
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -190,9 +190,16 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
         _finetune_optimizer(mem, graph, regime, first_step, per, shared)
         mem.mark("optimizer.step")
         return mem.moments
-    if first_step:
-        for st in states:
-            mem.hold(st)
+    _optimizer_step(mem, graph, regime, states if first_step else [], with_optimizer)
+    return mem.moments
+
+
+def _optimizer_step(mem: Memory, graph: Graph, regime: Regime, created: list[Storage],
+                    with_optimizer: bool) -> None:
+    """optimizer.step() after clipping: the states `created` (the first step's), then the
+    update's temporaries."""
+    for st in created:
+        mem.hold(st)
     temp = _transient(graph, regime) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
@@ -200,4 +207,75 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
         mem.mark("optimizer.step")
         mem.release(tmp)
     mem.mark("optimizer.step")
-    return mem.moments
+
+
+def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_optimizer: bool = True,
+                  fsdp: Fsdp | None = None) -> tuple[list, list] | None:
+    """(steady, first-step) kept moments, as simulate_step(first_step=False) and (True) give
+    them, from one walk through the micro-steps: until optimizer.step() the two steps differ
+    only by the optimizer states (held from the start in the steady state, made by the first
+    optimizer.step()), the same bytes at every instant, so the same instants are kept
+    (Memory.mark's tests compare differences of totals, where a common term cancels) and the
+    first step's are the steady ones less the states (their totals and live sizes; the
+    first step's categories are not read: memcalc.estimate). The first step's optimizer
+    phase is walked on its own from the storages alive at the end of backward, less the
+    states. None for a memcalc.tape.finetune_optim optimizer (its states are made parameter
+    by parameter: simulate_step twice).
+
+    >>> from memcalc.engine import build_graph
+    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
+    >>> steady, first = simulate_both(build_graph(ModelSpec.preset("gpt2"), regime), regime, {})
+    >>> graph = build_graph(ModelSpec.preset("gpt2"), regime)
+    >>> [m.total.terms for m in first] == [m.total.terms for m in simulate_step(graph, regime, True, {})]
+    True
+    """
+    if regime.optimizer in ft.BNB + ("adafactor",):
+        return None
+    sim = StepSimulator(graph, fsdp)
+    sim.setup()
+    for name, nbytes in constants.items():
+        sim.mem.hold(Storage(Poly.const(nbytes), name, name))
+    states = _optimizer_storages(graph, regime) if with_optimizer else []
+    if states and sim.mem.frontiers:  # an instant before the states: not a common term
+        return None
+    for st in states:
+        sim.mem.hold(st)
+    sim.hold_inputs()
+    for micro in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
+        sim.mem.micro = micro
+        sim.micro_step()
+    mem = sim.mem
+    fork = Memory()  # the first step at the end of backward: the same storages less the states
+    held = {id(st) for st in states}
+    for key, (st, _, category, _) in mem.sizes.items():
+        if key not in held:
+            for _ in range(mem.holds[key]):
+                fork.hold(st, category)
+    for m in (mem, fork):
+        m.phase, m.where, m.micro = "optimizer", "optimizer", mem.micro
+        _clip(m, graph, regime)
+    _optimizer_step(mem, graph, regime, [], with_optimizer)
+    _optimizer_step(fork, graph, regime, states, with_optimizer)
+    steady = mem.moments
+    less = _less(states)
+    first = [less(m) for m in steady if m.phase != "optimizer"] + fork.moments
+    return steady, first
+
+
+def _less(states: list[Storage]):
+    """A function from a steady-state moment to the same instant without the `states`."""
+    total = Poly()
+    counts: dict[tuple, int] = {}
+    for st in states:
+        total = total + st.size
+        key = tuple(sorted(st.size.terms.items()))
+        counts[key] = counts.get(key, 0) + 1
+
+    def less(m: Moment) -> Moment:
+        sizes = tuple((p, n) for p, n in ((p, n - counts.get(tuple(sorted(p.terms.items())), 0))
+                                          for p, n in m.sizes) if n)
+        by_category = {c: p - total if c == "optimizer" else p for c, p in m.by_category.items()}
+        return Moment(m.phase, m.label, m.total - total, by_category, sizes)
+
+    return less
