@@ -1,7 +1,7 @@
 """The GPT-OSS rows of the ci matrix (named gptossNN): a small GptOssForCausalLM (one sliding and
 one full layer, window 16 < seq_len, YaRN rotary as published, GQA, 4 experts top-2) across
 precisions, checkpointing, both experts paths (grouped_mm, eager) and optimizers, in a pairwise
-design (validate.matrices.pairwise, seed 0); eager attention only (GPT-OSS has no SDPA path).
+design (validate.pairwise.pairwise, seed 0); eager attention only (GPT-OSS has no SDPA path).
 Each row is predicted with the routing it measured (validate.moe_routing), as the MoE rows are.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def ci_gpt_oss_cases(device: str = "cpu") -> list[Case]:
     >>> cases = ci_gpt_oss_cases(); 14 <= len(cases) <= 20 and {c.spec.family for c in cases}
     {'gpt_oss'}
     """
-    from validate.matrices import pairwise
+    from validate.pairwise import pairwise
 
     return [_case(f"gptoss{i:02d}", row, device) for i, row in enumerate(pairwise(AXES, seed=0))]
 
