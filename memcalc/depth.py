@@ -1,9 +1,12 @@
 """Depth as a symbol: any depth of a decoder stack from three small ones.
 
-The layers of a decoder repeat (every layer alike, or a short pattern: `layer_period` of the
-program), and a checkpointed stack repeats per segment, so a stack of L = n*u + r layers is n
-identical units of u layers (u: the period and the checkpoint segment's common multiple) and r
-layers more, which run with the suffix (a short last segment). Every instant of the step then has
+The layers of a decoder repeat (every layer alike, or a short pattern: what the spec says of
+each layer by index, `layer_kinds`, and `layer_period` of the program), possibly after a prefix
+of different layers (a MoE model's dense first layers), and a checkpointed stack repeats per
+segment, so a stack of L = p + n*u + r layers is p prefix layers, n identical units of u layers
+(u: the period and the checkpoint segment's common multiple; `repeat`) and r layers more, which
+run with the suffix (a short last segment); the small depths are the stack's first layers
+(`small_model`), so the pattern and the prefix stay as they are. Every instant of the step then has
 a structural key: phase, micro-step, where in the program (before the stack, op `k` of a unit,
 after the stack) and which mark there; and the instants of units 1 .. n-2 are affine in the
 unit's index j and in n (saved activations of the j units before, gradients of the n-1-j after,
@@ -17,7 +20,10 @@ checks it at n = 5 exactly: the number of live storages of every (category, size
 categories and the CUDA allocator's per-storage rounding all follow, and the labels; at n = 5 it
 also checks that unit 2's instants are exactly the interpolation of units 1 and 3. Storages
 whose size grows with depth are paired across the depths (_growing); those that hold every
-parameter at once, and the optimizer's temporaries, are added at each depth (Derivation.at).
+parameter at once, clipping's norms, the optimizer's temporaries and a memcalc.tape.
+finetune_optim optimizer's first-step states, all of which follow the parameters one by one,
+are added at each depth by memcalc.tape.step's own functions on that depth's parameters
+(ParamView; Derivation.at).
 Any mismatch (a program whose layers do not repeat with its declared period, a prefix of
 different layers) gives None, and the engine simulates the depth itself: never a wrong answer.
 """
@@ -34,8 +40,10 @@ from memcalc.programs import program_for
 from memcalc.regime import Regime, sqrt_segment_size
 from memcalc.simulation import StepRun, run_step
 from memcalc.specs import ModelSpec
+from memcalc.allocator import round_up
+from memcalc.tape import step
 from memcalc.tape.finetune_optim import BNB
-from memcalc.tape.optimizer import transient_bytes
+from memcalc.tape.optimizer import clip_bytes
 from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
 
 FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
@@ -53,17 +61,19 @@ class NotRepeating(Exception):
 
 @dataclass(frozen=True)
 class Layout:
-    """How a stack of `layers` decomposes: `units` repeats of `unit` layers, then `rest`."""
+    """How a stack of `layers` decomposes: `prefix` layers unlike the rest (MoE models' dense
+    first layers), then `units` repeats of `unit` layers, then `rest` (the pattern's start)."""
 
     unit: int
     rest: int
     units: int
     regime: Regime
     """The regime the small depths run: under 'sqrt' the segment size of this depth, as every-k."""
+    prefix: int = 0
 
     def depth(self, n: int) -> int:
         """Layers of a stack of n units."""
-        return n * self.unit + self.rest
+        return self.prefix + n * self.unit + self.rest
 
 
 def segment_size(regime: Regime, num_layers: int) -> int:
@@ -79,27 +89,31 @@ def segment_size(regime: Regime, num_layers: int) -> int:
 
 
 def supported(regime: Regime, model: ModelSpec | None = None) -> bool:
-    """Whether memcalc.depth derives this step: not yet gradient clipping's temporaries nor a
-    memcalc.tape.finetune_optim optimizer's per-parameter states and temporaries (their sizes
-    follow the parameters one by one), nor, until each is tested against a direct simulation at
-    random depths, frozen parameters / LoRA / quantised bases, the HF call paths, sliding-window
-    layers or mixture-of-experts stacks; those depths are simulated layer by layer.
+    """Whether memcalc.depth derives this step: every regime, except the fine-tuning and routing
+    settings that single out some layers by index, which a few small depths cannot show (the
+    depth is then simulated layer by layer): LoRA's layers_to_transform short of every layer,
+    LoRA targets / modules_to_save / freeze patterns that could name a layer (a digit, or a
+    freeze pattern's '?' or '[...]'), explicit MoE routing counts that differ between layers.
 
     >>> from memcalc.training import TrainingConfig
-    >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8)))
-    True
     >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, use_cache=True)))
+    True
+    >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, freeze=("model.layers.1*",))))
     False
     """
-    from memcalc.programs.call_path import CALL_PATH_DEFAULTS
-
-    if regime.max_grad_norm is not None or regime.optimizer in FINETUNE_OPTIMIZERS:
-        return False
-    if regime.lora is not None or regime.freeze or regime.quantization != "none":
-        return False
-    if any(getattr(regime, f, d) != d for f, d in CALL_PATH_DEFAULTS.items() if f != "pad_tokens"):
-        return False
-    return model is None or (model.sliding_window is None and model.moe is None)
+    if any(re.search(r"[0-9?\[]", p) for p in regime.freeze):
+        return False  # '*' alone spans a layer index whatever its digits: the same in every layer
+    lora = regime.lora
+    if lora is not None:
+        named = (() if lora.targets == "all-linear" else lora.targets) + lora.modules_to_save
+        if any(re.search(r"[0-9]", t) for t in named):
+            return False  # a full module name (model.layers.3.mlp.up_proj) targets one layer
+        if lora.layers is not None and (model is None or set(lora.layers) != set(range(model.num_layers))):
+            return False
+    routing = regime.moe_routing
+    if not isinstance(routing, str) and not (isinstance(routing, tuple) and routing[:1] == ("worst",)):
+        return len(set(routing)) <= 1  # measured counts: the same in every MoE layer
+    return True
 
 
 def layout(model: ModelSpec, regime: Regime) -> Layout:
@@ -114,10 +128,81 @@ def layout(model: ModelSpec, regime: Regime) -> Layout:
     L = model.num_layers
     k = segment_size(regime, L)
     period = getattr(program_for(model), "layer_period", lambda _spec: 1)(model)
-    unit = math.lcm(max(1, int(period)), k)
+    prefix, unit = repeat(layer_kinds(model), math.lcm(max(1, int(period)), k))
     run_regime = replace(regime, checkpointing="every-k", checkpoint_every=k) \
         if regime.checkpointing == "sqrt" else regime
-    return Layout(unit, L % unit, L // unit, run_regime)
+    return Layout(unit, (L - prefix) % unit, (L - prefix) // unit, run_regime, prefix)
+
+
+def layer_kinds(model: ModelSpec) -> list[tuple[bool, bool, bool]]:
+    """What the spec says of each decoder layer by its index: (slides, no rotary (NoPE), dense
+    MLP in a mixture-of-experts stack). The layers repeat where these do (memcalc.depth.repeat).
+
+    >>> layer_kinds(ModelSpec.preset("gemma-2-2b"))[:3]
+    [(True, False, False), (False, False, False), (True, False, False)]
+    """
+    dense = set(model.moe.dense_layers) if model.moe is not None else set()
+    nope = set(model.no_rope_layers)
+    return [(model.layer_is_sliding(i), i in nope, i in dense) for i in range(model.num_layers)]
+
+
+def _period(seq: list) -> int:
+    """The smallest u with seq[i] == seq[i + u] wherever both exist (Knuth-Morris-Pratt's
+    failure function: len - the longest border).
+
+    >>> _period("abcab"), _period("aaaa"), _period("ab")
+    (3, 1, 2)
+    """
+    border = [0] * len(seq)
+    for i in range(1, len(seq)):
+        j = border[i - 1]
+        while j and seq[i] != seq[j]:
+            j = border[j - 1]
+        border[i] = j + (seq[i] == seq[j])
+    return len(seq) - (border[-1] if seq else 0)
+
+
+def repeat(kinds: list, align: int) -> tuple[int, int]:
+    """(prefix, unit): the layers from `prefix` on repeat every `unit` (a multiple of `align`,
+    the program's period and the checkpoint segment, and prefix one too, so that segments start
+    at a unit), choosing the fewest layers to simulate, prefix + N3 units, among those with
+    more than N3 units.
+
+    >>> repeat([1, 0, 0, 0, 0, 0, 0, 0], 1), repeat([0, 1] * 6, 1), repeat([0, 1] * 20, 3)
+    ((1, 1), (0, 2), (0, 6))
+    """
+    if len(set(kinds)) <= 1:
+        return 0, align
+    best = (len(kinds) * (N3 + 1), 0, math.lcm(_period(kinds), align))  # (layers simulated, prefix, unit)
+    for p in range(0, len(kinds), align):
+        if p >= best[0]:
+            break
+        unit = math.lcm(_period(kinds[p:]), align)
+        if (len(kinds) - p) // unit > N3:  # deep enough to derive (memcalc.engine)
+            best = min(best, (p + N3 * unit, p, unit))
+    return best[1], best[2]
+
+
+def small_model(model: ModelSpec, lay: Layout, n: int) -> ModelSpec:
+    """`model` at n units of `lay` (its first lay.depth(n) layers: the pattern of kinds from
+    the prefix on repeats, so the rest runs as in the full stack); ValueError where the spec
+    cannot say so (memcalc.errors.SpecError is one).
+
+    >>> from memcalc.training import TrainingConfig
+    >>> m = ModelSpec.preset("smollm3-3b")
+    >>> small_model(m, layout(m, Regime.of(TrainingConfig(micro_batch=1, seq_len=8))), 3).no_rope_layers
+    (3, 7, 11)
+    """
+    d = lay.depth(n)
+    fields: dict = {"num_layers": d}
+    if model.no_rope_layers:
+        fields["no_rope_layers"] = tuple(i for i in model.no_rope_layers if i < d)
+    if model.moe is not None and model.moe.dense_layers:
+        fields["moe"] = model.moe.model_copy(update={"dense_layers": tuple(i for i in model.moe.dense_layers if i < d)})
+    out = model.with_(**fields)
+    if layer_kinds(out) != layer_kinds(model)[:d]:
+        raise ValueError(f"{d} layers of this spec do not keep its layer pattern")
+    return out
 
 
 # ---- moments as vectors ------------------------------------------------------------------------
@@ -269,7 +354,7 @@ def _positions(run: StepRun, lay: Layout, n: int):
     starts = run.layer_starts
     if len(starts) != lay.depth(n) + 1:
         raise NotRepeating("the program does not mark its layers")
-    edges = [starts[j * lay.unit] for j in range(n + 1)]
+    edges = [starts[lay.prefix + j * lay.unit] for j in range(n + 1)]
     width = edges[1] - edges[0]
     if any(b - a != width for a, b in zip(edges, edges[1:])):
         raise NotRepeating("units of different lengths")
@@ -324,6 +409,46 @@ def _absent(members: dict, n: int) -> frozenset:
     return frozenset(e for e in ENDS if e % n not in members)
 
 
+@dataclass(frozen=True)
+class ParamView:
+    """What the optimizer, clipping and the HF Trainer's groups see of a parameter (memcalc.
+    tape.step reads these fields of a graph's Values), its decoder layer's index replaced by
+    '#' so that every unit's parameters compare equal."""
+
+    nbytes: int
+    elt: int
+    rows: int
+    label: str
+    requires_grad: bool
+
+    @property
+    def size(self) -> Poly:
+        """Its bytes, as a Value's size."""
+        return Poly.const(self.nbytes)
+
+
+def param_view(v: object) -> ParamView:
+    """The ParamView of a graph parameter (a memcalc.tape.graph.Value).
+
+    >>> from memcalc.tape.graph import Graph
+    >>> param_view(Graph().param("model.layers.12.mlp.up_proj.weight", Poly.const(8))).label
+    'model.layers.#.mlp.up_proj.weight'
+    """
+    return ParamView(v.size.eval(1, 1), v.elt, v.rows, re.sub(r"\.\d+\.", ".#.", v.label, count=1),
+                     v.requires_grad)
+
+
+@dataclass
+class _Params:
+    """The parameters of a depth, as memcalc.tape.step's functions read a Graph."""
+
+    params: list[ParamView]
+
+    @property
+    def trainable_params(self) -> list[ParamView]:
+        return [v for v in self.params if v.requires_grad]
+
+
 @dataclass
 class Derivation:
     """Every instant of a step at any number of units, and the parameters."""
@@ -333,59 +458,129 @@ class Derivation:
     first: list[Family]
     sizes: dict[tuple, Poly]
     params: tuple[list, list, list]
-    """Parameters' (elements, dim 0, bytes) before, of one unit (repeated), and after."""
+    """ParamViews before the units, of one unit (repeated), and after."""
 
     def at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         """(steady moments, first-step moments, parameter shapes) at n units, in step order; the
-        storages the recorded runs leave out (DDP buckets, FSDP shards, optimizer temporaries)
-        grow with the parameters, so each steady moment's `per_unit` gets their growth to n+1."""
+        storages the recorded runs leave out (DDP buckets, FSDP shards, clipping's and the
+        optimizer's temporaries) follow the parameters, so each steady moment's `per_unit` gets
+        their growth to n+1."""
         steady, first, shapes = self._at(n)
-        growth = {c: deeper - here for (c, deeper), (_, here) in zip(self._outside(n + 1), self._outside(n))}
+        here, deeper = self._outside(self._graph(n)), self._outside(self._graph(n + 1))
         for m in steady:
-            for category in getattr(m, "outside", ()):
-                if m.per_unit is not None and growth[category]:
-                    d = Poly.const(growth[category])
+            for kind in getattr(m, "outside", ()):
+                grow = deeper[kind][1] - here[kind][1]
+                if m.per_unit is not None and grow:
+                    d, category = Poly.const(grow), here[kind][0]
                     m.per_unit.total = m.per_unit.total + d
                     m.per_unit.by_category = {**m.per_unit.by_category,
                                               category: m.per_unit.by_category.get(category, Poly()) + d}
         return steady, first, shapes
 
-    def _outside(self, n: int) -> list[tuple[str, int]]:
-        """(category, bytes) of the storages the recorded runs leave out, at n units."""
+    def _graph(self, n: int) -> _Params:
         before, one, after = self.params
-        params = before + one * (n - N1) + after
+        return _Params(before + one * (n - N1) + after)
+
+    def _outside(self, graph: _Params) -> dict[str, tuple[str, int]]:
+        """{kind: (category, bytes)} of the storages the recorded runs leave out, at one depth:
+        DDP's buckets and FSDP's shards (memcalc.simulation.run_step), clipping's norms and the
+        optimizer's temporaries in the steady state (memcalc.tape.step, its own functions)."""
         regime = self.layout.regime
-        sizes = [nbytes for _, _, nbytes in params]
+        sizes = [v.nbytes for v in graph.params]
         buckets = sum(sizes) if regime.replicated else 0
         sharded = (regime.master_elt // regime.param_elt) * sum(
-            padded_shard_bytes(nbytes, rows, regime.data_parallel) for _, rows, nbytes in params) \
+            padded_shard_bytes(v.nbytes, v.rows, regime.data_parallel) for v in graph.params) \
             if regime.fsdp else 0
-        temp = transient_bytes(regime.optimizer, regime.optimizer_impl, regime.weight_decay,
-                               sizes) if regime.data_parallel == 1 else 0
-        return [("ddp_buckets", buckets), ("weights", sharded), ("temporaries", temp)]
+        temp = 0
+        if regime.data_parallel == 1 and regime.optimizer in FINETUNE_OPTIMIZERS:
+            temp = max(step._finetune_temporaries(graph, regime), default=0)
+        elif regime.data_parallel == 1:
+            temp = step._transient(graph, regime)
+        clip = clip_bytes([n for n, _ in step._shapes(graph)], step.trainable_elt(graph), regime.device,
+                          regime.granularity) if regime.max_grad_norm is not None else 0
+        return {"buckets": ("ddp_buckets", buckets), "sharded": ("weights", sharded),
+                "temp": ("temporaries", temp), "clip": ("temporaries", clip)}
+
+    def _first_optimizer(self, m: Moment, graph: _Params, clipped: bool) -> list[Moment]:
+        """The first step's optimizer.step of a memcalc.tape.finetune_optim optimizer from the
+        moment with every state held (memcalc.tape.step._finetune_optimizer): states are created
+        parameter by parameter, the peak at the parameter k maximising states(0..k) plus its
+        temporaries, so the states after k are not yet there."""
+        regime = self.layout.regime
+        temps = step._finetune_temporaries(graph, regime)
+        out = []
+        if temps:
+            _, per = step._finetune_states(graph, regime)
+            cum, best = 0, None
+            for i, sts in enumerate(per):
+                cum += sum(round_up(st.size.eval(1, 1), regime.granularity) for st in sts)
+                if best is None or cum + temps[i] > best[0]:
+                    best = (cum + temps[i], i)
+            k = best[1]
+            if temps[k]:
+                early = Moment(m.phase, m.label, m.total, dict(m.by_category), m.sizes)
+                _remove(early, "optimizer", [st.size.eval(1, 1) for sts in per[k + 1:] for st in sts])
+                _add(early, "temporaries", temps[k])
+                out.append(early)
+        if out or clipped:  # a freed temporary leaves its category at 0
+            _add(m, "temporaries", 0)
+        return out + [m]
 
     def _at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
-        before, one, after = self.params
-        params = before + one * (n - N1) + after
-        (_, buckets), (_, sharded), (_, temp) = self._outside(n)
+        graph = self._graph(n)
+        outside = self._outside(graph)
+        buckets, sharded = outside["buckets"][1], outside["sharded"][1]
+        temp, clip = outside["temp"][1], outside["clip"][1]
+        finetune = self.layout.regime.optimizer in FINETUNE_OPTIMIZERS and self.layout.regime.data_parallel == 1
         out = []
         for families, slope in ((self.steady, True), (self.first, False)):
             moments = []
             for f in families:
-                with_temp = [True, False] if temp and f.where == "optimizer" else [False]
-                for held in with_temp:  # memcalc.tape.step: temporaries held, then freed
+                label = f.labels[0]
+                kinds = [k for k, on in (("buckets", buckets), ("sharded", sharded)) if on]
+                if f.where != "optimizer":
+                    variants = [kinds]
+                elif label == "clip_grad_norm_":
+                    variants = [kinds + ["clip"]]
+                elif not slope and finetune:  # the first step's states come one by one
+                    variants = [kinds + ["first"]]
+                else:  # memcalc.tape.step: temporaries held, then freed
+                    variants = ([kinds + ["temp"]] if temp else []) + [kinds + (["freed"] if temp or clip else [])]
+                for parts in variants:
                     m = f.moment(n, self.sizes, slope)
-                    if buckets:
-                        _add(m, "ddp_buckets", buckets)
-                    if sharded:
-                        _add(m, "weights", sharded)
-                    if temp and f.where == "optimizer":
-                        _add(m, "temporaries", temp if held else 0)
-                    m.outside = [c for c, on in (("ddp_buckets", buckets), ("weights", sharded),
-                                                 ("temporaries", held)) if on]
-                    moments.append(m)
+                    for kind in parts:
+                        if kind in ("buckets", "sharded", "temp", "clip"):
+                            _add(m, *outside[kind])
+                        elif kind == "freed":
+                            _add(m, "temporaries", 0)
+                    m.outside = [k for k in parts if k in outside]
+                    moments.extend(self._first_optimizer(m, graph, bool(clip)) if "first" in parts else [m])
             out.append(moments)
-        return out[0], out[1], [(elements, rows) for elements, rows, _ in params]
+        regime = self.layout.regime
+        return out[0], out[1], [(v.nbytes // regime.param_elt, v.rows) for v in graph.params]
+
+
+def _remove(m: Moment, category: str, sizes: list[int]) -> None:
+    """Storages of these byte sizes, alive at `m`, not there after all."""
+    if not sizes:
+        return
+    const = Poly.const(sum(sizes))
+    m.total = m.total - const
+    m.by_category = {**m.by_category, category: m.by_category[category] - const}
+    drop: dict[int, int] = {}
+    for nbytes in sizes:
+        drop[nbytes] = drop.get(nbytes, 0) + 1
+    kept = []
+    for p, c in m.sizes:
+        nbytes = p.eval(1, 1) if set(p.terms) <= {(0, 0)} else None
+        take = min(c, drop.get(nbytes, 0)) if nbytes is not None else 0
+        if take:
+            drop[nbytes] -= take
+        if c - take:
+            kept.append((p, c - take))
+    if any(drop.values()):
+        raise NotRepeating("first-step states that the moment does not hold")
+    m.sizes = tuple(kept)
 
 
 def _add(m: Moment, category: str, nbytes: int) -> None:
@@ -426,17 +621,20 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
     return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
 
 
-def _first_step(steady: list[Family]) -> list[Family]:
-    """The first step's instants: the steady state's without the optimizer states before
-    optimizer.step() creates them (they are the only 'optimizer' storages alive in forward and
-    backward: memcalc.tape.step), the same from there on."""
+def _first_step(steady: list[Family], states: tuple[Vec, Vec]) -> list[Family]:
+    """The first step's instants: the steady state's without the optimizer states (`states`:
+    at N1 units and a unit's more) before optimizer.step() creates them, that is in forward,
+    backward and clip_grad_norm_ (memcalc.tape.step; a bitsandbytes optimizer's CPU qmaps,
+    made with the optimizer, stay), the same from there on."""
     out = []
     for fam in steady:
-        if fam.phase in ("forward", "backward") and any(k[0] == "optimizer" for k in fam.base):
-            fam = Family(fam.phase, fam.where, fam.labels,
-                         tuple(c for c in fam.cats if c != "optimizer"),
-                         {k: n for k, n in fam.base.items() if k[0] != "optimizer"},
-                         {k: n for k, n in fam.second.items() if k[0] != "optimizer"})
+        if fam.phase in ("forward", "backward") or fam.labels[0] == "clip_grad_norm_":
+            base, per = combine(fam.base, states[0], 1, -1), combine(fam.step, states[1], 1, -1)
+            if any(c < 0 for c in base.values()):
+                raise NotRepeating("states the steady state does not hold")
+            cats = fam.cats if any(k[0] == "optimizer" for k in base) else \
+                tuple(c for c in fam.cats if c != "optimizer")
+            fam = Family(fam.phase, fam.where, fam.labels, cats, base, combine(base, per, 1, 1))
         out.append(fam)
     return out
 
@@ -481,19 +679,22 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
             for key in terms:
                 columns.setdefault(key, len(columns))
         dense = [tuple(terms.get(key, 0) for key in columns) for terms in lifted]
-    kept = _kept(dense, [fam.phase for fam in families])
+    # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
+    # the optimizer's temporaries to one or the other, so neither may stand for the other
+    kept = _kept(dense, [(fam.phase, i) if fam.phase == "optimizer" else fam.phase
+                         for i, fam in enumerate(families)])
     out = [fam for i, fam in enumerate(families) if i in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
 
 
-def _kept(dense: list[tuple], phases: list[str]) -> set[int]:
+def _kept(dense: list[tuple], phases: list) -> set[int]:
     """Indices of the totals memcalc.tape.simulate.replay keeps (dominance, then the convex
     pruning), on dense coefficient tuples: largest first (at b = s = 1, n = N1 + 1) so the
     frontier stays small, equal totals in step order so the earliest is kept, as Memory.mark
     keeps it."""
-    frontiers: dict[str, list[int]] = {}
+    frontiers: dict[object, list[int]] = {}
     for i in sorted(range(len(dense)), key=lambda i: -sum(dense[i])):
         frontier, v = frontiers.setdefault(phases[i], []), dense[i]
         if any(all(map(ge, dense[j], v)) for j in frontier):
@@ -563,7 +764,7 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
     148
     """
     try:  # a spec tied to its depth (no_rope_layers naming layer 7) has no smaller one: simulate
-        models = [model.with_(num_layers=lay.depth(n)) for n in (N1, N2, N3)]
+        models = [small_model(model, lay, n) for n in (N1, N2, N3)]
     except ValueError:  # memcalc.errors.SpecError, pydantic's ValidationError
         return None
     try:
@@ -571,11 +772,14 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         steady = [run_step(m, lay.regime, False, record=index, whole=False) for m in models]
         sizes = {k: p for run in steady for k, p in run.sizes.items()}
         _growing(steady, sizes)
-        params = [[(e, rows, nbytes) for (e, rows), nbytes in zip(run.param_shapes, run.param_sizes)]
-                  for run in steady]
+        params = [run.params for run in steady]
+        v1, v2, v3 = (run.states for run in steady)
+        if not _on_line((v1, None), (v2, None), (v3, None), 1, 1, 2):
+            raise NotRepeating("optimizer states that do not repeat")
         kept = _frontier(_derive_moments(steady, lay), sizes, index)
-        first = _first_step(kept)  # the same kept instants: every forward and backward one
-        for fam in first:  # holds the same states, and the frontier is blind to a common term
+        first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
+        for fam in first:  # forward and backward one holds the same states, and the frontier is
+            # blind to a common term
             fam.expanded(sizes)
         return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from memcalc.errors import NotModelledError
 from memcalc.limits import MAX_SIMULATED_LAYERS
-from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, supported
+from memcalc.depth import N1, N3, Derivation, Layout, derive, layout, small_model, supported
 from memcalc.poly import ZERO, Poly
 from memcalc.regime import Regime
 from memcalc.simulation import build_graph, run_step, run_steps  # noqa: F401 (build_graph, run_step: API)
@@ -311,11 +311,21 @@ def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
     """
     c = candidates(model, training)
     if c.depth is None:
-        lay = layout(model, c.regime)
-        derivation = _derivation(model, lay) if lay.units >= N1 and supported(c.regime, model) else None
-        if derivation is not None:
-            c.depth = _checked_form(DepthForm(lay, derivation.at(lay.units)[0]), derivation)
+        forms = []
+        for regime in _routings(model, c.regime):  # a MoE 'worst' routing: the union of a few
+            lay = layout(model, regime)
+            derivation = _derivation(model, lay) if lay.units >= N1 and supported(regime, model) else None
+            forms.append(None if derivation is None else
+                         _checked_form(DepthForm(lay, derivation.at(lay.units)[0]), derivation))
+        c.depth = _union(forms)
     return c.depth
+
+
+def _union(forms: list["DepthForm | None"]) -> "DepthForm | None":
+    """One form of several routings' steps (their moments together), if each is derived."""
+    if not forms or any(f is None for f in forms):
+        return None
+    return DepthForm(forms[0].layout, [m for f in forms for m in f.moments])
 
 
 _FORM_SHAPES = ((1, 1), (3, 4), (2, 64), (8, 512))
@@ -339,7 +349,7 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
 
 def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
     try:  # one derivation for every depth of the layout: keyed by the model at N1 units
-        key = ("depth", model.with_(num_layers=lay.depth(N1)), lay)
+        key = ("depth", small_model(model, lay, N1), lay)
     except ValueError:  # a spec tied to its depth (no_rope_layers): memcalc.depth.derive
         return None
     if key not in _CACHE:
@@ -352,14 +362,25 @@ def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
     experts path is the largest of several routings (memcalc.moe.worst_routings): the union of
     their moments, so that every query (peak, grid, capacity) takes their maximum."""
-    if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
+    regimes = _routings(model, regime)
+    if len(regimes) == 1:
         return _simulate_one(model, regime)
+    runs = [_simulate_one(model, r) for r in regimes]
+    out = Candidates(regime, [m for c in runs for m in c.steady], [m for c in runs for m in c.first],
+                     runs[0].param_shapes, regime.master_elt)
+    out.depth = _union([c.depth for c in runs])
+    return out
+
+
+def _routings(model: ModelSpec, regime: Regime) -> list[Regime]:
+    """The regimes whose steps together make this one's: a MoE model's 'worst' routing on the
+    eager experts path, one per memcalc.moe.worst_routings; else the regime itself."""
+    if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
+        return [regime]
     from memcalc.moe import worst_routings
 
     count = len(worst_routings(model.moe.num_experts, model.moe.top_k))
-    runs = [_simulate_one(model, replace(regime, moe_routing=("worst", i))) for i in range(count)]
-    return Candidates(regime, [m for c in runs for m in c.steady], [m for c in runs for m in c.first],
-                      runs[0].param_shapes, regime.master_elt)
+    return [replace(regime, moe_routing=("worst", i)) for i in range(count)]
 
 
 def _simulate_one(model: ModelSpec, regime: Regime) -> Candidates:

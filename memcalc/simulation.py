@@ -4,7 +4,7 @@ model's own depth or, through memcalc.depth, at a few small depths from which an
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memcalc.allocator import device_constants
 from memcalc.errors import SpecError
@@ -54,6 +54,12 @@ class StepRun:
     """The graph's first node of each layer, then the node past the last layer."""
     sizes: dict
     """With record=True: each storage size's Poly by its terms."""
+    params: list = field(default_factory=list)
+    """With record=True: what the optimizer and clipping see of each parameter, in module order
+    (memcalc.depth.ParamView)."""
+    states: dict = field(default_factory=dict)
+    """With record=True: the optimizer states the steady state holds from the start, as live
+    storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
 
 
 def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
@@ -109,6 +115,13 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
     if record is not False:
+        from memcalc.depth import param_view
+
+        states: dict = {}
+        for st in getattr(out, "state_storages", ()):
+            key = (st.category, tuple(sorted(st.size.terms.items())))  # Memory.live's key
+            states[key] = states.get(key, 0) + 1
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
-                       {k: p for k, (p, _) in out.size_counts.items()})
+                       {k: p for k, (p, _) in out.size_counts.items()},
+                       [param_view(v) for v in graph.params], states)
     return StepRun(out, shapes, sizes, graph.layer_starts, {})

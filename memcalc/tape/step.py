@@ -150,8 +150,9 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
     With `record`, the Memory instead: its log holds every instant (for memcalc.depth, which
-    adds the optimizer's temporaries at each depth and derives no clipping nor memcalc.tape.
-    finetune_optim optimizer: memcalc.depth.supported).
+    adds clipping's and the optimizer's temporaries at each depth, and a memcalc.tape.
+    finetune_optim optimizer's first-step states up to its peak parameter), and its
+    `state_storages` what the steady state holds from the start.
 
     >>> from memcalc.engine import build_graph
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
@@ -173,6 +174,8 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     if not first_step:
         for st in states:
             sim.mem.hold(st)
+    if record is not False:  # what the steady state holds and the first step lacks (memcalc.depth)
+        sim.mem.state_storages = states
     sim.hold_inputs()
     for micro in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
         sim.mem.micro = micro
@@ -180,7 +183,9 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     mem = sim.mem
     mem.phase, mem.where = "optimizer", "optimizer"
     if record is not False:  # the temporaries' bytes are not affine in depth (a largest parameter):
-        if first_step:  # memcalc.depth adds them at each depth
+        if regime.max_grad_norm is not None:  # memcalc.depth adds them at each depth, clipping's
+            mem.mark("clip_grad_norm_")  # norms here (_clip), before the first step's states
+        if first_step:
             for st in states:
                 mem.hold(st)
         mem.mark("optimizer.step")
