@@ -81,8 +81,8 @@ def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
                         "--world-size defaults to t")
     g.add_argument("--experts-implementation", help="MoE models: grouped_mm (transformers' default) "
                    "or eager (a loop over the experts)")
-    g.add_argument("--moe-routing", help="MoE models, eager experts: worst (default) or balanced "
-                   "tokens per expert")
+    g.add_argument("--moe-routing", help="MoE models, eager experts: worst (default: a bound over "
+                   "every routing) or balanced tokens per expert")
     _call_path_args(g)
     add_finetuning_args(p)
 
@@ -257,7 +257,8 @@ def routing_note(training: TrainingConfig) -> str:
     if training.experts_implementation == "grouped_mm":
         return "grouped_mm experts: every tensor is sized by tokens*top_k, so routing does not change memory"
     routing = training.moe_routing
-    what = {"worst": "the worst case (one expert receives every token; the bound to plan with)",
+    what = {"worst": "the worst case (a bound of the peak over every routing, allocator rounding "
+                     "included; the bound to plan with)",
             "balanced": "balanced routing (b*s*top_k/E tokens per expert)"}.get(routing, "the given counts") \
         if isinstance(routing, str) else "the given counts per layer and expert"
     return f"eager experts with {what}"

@@ -43,6 +43,7 @@ from memcalc.specs import ModelSpec
 from memcalc.allocator import round_up
 from memcalc.tape import step
 from memcalc.tape.finetune_optim import BNB
+from memcalc.moe import is_worst
 from memcalc.tape.optimizer import clip_bytes
 from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
 
@@ -93,7 +94,9 @@ def supported(regime: Regime, model: ModelSpec | None = None) -> bool:
     settings that single out some layers by index, which a few small depths cannot show (the
     depth is then simulated layer by layer): LoRA's layers_to_transform short of every layer,
     LoRA targets / modules_to_save / freeze patterns that could name a layer (a digit, or a
-    freeze pattern's '?' or '[...]'), explicit MoE routing counts that differ between layers.
+    freeze pattern's '?' or '[...]'), explicit MoE routing counts that differ between layers; and
+    the eager experts' 'worst' routing bound (memcalc.moe.worst_routings), whose per-expert
+    storages carry their largest rounding outside the recorded sizes.
 
     >>> from memcalc.training import TrainingConfig
     >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, use_cache=True)))
@@ -111,7 +114,10 @@ def supported(regime: Regime, model: ModelSpec | None = None) -> bool:
         if lora.layers is not None and (model is None or set(lora.layers) != set(range(model.num_layers))):
             return False
     routing = regime.moe_routing
-    if not isinstance(routing, str) and not (isinstance(routing, tuple) and routing[:1] == ("worst",)):
+    if regime.experts_implementation == "eager" and is_worst(routing):
+        return False  # the bound's per-expert storages (Storage.count) are held at their largest
+        # rounding and left out of the rounded sizes, which the recorded runs do not carry
+    if not isinstance(routing, str) and not is_worst(routing):
         return len(set(routing)) <= 1  # measured counts: the same in every MoE layer
     return True
 

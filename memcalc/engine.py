@@ -360,8 +360,9 @@ def _derivation(model: ModelSpec, lay: Layout) -> Derivation | None:
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
-    experts path is the largest of several routings (memcalc.moe.worst_routings): the union of
-    their moments, so that every query (peak, grid, capacity) takes their maximum."""
+    experts path is the largest of several routings (memcalc.moe.worst_routings), each expert's
+    storages counted with their largest rounding: the union of their moments, so that every query
+    (peak, grid, capacity) takes their maximum, a bound over every routing."""
     regimes = _routings(model, regime)
     if len(regimes) == 1:
         return _simulate_one(model, regime)

@@ -121,7 +121,13 @@ class MemoryReport:
         if form is None:
             pick = (lambda m: m.total) if category is None else \
                 (lambda m: m.by_category.get(category, ZERO))
-            return sympy.Max(*[pick(m).to_sympy(b, s) for m in self._candidates])
+            polys = [pick(m) for m in self._candidates]
+            top = sympy.Max(*[p.to_sympy(b, s) for p in polys])
+            # whole bytes, as estimate() counts them (MomentSet: a fractional total, such as MoE
+            # 'balanced' routing's S/E tokens per expert, is rounded up); ceil of the max is the
+            # max of the ceils
+            fractional = any(not isinstance(c, int) for p in polys for c in p.terms.values())
+            return sympy.ceiling(top) if fractional else top
         more = (L - self.model.num_layers) / form.layout.unit  # units more than this depth
         return sympy.Max(*[sympy.expand(v.to_sympy(b, s) + more * d.to_sympy(b, s))
                            for v, d in form.terms(category)], evaluate=False)

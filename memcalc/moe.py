@@ -91,7 +91,7 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
 
     >>> from memcalc.specs import ModelSpec
     >>> spec = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
-    >>> token_counts(spec, ("worst", 0), 0)[-2], token_counts(spec, "balanced", 0)[0]
+    >>> token_counts(spec, ("worst", 0), 0)[-1], token_counts(spec, "balanced", 0)[0]
     (Poly(1*b*s), Poly(1/4*b*s))
     >>> token_counts(spec, ((10, 0, 0, 0, 0, 0, 0, 6),), 0)[:2]
     [Poly(10), Poly(0)]
@@ -101,7 +101,7 @@ def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
         return [Poly({(1, 1): Fraction(k, E) if k % E else k // E})] * E
     if routing == "worst":  # a graph built outside the engine: the first of worst_routings
         routing = ("worst", 0)
-    if isinstance(routing, tuple) and routing[:1] == ("worst",):  # one of worst_routings
+    if is_worst(routing):  # one of worst_routings
         return worst_routings(E, k)[routing[1]]
     return [Poly.const(n) for n in routing[moe_layers(spec).index(layer)]]
 
@@ -116,37 +116,89 @@ def _share(total: Poly, experts: int) -> list[Poly]:
     return [Poly({m: _frac(c, experts) for m, c in total.terms.items()})] * experts
 
 
+def is_worst(routing: object) -> bool:
+    """Whether a routing (TrainingConfig.moe_routing, or the engine's ("worst", i)) is the
+    'worst' bound rather than a routing that can happen.
+
+    >>> is_worst("worst"), is_worst(("worst", 2)), is_worst("balanced"), is_worst(((4, 4),))
+    (True, True, False, False)
+    """
+    return routing == "worst" or (isinstance(routing, tuple) and routing[:1] == ("worst",))
+
+
+def _spread(total: Poly, experts: int) -> list[Poly]:
+    """`total` tokens shared evenly by `experts` experts, each of them hit: where `total` is
+    nothing, one token each (more tokens than the routing has, so still a bound; see
+    worst_routings)."""
+    if total.is_zero():
+        return [Poly.const(1)] * experts
+    return _share(total, experts)
+
+
 def worst_routings(E: int, k: int) -> list[list[Poly]]:
-    """Routings whose peaks together bound the eager loop's peak over every routing (estimate
-    takes the largest). The loop's backward runs the experts in reverse order; while it runs
-    expert e, the saved tensors of experts 0..e-1 are alive (memory grows with their tokens) and
-    e's own tensors add or remove memory depending on the moment; from the second expert on,
-    each expert-weight gradient (select_backward, full size) is summed into the first. Memory at
-    a moment of expert e is linear in the counts, so its largest value over the counts (each at
-    most N = b*s: top-k experts are distinct; summing to N*k) is at a vertex: the experts before
-    e as full as they can be, e with N tokens or 1, the experts after it with 1 (hit) or none.
-    For the first two experts backward runs (E-1, E-2), the others' moments being dominated:
+    """Routings whose simulations together bound the eager experts loop's peak over every routing
+    (every layer's counts n_0..n_{E-1}, whole numbers each at most N = b*s, summing to S = N*k),
+    after the allocator's rounding; the engine simulates each and takes the largest moment.
+
+    Proof sketch. Each storage the loop makes for expert e is a_j * n_e bytes (a_j whole bytes
+    per token, the same for every expert: where, gather, gate_up, silu, mul, down, the routing
+    weight and their gradients), or a constant (a weight slice's autocast copy) made only when e
+    is hit; every other storage of the step is the same for every routing. Rounded to g bytes,
+    a_j * n_e takes at most a_j * n_e + sigma_j with sigma_j = g - gcd(a_j, g) (a_j * n_e is a
+    multiple of gcd(a_j, g); memcalc.tape.graph.count_slack). In these simulations each such
+    storage is counted as a_j * n_e + sigma_j and not rounded again, so every bound below holds
+    after rounding: it is the unrounded argument with a larger constant per hit expert.
+
+    At any moment of the step, every MoE layer but the one running holds, per hit expert, saved
+    tensors of sum_j a_j * n_e + c (c >= 0 the per-hit constants and sigmas): at most
+    A * S + C * E over the layer (its experts all hit). In the running layer, write B for the
+    tokens of the experts whose saved tensors are alive (the `before` experts) and n for the
+    expert the loop is at: memory is alpha * B + beta * n + (per-hit constants of the before
+    experts) + K with alpha, beta >= 0 (sizes grow with tokens) and K the same for every routing
+    at that point of the loop. The experts already done in backward leave nothing sized by
+    their tokens (their gradients went into buffers of routing-free size). Forward and a
+    checkpoint's recompute run the experts in index order, backward in reverse; backward's
+    first expert makes each expert weight's gradient, every later one a full-size gradient
+    summed into it, so K depends only on whether the expert is the first backward runs.
+    - forward/recompute at expert e, or backward at the first expert e: the before experts are
+      0..e-1, B <= S - n. Expert E-1 with every other one before it (B = S - n) is at least
+      that; the maximum of a linear function of n in [1, N] is at n = 1 or n = N.
+    - backward at a later expert e: at least one expert after e was hit, so B <= S - n - 1
+      over at most E-2 experts before it: expert E-2 with E-1 holding 1 token is at least that.
+      Its largest alpha * B + beta * n over 1 <= n <= N, B <= (E-2) * N, B <= S - n - 1 is at
+      a vertex: n = 1 or n = min(N, S-1) (k = 1: N - 1) with B = S - n - 1, and where the cap
+      binds (k = E-1) n = N - 1 with B = (E-2) * N.
+    The before experts' B is spread evenly over them, so that each is hit (at most C more than
+    any routing's); where B is nothing (top-1), each gets one token, more than the routing has,
+    which only adds. Each vertex routing is used for every layer (it hits every expert, and
+    sums to at least S). k = E: every token goes to every expert, one routing.
 
     >>> [[str(p) for p in r] for r in worst_routings(4, 2)]  # doctest: +NORMALIZE_WHITESPACE
-    [['Poly(-1/2 + 1/2*b*s)', 'Poly(-1/2 + 1/2*b*s)', 'Poly(1*b*s)', 'Poly(1)'],
-     ['Poly(-1 + 1*b*s)', 'Poly(-1 + 1*b*s)', 'Poly(1)', 'Poly(1)'],
-     ['Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1*b*s)'],
-     ['Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(1)']]
+    [['Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1/3*b*s)', 'Poly(1*b*s)'],
+     ['Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(-1/3 + 2/3*b*s)', 'Poly(1)'],
+     ['Poly(-1/2 + 1/2*b*s)', 'Poly(-1/2 + 1/2*b*s)', 'Poly(1*b*s)', 'Poly(1)'],
+     ['Poly(-1 + 1*b*s)', 'Poly(-1 + 1*b*s)', 'Poly(1)', 'Poly(1)']]
+    >>> [[str(p) for p in r] for r in worst_routings(2, 1)]
+    [['Poly(1)', 'Poly(1*b*s)'], ['Poly(-1 + 1*b*s)', 'Poly(1)']]
     """
     N, one = Poly.bs(1), Poly.const(1)
-    total = N * k
+    S = N * k
     if k == E:
         return [[N] * E]
-    out = []
-    if E >= 2:  # E-2 second: with N tokens (k=1: all but E-1's one), or with 1 token
-        second = N if k >= 2 else N - one
-        out.append(_share(total - second - one, E - 2) + [second, one])
-        if k <= E - 2:
-            out.append(_share(total - one * 2, E - 2) + [one, one])
-    out.append(_share(total - N, E - 1) + [N])  # E-1 first, with N tokens
-    if k <= E - 1:
-        out.append(_share(total - one, E - 1) + [one])  # or with 1
-    return [[p if not p.is_zero() else Poly() for p in r] for r in out]
+    out = [_spread(S - n, E - 1) + [n] for n in (N, one)]  # E-1 first in backward (and forward)
+    if E >= 3:  # E-2 after E-1 (holding one token)
+        top = N if k >= 2 else N - one
+        if k == E - 1:  # B capped at (E-2)*N: n = N - 1 with B full, and n = N
+            seconds = [[N] * (E - 2) + [N - one, one], _spread(S - N - one, E - 2) + [N, one]]
+        else:
+            seconds = [_spread(S - n - one, E - 2) + [n, one] for n in (top, one)]
+        out += seconds
+    out = [[p if not p.is_zero() else Poly() for p in r] for r in out]
+    unique = []
+    for r in out:
+        if r not in unique:
+            unique.append(r)
+    return unique
 
 
 def check_routing(model: ModelSpec, training: TrainingConfig) -> None:

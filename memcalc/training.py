@@ -159,7 +159,8 @@ class TrainingConfig(FrozenModel):
     Dense models: no effect."""
     moe_routing: MoERouting | tuple[tuple[int, ...], ...] = "worst"
     """Mixture-of-experts models, eager experts: tokens per expert (memcalc.moe.token_counts).
-    'worst' (one expert receives every token: the bound a capacity plan must use), 'balanced'
+    'worst' (an upper bound of the peak over every routing, after the allocator's rounding:
+    memcalc.moe.worst_routings; the default, and what a capacity plan must use), 'balanced'
     (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
     summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 

@@ -47,6 +47,17 @@ def row_device(row: dict) -> str | None:
     return row.get("device") or (row.get("training") or {}).get("device")
 
 
+def _predict(estimate, spec, training, row: dict) -> int:
+    """The row's prediction as the validator made it: a MoE row that recorded each steady step's
+    routing (extra.moe.routing_counts, validate/moe_routing.py) with those counts, the largest
+    over the steps; any other row with its own TrainingConfig."""
+    routings = ((row.get("extra") or {}).get("moe") or {}).get("routing_counts")
+    if not routings:
+        return estimate(spec, training).peak_bytes
+    return max(estimate(spec, training.with_(moe_routing=tuple(tuple(layer) for layer in counts))).peak_bytes
+               for counts in routings)
+
+
 def recheck(row: dict, tolerance: float, allow_unpredicted: bool = False) -> dict:
     """{'name', 'status', 'measured', 'recorded_pred', 'pred', 'error_pct', 'fail'} for one row."""
     from memcalc import estimate
@@ -68,7 +79,7 @@ def recheck(row: dict, tolerance: float, allow_unpredicted: bool = False) -> dic
     try:
         spec = ModelSpec.make(**row["model"])
         training = TrainingConfig.make(**row["training"])
-        out["pred"] = estimate(spec, training).peak_bytes
+        out["pred"] = _predict(estimate, spec, training, row)
     except MemcalcError as err:
         out["no_prediction"] = str(err)
     except Exception as err:  # an engine bug on a recorded configuration: a failure, with its name

@@ -100,16 +100,17 @@ def _random_counts(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
 @settings(deadline=None, max_examples=30)
 @given(aux_steps())
 def test_worst_routing_stays_an_upper_bound_with_the_aux_loss(step):
-    """The aux loss's tensors are sized by N, E and top_k only, so the routing-dependent part of
-    the step is unchanged: wherever 'worst' (device cpu, unrounded) bounds a routing without the
-    loss, it bounds it with the loss. (Without it, 'worst' itself misses some routings: found on
-    main, Qwen3-MoE E3 top-2, b1 s2 bf16-amp, counts (2, 1, 1): +193 B; reported.)"""
+    """The aux loss's tensors are sized by N, E and top_k only, so 'worst' (memcalc.moe.
+    worst_routings) still bounds every routing, on cpu and, with the allocator's rounding, on
+    cuda. (Found before the bound was re-derived: Qwen3-MoE E3 top-2, b1 s2 bf16-amp, counts
+    (2, 1, 1), +193 B above 'worst'.)"""
     spec, training, rng = step
-    off = spec.with_(moe=spec.moe.model_copy(update={"output_router_logits": False, "router_jitter_noise": 0.0}))
-    worst, worst_off = estimate(spec, training).peak_bytes, estimate(off, training).peak_bytes
-    for _ in range(3):
-        routed = training.with_(moe_routing=_random_counts(rng, spec, training.micro_batch * training.seq_len))
-        assert estimate(spec, routed).peak_bytes <= worst or estimate(off, routed).peak_bytes > worst_off
+    for device in ("cpu", "cuda"):
+        t = training.with_(device=device)
+        worst = estimate(spec, t).peak_bytes
+        for _ in range(3):
+            routed = t.with_(moe_routing=_random_counts(rng, spec, t.micro_batch * t.seq_len))
+            assert estimate(spec, routed).peak_bytes <= worst
 
 
 def test_worst_routing_bounds_the_measured_eager_rows():

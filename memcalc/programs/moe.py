@@ -20,13 +20,15 @@ index order: torch.where (two int64 index vectors of its n tokens, one storage),
 linear with the expert's weight slice (n, 2f), silu * up (n, f), linear (n, h), times its routing
 weights (n, 1), index_add_ into a zeros_like output. Sizes follow each expert's token count
 (memcalc.moe.token_counts), and each slice's gradient is a zero-filled full-size parameter gradient
-(select_backward).
+(select_backward). Under 'worst' routing each storage sized by one expert's tokens is counted with
+the most the allocator's rounding can add to it (memcalc.tape.graph.count_slack; the bound's
+argument is memcalc.moe.worst_routings).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.moe import token_counts
+from memcalc.moe import is_worst, token_counts
 from memcalc.poly import Poly
 from memcalc.programs.base import TOKENS
 from memcalc.regime import Regime
@@ -131,9 +133,12 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     mask = g.op("one_hot expert mask", [indices], TOKENS * (k * (E + 1) * INDEX), requires_grad=False,
                 elt=INDEX)
     hit = g.op("expert_hit", [mask], Poly.const(E * INDEX), requires_grad=False, elt=INDEX)
+    bound = is_worst(regime.moe_routing)
+    g.granularity = regime.granularity
     for e, n in enumerate(token_counts(spec, regime.moe_routing, layer)):
         if n.is_zero():
             continue
+        g.count = n if bound else None  # the bound counts each storage's rounding at its most
         where = g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False, elt=INDEX)
         state = g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt), saves=[where],
                      backward=[Temp(x.size), Grad(0), FreeTemps()], elt=x.elt)
@@ -151,6 +156,7 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         # index_add_ saves its source (derivatives.yaml: source.dim() in its formula)
         out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
         ops.scope_end([act])
+    g.count = None
     ops.scope_end([mask, hit])
     return out
 

@@ -20,6 +20,40 @@ class Storage:
     size: Poly
     category: str
     label: str
+    count: Poly | None = None
+    """Set on the storages of one expert in a 'worst'-routing bound (memcalc.moe.worst_routings):
+    its size is a whole number of bytes per token times this token count, and the simulation
+    counts it with the most the allocator's rounding can add to such a size (`count_slack`)
+    instead of rounding it."""
+
+
+def per_token(size: Poly, count: Poly) -> int | None:
+    """The whole number of bytes a per token when `size` is a * `count`, else None.
+
+    >>> per_token(Poly.bs(96), Poly.bs(3)), per_token(Poly.const(7), Poly.bs(1))
+    (32, None)
+    """
+    if count.is_zero() or set(size.terms) != set(count.terms):
+        return None
+    ratios = {c / count.terms[m] for m, c in size.terms.items()}
+    a = ratios.pop()
+    return int(a) if not ratios and a == int(a) and a > 0 else None
+
+
+def count_slack(size: Poly, count: Poly, granularity: int) -> int:
+    """The most the allocator's rounding to `granularity` adds to a storage of a * n bytes for
+    any whole token count n >= 1 (a = per_token(size, count)): a * n is a multiple of
+    gcd(a, granularity), so it is at most granularity - gcd(a, granularity) below the next
+    multiple of granularity.
+
+    >>> count_slack(Poly.bs(128), Poly.bs(1), 512), count_slack(Poly.bs(2), Poly.bs(1), 512)
+    (384, 510)
+    >>> count_slack(Poly.bs(2), Poly.bs(1), 1)
+    0
+    """
+    from math import gcd
+
+    return granularity - gcd(per_token(size, count), granularity)
 
 
 @dataclass(eq=False)
@@ -118,6 +152,11 @@ class Graph:
         self._next_region = 0
         self.keep: list[Value] = []  # outputs kept alive past the forward (the loss)
         self.leaves: list[Value] = []  # activations made leaves requiring grad (require_grad_leaf)
+        self.count: Poly | None = None
+        """While set, new storages whose size is a whole multiple of it are one expert's in a
+        'worst'-routing bound (Storage.count; memcalc.programs.moe.eager_experts)."""
+        self.granularity = 1
+        """The allocator's rounding (memcalc.allocator.granularity) that Storage.count bounds."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
         past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""
@@ -166,12 +205,17 @@ class Graph:
         indices `save_outputs`, when any input requires grad."""
         rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
         elts = elts or [4] * len(sizes)
-        outs = [Value(Storage(sz, category, f"{name}.out{i}"), sz, rg, label=name, elt=e)
+        outs = [Value(Storage(sz, category, f"{name}.out{i}", self._count_of(sz)), sz, rg, label=name, elt=e)
                 for i, (sz, e) in enumerate(zip(sizes, elts))]
         saved = [v.storage for v in saves] + [outs[i].storage for i in save_outputs] if rg else []
         self.nodes.append(Node(name, list(inputs), outs, saved, list(backward) if rg else [],
                                self.region))
         return outs
+
+    def _count_of(self, size: Poly) -> Poly | None:
+        """The expert token count a new storage of `size` is sized by (see `count`), or None."""
+        c = self.count
+        return c if c is not None and per_token(size, c) is not None else None
 
     def view(self, name: str, x: Value, size: Poly | None = None,
              backward: Sequence[BackwardStep] | None = None) -> Value:

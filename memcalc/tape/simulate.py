@@ -21,7 +21,7 @@ from operator import ge
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.poly import Poly
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value, count_slack, per_token
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -60,7 +60,11 @@ class Memory:
     TOTAL_SLOT = 192
     """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
-    def __init__(self, record: bool | dict = False) -> None:
+    def __init__(self, record: bool | dict = False, granularity: int = 1) -> None:
+        self.granularity = granularity
+        """The allocator's rounding that storages with a Storage.count are bounded for: such a
+        storage counts as its size plus the most rounding can add to it (count_slack) and is
+        left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self._total: dict = {}
@@ -164,10 +168,13 @@ class Memory:
         cat = category or st.category
         holds[key] = 1
         size = st.size
+        rounded = st.count is None
+        if not rounded:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
         found = self._keys.get(id(size))
         size_key = self._size_key(size) if found is None else found[1]
         self.sizes[key] = (st, size, cat, size_key)
-        entry = self.size_counts.get(size_key)
+        entry = self.size_counts.get(size_key) if rounded else [size, 0]
         if entry is None:
             entry = self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
@@ -190,7 +197,7 @@ class Memory:
                 if self.packed_total is not None:
                     self.packed_total += size_total
             return
-        if size_key:  # a moment's `sizes` leave out zero sizes
+        if size_key and rounded:  # a moment's `sizes` leave out zero sizes
             self._live_keys[size_key] = entry[1]
         self._add(cat, size.terms, 1)
 
@@ -221,7 +228,8 @@ class Memory:
         if holds[key] == 0:
             del holds[key]
             _, size, cat, size_key = self.sizes.pop(key)
-            entry = self.size_counts[size_key]
+            rounded = st.count is None
+            entry = self.size_counts[size_key] if rounded else [size, 1]
             entry[1] -= 1
             if self.log is not None:
                 both = (cat, size_key)
@@ -232,7 +240,9 @@ class Memory:
                 if self.packed_total is not None:
                     self.packed_total -= self._packed_sizes[size_key]
                 return
-            if entry[1]:
+            if not rounded:
+                pass
+            elif entry[1]:
                 if size_key:
                     self._live_keys[size_key] = entry[1]
             elif size_key:
@@ -400,6 +410,11 @@ def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
     return True
 
 
+def _grad_count(count: Poly | None, size: Poly) -> Poly | None:
+    """A gradient of one expert's tensor in a 'worst' bound is that expert's too (Storage.count)."""
+    return count if count is not None and per_token(size, count) is not None else None
+
+
 class StepSimulator:
     """Simulate micro-steps of forward and backward over one Graph.
 
@@ -414,7 +429,7 @@ class StepSimulator:
     def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory(record)
+        self.mem = Memory(record, graph.granularity)
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
@@ -599,7 +614,7 @@ class StepSimulator:
                     continue  # already made, or a view of an input
                 if j == stop and not any(v.storage is st for st in node.saved):
                     continue  # the last pack is of an input: the stop comes before the kernel
-                copies[key] = Storage(v.storage.size, "activations", "recomputed")
+                copies[key] = Storage(v.storage.size, "activations", "recomputed", v.storage.count)
                 mem.hold(copies[key])
                 held[key] = last_use.get(key, j)
             mem.mark(f"recompute {node.name}")
@@ -636,7 +651,7 @@ class StepSimulator:
                     continue
                 size = step.size or target.grad_size or target.size
                 st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
-                             f"grad {target.label}")
+                             f"grad {target.label}", _grad_count(target.storage.count, size))
                 mem.hold(st)
                 mem.mark(f"{node.name} backward")
                 deliveries.append((target, st))
@@ -675,7 +690,7 @@ class StepSimulator:
         if old is None:
             buffers[key] = st
             return
-        total = Storage(size, "activation_grads", "grad sum")
+        total = Storage(size, "activation_grads", "grad sum", _grad_count(st.count, size))
         self.mem.hold(total)
         self.mem.mark("sum of gradients")
         self.mem.release(st)

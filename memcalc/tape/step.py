@@ -251,7 +251,8 @@ def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_
         sim.mem.micro = micro
         sim.micro_step()
     mem = sim.mem
-    fork = Memory()  # the first step at the end of backward: the same storages less the states
+    # the first step at the end of backward: the same storages less the states
+    fork = Memory(granularity=mem.granularity)
     held = {id(st) for st in states}
     for key, (st, _, category, _) in mem.sizes.items():
         if key not in held:
