@@ -1,8 +1,8 @@
 """GPT-OSS (memcalc.programs.hf_gpt_oss): presets against the model card's total and active
 parameter counts and transformers' own num_parameters(); the published config.json read back
 (its quantization_config refused by name); what transformers cannot run refused; 'worst'
-routing never below any routing on the eager experts loop; grouped_mm memory independent of
-routing."""
+routing never below any routing on the eager experts loop (cpu and cuda, the allocator's
+rounding included); grouped_mm memory independent of routing."""
 import random
 
 import pytest
@@ -129,7 +129,8 @@ def gpt_oss_steps(draw):
     training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
                               precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
                               checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-                              attention="eager", device="cpu", experts_implementation="eager")
+                              attention="eager", device=draw(st.sampled_from(["cpu", "cuda"])),
+                              experts_implementation="eager")
     return spec, training, draw(st.randoms(use_true_random=False))
 
 

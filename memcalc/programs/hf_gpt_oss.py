@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.moe import token_counts
+from memcalc.moe import is_worst, token_counts
 from memcalc.poly import Poly
 from memcalc.programs.attention import add_float_mask, attention_core, copy, scores_matmul
 from memcalc.programs.base import TOKENS, Embedded, input_require_grads, param_maker, size
@@ -211,7 +211,9 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     """GptOssExperts.forward: zeros_like output; one_hot (N, k, E) int64 mask; for each hit
     expert: torch.where (two int64 index vectors of its n tokens), gather (n, h), x @ W[e]
     (mm, saving both) + b[e] (a new tensor), the clamped SwiGLU, @ down[e] + b[e], times its
-    routing weights (n, 1), .to(hidden dtype), index_add_. The loop's locals (token_idx,
+    routing weights (n, 1), .to(hidden dtype), index_add_. Under 'worst' routing each storage
+    sized by one expert's tokens is counted with the most the allocator's rounding can add
+    (memcalc.tape.graph.count_slack), as in memcalc.programs.moe. The loop's locals (token_idx,
     current_state, gate_up, gated_output, out, weighted_output) live until the next iteration
     rebinds them, the last ones until forward returns."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
@@ -230,9 +232,12 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         held[name] = value
         return value
 
+    bound = is_worst(regime.moe_routing)
+    g.granularity = regime.granularity
     for e, n in enumerate(token_counts(spec, regime.moe_routing, layer)):
         if n.is_zero():
             continue
+        g.count = n if bound else None  # as programs.moe.eager_experts: each storage's rounding at its most
         where = bind("token_idx", g.op("torch.where", [mask, hit], n * (2 * INDEX), requires_grad=False,
                                        elt=INDEX))
         state = bind("current_state", g.op("hidden_states[token_idx]", [x, where], n * (h * x.elt),
@@ -248,6 +253,7 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
                            backward=[Grad(0), Grad(1)], elt=w.elt))
         scaled = ops.to(scaled, out.elt, ".to(hidden dtype)")
         out = inplace(ops, "index_add_", out, [scaled], [where, scaled], [Alias(0), Grad(1)])
+    g.count = None
     ops.scope_end([mask, hit, *held.values()])
     return out
 
