@@ -3,7 +3,8 @@
 Only reads JSON: nothing is downloaded, imported or executed. Field names follow transformers'
 configuration_gpt2.py / configuration_llama.py / configuration_mistral.py / configuration_qwen2.py /
 configuration_qwen3.py (and configuration_gemma*.py, memcalc.hf_gemma; and, in FAMILY_READERS,
-configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3), with those classes' defaults for
+configuration_phi3.py / gpt_neox / olmo2 / granite / smollm3, and configuration_gpt_oss.py in
+memcalc.hf_gpt_oss), with those classes' defaults for
 absent optional fields.
 """
 from __future__ import annotations
@@ -16,14 +17,13 @@ if TYPE_CHECKING:
     import os
 
 SUPPORTED = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-             "phi3", "gpt_neox", "olmo2", "granite", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+             "phi3", "gpt_neox", "olmo2", "granite", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+             "gpt_oss")
 # model types read but refused as a whole, with why (transformers 5.24 modeling files)
 REFUSED_TYPES = {
     "ministral": ("MinistralModel builds per-layer-type masks from layer_types (full and sliding) "
                   "and its program is not validated",
                   "use model_type mistral (with or without sliding_window) for a Mistral-shaped model"),
-    "gpt_oss": ("GPT-OSS's attention sinks, alternating sliding-window layers and clamped SwiGLU "
-                "experts with biases are not modelled", "use mixtral, qwen2_moe, qwen3_moe or olmoe"),
 }
 
 
@@ -342,6 +342,14 @@ def _gpt_neox_fields(cfg: dict) -> dict:
 
 FAMILY_READERS = {"phi3": _phi3_fields, "olmo2": _olmo2_fields, "granite": _granite_fields,
                   "smollm3": _smollm3_fields, "gpt_neox": _gpt_neox_fields}
+FAMILY_READERS["gpt_oss"] = lambda cfg: _gpt_oss_fields(cfg)
+
+
+def _gpt_oss_fields(cfg: dict) -> dict:
+    """memcalc.hf_gpt_oss (imported here: it reads this module's helpers)."""
+    from memcalc.hf_gpt_oss import gpt_oss_fields
+
+    return gpt_oss_fields(cfg)
 CONFIG_KEYS["gemma"] = CONFIG_KEYS["gemma2"] = CONFIG_KEYS["gemma3"] = CONFIG_KEYS["llama"]
 
 

@@ -6,7 +6,8 @@ transformers release that adds a memory-relevant key is an error, not a silently
 
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
 modeling_mistral.py / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma*.py / modeling_phi3.py /
-modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py, masking_utils.py.
+modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py / modeling_gpt_oss.py,
+masking_utils.py.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ MODELLED["qwen3_moe"] = MODELLED["llama"] | _MOE_KEYS | {"moe_intermediate_size"
                                                          "decoder_sparse_step", "mlp_only_layers"}
 MODELLED["qwen2_moe"] = MODELLED["qwen3_moe"] | {"shared_expert_intermediate_size", "qkv_bias"}
 MODELLED["olmoe"] = MODELLED["llama"] | _MOE_KEYS | {"norm_topk_prob"}
+# GPT-OSS (memcalc.hf_gpt_oss): no mlp_bias or hidden_act read (see TYPE_INERT); sliding_window and
+# layer_types give the alternating local/global layers
+MODELLED["gpt_oss"] = (MODELLED["llama"] - {"mlp_bias", "hidden_act"}) | _MOE_KEYS | {"sliding_window", "layer_types"}
 # ---- families of memcalc.hf_config.FAMILY_READERS (transformers 5.24 configuration_*.py)
 MODELLED["olmo2"] = MODELLED["llama"]
 # rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
@@ -112,6 +116,23 @@ TYPE_INERT: dict[str, dict[str, str]] = {
                                                  "its factors: the cos/sin tables keep their shape",
              "attention_bias": "modeling_phi3.py builds qkv_proj and o_proj with bias=False whatever "
                                "its value"},
+    "gpt_oss": {"hidden_act": ("not read by modeling_gpt_oss.py: GptOssExperts._apply_gate is its own "
+                               "clamped SwiGLU whatever the value"),
+                "swiglu_alpha": "the sigmoid's gain in the clamped SwiGLU: a Python scalar in `gate * alpha`",
+                "swiglu_limit": "the clamp bounds of the clamped SwiGLU: Python scalars in the modelled clamps",
+                "experts_per_token": ("the original release's name, written beside num_experts_per_tok; "
+                                      "no transformers 5.24 module reads it"),
+                "initial_context_length": ("the original release's name for YaRN's original context "
+                                           "(rope_parameters); no transformers 5.24 module reads it")},
+}
+
+# key -> (why, fix) for model types whose value memcalc refuses whatever it is
+TYPE_REFUSED: dict[str, dict[str, tuple[str, str]]] = {
+    "gpt_oss": {"quantization_config": (
+        "the published MXFP4 weights; training runs on the dequantised model "
+        "(from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True))), which memcalc models",
+        "remove quantization_config and choose the training dtype with precision (bf16 is the "
+        "dequantised dtype)")},
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)
@@ -176,6 +197,9 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     for key, value in cfg.items():
         if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
             continue
+        if key in TYPE_REFUSED.get(family_type, {}) and value is not None:
+            why, fix = TYPE_REFUSED[family_type][key]
+            raise NotModelledError(f"hf_config.{key}", f"{str(value)[:40]} is not modelled ({why})", fix)
         if key == "sliding_window" and family_type in ("qwen2_moe", "qwen3_moe"):
             continue  # Qwen2/Qwen3-MoE read it only with use_sliding_window (refused when true)
         if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):

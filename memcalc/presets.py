@@ -8,6 +8,9 @@ _LLAMA = dict(family="llama", tie_embeddings=False, qkv_bias=False, out_bias=Fal
               activation="silu")
 _QWEN2 = dict(_LLAMA, qkv_bias=True)
 _MOE = dict(_LLAMA)
+_GPT_OSS = dict(_LLAMA, family="gpt_oss", qkv_bias=True, out_bias=True, mlp_bias=True, vocab_size=201088,
+                hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64, intermediate_size=2880,
+                max_position_embeddings=131072, sliding_window=128, sliding_window_pattern=2)
 # families of issue 12, part b (model cards' config.json on huggingface.co)
 _PHI3 = dict(_LLAMA, family="phi3")
 _NEOX = dict(family="gpt_neox", vocab_size=50304, max_position_embeddings=2048, tie_embeddings=False,
@@ -70,6 +73,10 @@ PRESETS: dict[str, dict] = {
                               max_position_embeddings=8192,
                               moe=dict(num_experts=60, top_k=4, expert_ffn_size=1408, norm_topk_prob=False,
                                        shared_expert_ffn_size=5632)),
+    # gpt-oss (openai/gpt-oss-20b and -120b config.json; model card arXiv 2508.10925: 20.91B total,
+    # 3.61B active; 116.83B total, 5.13B active); the dequantised (bf16) model training runs
+    "gpt-oss-20b": dict(_GPT_OSS, num_layers=24, moe=dict(num_experts=32, top_k=4, expert_ffn_size=2880)),
+    "gpt-oss-120b": dict(_GPT_OSS, num_layers=36, moe=dict(num_experts=128, top_k=4, expert_ffn_size=2880)),
     # Llama 3.1 / 3.2 (meta-llama/Llama-3.1-8B, Llama-3.2-1B, Llama-3.2-3B)
     "llama-3.1-8b": dict(_LLAMA3, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                          intermediate_size=14336),

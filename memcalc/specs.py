@@ -21,14 +21,17 @@ if TYPE_CHECKING:
     import os
 
 Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "gemma2", "gemma3",
-                 "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
+                 "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"]
 # families whose blocks are Llama-shaped (RMSNorm, SwiGLU MLP of intermediate_size, rotary)
 LLAMA_LIKE = ("llama", "phi3", "olmo2", "granite")
 GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3")
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 """Llama-style families whose MLPs are mixtures of experts (ModelSpec.moe), named as transformers'
 model types: Mixtral; Qwen2-MoE (shared expert); Qwen3-MoE (per-head q/k RMSNorm); OLMoE (q/k
-RMSNorm over the whole projection)."""
+RMSNorm over the whole projection); GPT-OSS (attention sinks, alternating sliding-window layers,
+biased experts with a clamped SwiGLU: memcalc.programs.hf_gpt_oss)."""
+# families whose layers alternate local (sliding_window) and global by sliding_window_pattern
+PATTERNED = ("gemma2", "gemma3", "gpt_oss")
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -47,7 +50,8 @@ class ModelSpec(FrozenModel):
     Mistral, Qwen2, Qwen3, SmolLM3), or a family with its own HF program: 'phi3' (fused
     qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
     parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers),
-    'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma)."""
+    'gemma' / 'gemma2' / 'gemma3' (memcalc.programs.hf_gemma); the mixture-of-experts families
+    of MOE_FAMILIES, 'gpt_oss' among them (memcalc.programs.hf_gpt_oss)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -102,7 +106,7 @@ class ModelSpec(FrozenModel):
     layer attends to its whole causal prefix. Which layers slide: `layer_is_sliding`."""
     sliding_window_pattern: int | None = Field(default=None, gt=0)
     """With sliding_window: layer i attends globally when (i+1) is a multiple of this (Gemma-2: 2,
-    Gemma-3: 6); None: no layer is global by this rule."""
+    Gemma-3: 6, GPT-OSS: 2); None: no layer is global by this rule."""
     max_window_layers: int | None = Field(default=None, ge=0)
     """With sliding_window, Qwen2/Qwen3's rule: layers below this index attend globally, the rest
     through the window, and the model builds a full causal mask beside the sliding one. None:
@@ -161,6 +165,8 @@ class ModelSpec(FrozenModel):
         if self.family == "gpt_neox" and self.embd_dropout != self.resid_dropout:
             raise ValueError("gpt_neox's hidden_dropout sets embd_dropout and resid_dropout together; "
                              "make them equal")
+        if self.family == "gpt_oss":
+            _check_gpt_oss(self)
         if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
             raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
                              "make qkv_bias equal out_bias")
@@ -182,12 +188,12 @@ class ModelSpec(FrozenModel):
             raise ValueError("attn_softcap is Gemma-2's (gemma2 family); set it to false")
         if self.logit_softcap and self.family not in ("gemma2", "gemma3"):
             raise ValueError("logit_softcap is Gemma-2/3's; set it to false")
-        if (self.family in ("gemma2", "gemma3")) != (self.sliding_window is not None) and self.family != "llama":
-            raise ValueError("gemma2/gemma3 need sliding_window (their local layers), the other "
+        if (self.family in PATTERNED) != (self.sliding_window is not None) and self.family != "llama":
+            raise ValueError("gemma2/gemma3/gpt_oss need sliding_window (their local layers), the other "
                              "families but llama have none; set or drop sliding_window")
-        patterned = self.family in ("gemma2", "gemma3")
+        patterned = self.family in PATTERNED
         if (self.sliding_window_pattern is not None) != patterned:
-            raise ValueError("sliding_window_pattern is set for gemma2/gemma3 only (their "
+            raise ValueError("sliding_window_pattern is set for gemma2/gemma3/gpt_oss only (their "
                              "local/global alternation); set or drop it")
         if self.max_window_layers is not None and (self.family != "llama" or self.sliding_window is None):
             raise ValueError("max_window_layers is Qwen2/Qwen3's rule with a sliding_window; drop it")
@@ -267,3 +273,19 @@ class ModelSpec(FrozenModel):
         4
         """
         return type(self).make(**{**self.model_dump(), **changes})
+
+
+def _check_gpt_oss(spec: ModelSpec) -> None:
+    """GptOssForCausalLM's fixed structure: attention_bias sets the q/k/v and o_proj biases
+    together; the experts always carry biases (mlp_bias=True stands for them); no shared expert,
+    no dense layers; the router's softmax over the top-k logits sums to 1 (norm_topk_prob=True)."""
+    moe = spec.moe
+    if spec.qkv_bias != spec.out_bias or not spec.mlp_bias:
+        raise ValueError("gpt_oss's attention_bias sets q/k/v and o_proj biases together and its "
+                         "experts always have biases; set qkv_bias = out_bias and mlp_bias=True")
+    if moe is not None and (moe.shared_expert_ffn_size is not None or moe.dense_layers or not moe.norm_topk_prob):
+        raise ValueError("gpt_oss has no shared expert and no dense layers, and its router's softmax "
+                         "over the top-k normalises them; drop those moe fields")
+    if moe is not None and moe.output_router_logits:
+        raise ValueError("gpt_oss's auxiliary load-balancing loss (moe.output_router_logits) is not "
+                         "modelled (memcalc.programs.moe_aux covers the other MoE types); set it to false")

@@ -151,6 +151,10 @@ def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("attention", "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
                                "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
                                "use attention='eager'")
+    if model.family == "gpt_oss" and training.attention == "sdpa":
+        raise NotModelledError("attention", "transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel."
+                               "_supports_sdpa is False: SDPA has no attention sinks)",
+                               "use attention='eager'")
 
 
 def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:

@@ -34,9 +34,11 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
         mlp = 3 * h * f // t + ((2 * f // t + h) if spec.mlp_bias else 0)
     if spec.moe is not None:  # mixture of experts (t = 1): q/k norms, router, experts, shared expert
         m = spec.moe
-        attn += {"qwen3_moe": 2 * d, "olmoe": (a + kv) * d}.get(spec.family, 0)
+        attn += {"qwen3_moe": 2 * d, "olmoe": (a + kv) * d, "gpt_oss": a}.get(spec.family, 0)  # GPT-OSS: sinks
         sparse = m.num_experts * h + 3 * m.num_experts * h * m.expert_ffn_size \
             + (3 * h * m.shared_expert_ffn_size + h if m.shared_expert_ffn_size else 0)
+        if spec.family == "gpt_oss":  # router bias, expert biases (2f up, h down each)
+            sparse += m.num_experts * (1 + 2 * m.expert_ffn_size + h)
         dense = len(m.dense_layers)
         return embed + norms + L * attn + dense * mlp + (L - dense) * sparse
     return embed + norms + L * (attn + mlp)

@@ -36,7 +36,7 @@ FAMILIES = ["gpt2", "llama"]
 IMPLEMENTATIONS = ["hf", "reference"]
 HF_ONLY = ["phi3", "gpt_neox", "olmo2", "granite"]  # issue 12 part b: HF programs only
 GEMMAS = ["gemma", "gemma2", "gemma3"]  # transformers' code only (implementation hf)
-MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]  # transformers only (memcalc.programs.hf_moe)
+MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"]  # transformers only (hf_moe, hf_gpt_oss)
 PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY + GEMMAS + MOE_FAMILIES]
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
@@ -71,7 +71,9 @@ BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASE
           ("mixtral", "hf"): [(False, False, False)],
           ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
           ("qwen3_moe", "hf"): [(False, False, False), (True, True, False)],
-          ("olmoe", "hf"): [(False, False, False), (True, True, False)]}
+          ("olmoe", "hf"): [(False, False, False), (True, True, False)],
+          # GPT-OSS: attention_bias on q/k/v/o; the experts' biases always (mlp_bias=True)
+          ("gpt_oss", "hf"): [(False, False, True), (True, True, True)]}
 WINDOWS = [None, 8, 32, 200]  # shorter than, around and longer than the drawn seq_len
 
 
@@ -109,6 +111,9 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
         fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
     if impl == "hf" and family in ("llama", *GEMMAS):
         fields.update(draw(_hf_variant(family, fields)))
+    if family == "gpt_oss":  # alternating local/global layers (layer_types), a window always
+        fields.update(sliding_window=draw(st.sampled_from([w for w in WINDOWS if w is not None])),
+                      sliding_window_pattern=draw(st.integers(1, 3)))
     return ModelSpec.make(**fields)
 
 
@@ -142,9 +147,10 @@ def moe_specs(draw, family: str, layers: int) -> MoESpec:
     dense = draw(st.sets(st.integers(0, layers - 1), max_size=layers - 1)) if family.startswith("qwen") else set()
     return MoESpec(num_experts=experts, top_k=draw(st.integers(1, experts)),
                    expert_ffn_size=draw(st.sampled_from([32, 64, 96])),
-                   norm_topk_prob=draw(st.booleans()) if family != "mixtral" else True,
+                   norm_topk_prob=draw(st.booleans()) if family not in ("mixtral", "gpt_oss") else True,
                    shared_expert_ffn_size=draw(st.sampled_from([32, 64])) if family == "qwen2_moe" else None,
-                   dense_layers=tuple(sorted(dense)), output_router_logits=draw(st.booleans()),
+                   dense_layers=tuple(sorted(dense)),
+                   output_router_logits=family != "gpt_oss" and draw(st.booleans()),  # GPT-OSS's: refused
                    router_jitter_noise=draw(st.sampled_from([0.0, 0.01])) if family == "mixtral" else 0.0)
 
 
@@ -174,8 +180,8 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         optimizer=draw(st.sampled_from(OPTIMIZERS)),
         optimizer_impl=draw(st.sampled_from([None, "foreach", "for-loop", "fused"])),
         checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
-        attention=draw(st.sampled_from(["eager"] if model is not None and model.family == "gemma2"
-                                       else ["eager", "sdpa"])),  # Gemma-2 has no SDPA path
+        attention=draw(st.sampled_from(["eager"] if model is not None and model.family in ("gemma2", "gpt_oss")
+                                       else ["eager", "sdpa"])),  # Gemma-2 and GPT-OSS have no SDPA path
         device=draw(st.sampled_from(["cpu", "cuda"])),
         experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
         moe_routing=draw(st.sampled_from(["worst", "balanced"])))

@@ -14,7 +14,7 @@ from tests.strategies import small_models
 @given(small_models(), st.sampled_from(["L4", "V100-16GB", "H100-80GB"]), st.sampled_from([4, 6, 8]),
        st.integers(8, 64))
 def test_first_plan_fits_its_gpu(model, name, global_batch, seq_len):
-    attention = "eager" if model.family == "gemma2" else "sdpa"  # Gemma-2 has no SDPA path
+    attention = "eager" if model.family in ("gemma2", "gpt_oss") else "sdpa"  # no SDPA path
     base = TrainingConfig(micro_batch=1, seq_len=seq_len, attention=attention)
     plans = plan(model, name, global_batch, seq_len, base, checkpointing=("none", "per-layer"))
     best = plans[0]

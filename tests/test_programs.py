@@ -32,6 +32,9 @@ SPECS = {
                               moe=dict(num_experts=5, top_k=3, expert_ffn_size=24, dense_layers=(0,))),
     ("hf", "olmoe"): dict(_MOE, family="olmoe", moe=dict(num_experts=4, top_k=2, expert_ffn_size=24,
                                                          norm_topk_prob=False)),
+    ("hf", "gpt_oss"): dict(_MOE, family="gpt_oss", qkv_bias=True, out_bias=True, mlp_bias=True, head_dim=16,
+                            sliding_window=8, sliding_window_pattern=2,
+                            moe=dict(num_experts=4, top_k=2, expert_ffn_size=24)),
 }
 _LLAMA_LIKE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
                    max_position_embeddings=64, activation="silu", mlp_bias=False)
@@ -71,7 +74,7 @@ def test_parameters_are_the_torch_modules_parameters(key, tie):
     implementation, fields = CASES[key]
     spec = ModelSpec.make(implementation=implementation, **{**fields, "tie_embeddings": tie})
     training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu",
-                              attention="eager" if spec.family == "gemma2" else "sdpa")  # no SDPA path
+                              attention="eager" if spec.family in ("gemma2", "gpt_oss") else "sdpa")  # no SDPA path
     if implementation == "hf":
         from validate.hf import build_hf
 

@@ -18,7 +18,7 @@ CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
            "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
            "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
-               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM")
+               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM", gpt_oss="GptOssForCausalLM")
 
 
 def _gpt2_config(spec) -> dict:
@@ -74,10 +74,10 @@ def hf_config_dict(spec) -> dict:
     """
     if spec.family == "gpt2":
         return _gpt2_config(spec)
-    if spec.moe is not None:
-        return _moe_config(spec)
     if spec.family in FAMILY_CONFIGS:
         return FAMILY_CONFIGS[spec.family](spec)
+    if spec.moe is not None:
+        return _moe_config(spec)
     if spec.no_rope_layers:
         return _smollm3_config(spec)
     if spec.family in ("gemma", "gemma2", "gemma3"):
@@ -217,8 +217,23 @@ def _gpt_neox_config(spec) -> dict:
                 bos_token_id=0, eos_token_id=0)
 
 
+def _gpt_oss_config(spec) -> dict:
+    """A GptOssConfig dict of a gpt_oss spec (memcalc.hf_gpt_oss reads it back to the same spec)."""
+    _require_biases(spec, spec.qkv_bias, spec.qkv_bias, True, "GPT-OSS")
+    return dict(model_type="gpt_oss", vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
+                intermediate_size=spec.moe.expert_ffn_size, num_local_experts=spec.moe.num_experts,
+                num_experts_per_tok=spec.moe.top_k, max_position_embeddings=spec.max_position_embeddings,
+                tie_word_embeddings=spec.tie_embeddings, attention_bias=spec.qkv_bias,
+                attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS, sliding_window=spec.sliding_window,
+                layer_types=["sliding_attention" if spec.layer_is_sliding(i) else "full_attention"
+                             for i in range(spec.num_layers)],
+                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+
+
 FAMILY_CONFIGS = {"phi3": _phi3_config, "olmo2": _olmo2_config, "granite": _granite_config,
-                  "gpt_neox": _gpt_neox_config}
+                  "gpt_neox": _gpt_neox_config, "gpt_oss": _gpt_oss_config}
 
 
 def _make_config(config: dict):

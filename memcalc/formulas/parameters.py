@@ -121,8 +121,20 @@ def active_parameter_count(spec: ModelSpec) -> int:
     from memcalc.moe import moe_layers
 
     moe = spec.moe
-    idle = (moe.num_experts - moe.top_k) * 3 * spec.hidden_size * moe.expert_ffn_size
+    idle = (moe.num_experts - moe.top_k) * expert_param_count(spec)
     return parameter_count(spec) - len(moe_layers(spec)) * idle
+
+
+def expert_param_count(spec: ModelSpec) -> int:
+    """Parameters of one routed expert: gate_up (2f, h) and down (h, f), with GPT-OSS's biases
+    (2f and h: modeling_gpt_oss.py GptOssExperts).
+
+    >>> from memcalc.specs import ModelSpec
+    >>> expert_param_count(ModelSpec.preset("gpt-oss-20b"))
+    24891840
+    """
+    h, f = spec.hidden_size, spec.moe.expert_ffn_size
+    return 3 * h * f + (2 * f + h if spec.family == "gpt_oss" else 0)
 
 
 # ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py)
@@ -157,4 +169,20 @@ def _olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple
            ("post_attention_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
 
 
-FAMILY_BLOCKS = {"phi3": _phi3_block, "gpt_neox": _gpt_neox_block, "olmo2": _olmo2_block}
+def _gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
+    """GptOssDecoderLayer (modeling_gpt_oss.py): self_attn's sinks (one per head: its own
+    parameter, listed before its submodules') and q/k/v/o (biases with attention_bias); mlp
+    router (E, h) + bias (E), experts gate_up_proj (E, h, 2f) + bias (E, 2f), down_proj (E, f, h)
+    + bias (E, h); the two RMSNorms."""
+    bias, E, f = spec.qkv_bias, spec.moe.num_experts, spec.moe.expert_ffn_size
+    return [("sinks", spec.num_heads), ("q_proj.weight", h * q)] + [("q_proj.bias", q)] * bias \
+        + [("k_proj.weight", h * kv)] + [("k_proj.bias", kv)] * bias + [("v_proj.weight", h * kv)] \
+        + [("v_proj.bias", kv)] * bias + [("o_proj.weight", q * h)] + [("o_proj.bias", h)] * bias \
+        + [("router.weight", E * h), ("router.bias", E), ("experts.gate_up_proj", E * h * 2 * f),
+           ("experts.gate_up_proj_bias", E * 2 * f), ("experts.down_proj", E * f * h),
+           ("experts.down_proj_bias", E * h), ("input_layernorm.weight", h),
+           ("post_attention_layernorm.weight", h)]
+
+
+FAMILY_BLOCKS = {"phi3": _phi3_block, "gpt_neox": _gpt_neox_block, "olmo2": _olmo2_block,
+                 "gpt_oss": _gpt_oss_block}

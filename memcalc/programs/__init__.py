@@ -3,8 +3,8 @@ picked from a registry by (implementation, family)."""
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError
-from memcalc.programs import (hf_gemma, hf_gpt2, hf_gpt_neox, hf_granite, hf_llama, hf_moe, hf_olmo2, hf_phi3,
-                              ref_gpt2, ref_llama)
+from memcalc.programs import (hf_gemma, hf_gpt2, hf_gpt_neox, hf_gpt_oss, hf_granite, hf_llama, hf_moe, hf_olmo2,
+                              hf_phi3, ref_gpt2, ref_llama)
 from memcalc.programs.base import Program
 from memcalc.specs import ModelSpec
 
@@ -21,6 +21,7 @@ PROGRAMS: dict[tuple[str, str], Program] = {
     ("reference", "gpt2"): ref_gpt2.PROGRAM,
     ("reference", "llama"): ref_llama.PROGRAM,
     **{("hf", family): program for family, program in hf_moe.PROGRAMS.items()},
+    ("hf", "gpt_oss"): hf_gpt_oss.PROGRAM,
 }
 
 
