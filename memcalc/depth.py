@@ -44,6 +44,7 @@ from memcalc.allocator import round_up
 from memcalc.tape import step
 from memcalc.tape.finetune_optim import BNB
 from memcalc.moe import is_worst
+from memcalc.param_view import ParamView, param_view  # noqa: F401 (param_view re-exported; memcalc.simulation reads it)
 from memcalc.tape.optimizer import clip_bytes
 from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
 
@@ -413,35 +414,6 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
 def _absent(members: dict, n: int) -> frozenset:
     """The ENDS units an instant is not in (the first unit's backward prefetches no next group)."""
     return frozenset(e for e in ENDS if e % n not in members)
-
-
-@dataclass(frozen=True)
-class ParamView:
-    """What the optimizer, clipping and the HF Trainer's groups see of a parameter (memcalc.
-    tape.step reads these fields of a graph's Values), its decoder layer's index replaced by
-    '#' so that every unit's parameters compare equal."""
-
-    nbytes: int
-    elt: int
-    rows: int
-    label: str
-    requires_grad: bool
-
-    @property
-    def size(self) -> Poly:
-        """Its bytes, as a Value's size."""
-        return Poly.const(self.nbytes)
-
-
-def param_view(v: object) -> ParamView:
-    """The ParamView of a graph parameter (a memcalc.tape.graph.Value).
-
-    >>> from memcalc.tape.graph import Graph
-    >>> param_view(Graph().param("model.layers.12.mlp.up_proj.weight", Poly.const(8))).label
-    'model.layers.#.mlp.up_proj.weight'
-    """
-    return ParamView(v.size.eval(1, 1), v.elt, v.rows, re.sub(r"\.\d+\.", ".#.", v.label, count=1),
-                     v.requires_grad)
 
 
 @dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memcalc.errors import SpecError
+from memcalc.hf_values import flag, get  # re-exported: readers' shared helpers
+from memcalc.layer_pattern import is_sliding
 
 if TYPE_CHECKING:
     import os
@@ -38,28 +40,6 @@ def load_config(config: dict | str | os.PathLike) -> dict:
     from memcalc.files import read_json_object
 
     return read_json_object(config)
-
-
-def get(cfg: dict, key: str, default: object = None, required: bool = False):
-    """cfg[key] unless absent or null, else `default` (or a SpecError naming the key).
-
-    >>> get({"n_layer": None}, "n_layer", 12)
-    12
-    """
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if required:
-        raise SpecError(f"hf_config.{key}", "missing", f"add {key!r} to the config")
-    return default
-
-
-def flag(cfg: dict, key: str, default: bool) -> bool:
-    """A boolean field: JSON true/false only (a string "false" would be truthy in Python)."""
-    value = get(cfg, key, default)
-    if not isinstance(value, bool):
-        raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
-                        f"write {key}: true or false, without quotes")
-    return value
 
 
 def _gpt2_fields(cfg: dict) -> dict:
@@ -117,11 +97,9 @@ def check_layer_types(cfg: dict, fields: dict) -> None:
     given = cfg.get("layer_types")
     if given is None:
         return
-    from memcalc.specs import ModelSpec
-
-    probe = ModelSpec.model_construct(**{k: v for k, v in fields.items() if k in ModelSpec.model_fields})
+    window = [fields.get(k) for k in ("sliding_window", "max_window_layers", "sliding_window_pattern")]
     layers = fields["num_layers"]
-    expected = ["sliding_attention" if probe.layer_is_sliding(i) else "full_attention" for i in range(layers)]
+    expected = ["sliding_attention" if is_sliding(i, *window) else "full_attention" for i in range(layers)]
     if list(given) != expected:
         raise SpecError("hf_config.layer_types", "this per-layer pattern is not the one the model "
                         "type's keys give (the pattern memcalc models)",
@@ -346,7 +324,7 @@ FAMILY_READERS["gpt_oss"] = lambda cfg: _gpt_oss_fields(cfg)
 
 
 def _gpt_oss_fields(cfg: dict) -> dict:
-    """memcalc.hf_gpt_oss (imported here: it reads this module's helpers)."""
+    """memcalc.hf_gpt_oss (imported when a GPT-OSS config is first read)."""
     from memcalc.hf_gpt_oss import gpt_oss_fields
 
     return gpt_oss_fields(cfg)

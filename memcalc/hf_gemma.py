@@ -6,7 +6,7 @@ gemma3/configuration_gemma3.py Gemma3TextConfig).
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError, SpecError
-from memcalc.hf_config import flag, get
+from memcalc.hf_values import flag, get
 
 FAMILY = {"gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 # GemmaConfig reads `hidden_act`; Gemma2Config and Gemma3TextConfig `hidden_activation`

@@ -8,7 +8,7 @@ another).
 from __future__ import annotations
 
 from memcalc.errors import SpecError
-from memcalc.hf_config import flag, get
+from memcalc.hf_values import flag, get
 
 
 def gpt_oss_fields(cfg: dict) -> dict:

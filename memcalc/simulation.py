@@ -56,7 +56,7 @@ class StepRun:
     """With record=True: each storage size's Poly by its terms."""
     params: list = field(default_factory=list)
     """With record=True: what the optimizer and clipping see of each parameter, in module order
-    (memcalc.depth.ParamView)."""
+    (memcalc.param_view.ParamView)."""
     states: dict = field(default_factory=dict)
     """With record=True: the optimizer states the steady state holds from the start, as live
     storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
@@ -115,7 +115,7 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
     if record is not False:
-        from memcalc.depth import param_view
+        from memcalc.param_view import param_view
 
         states: dict = {}
         for st in getattr(out, "state_storages", ()):

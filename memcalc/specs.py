@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from memcalc.errors import UnknownNameError, closest_names
 from memcalc.frozen import FrozenModel
+from memcalc.layer_pattern import is_sliding
 from memcalc.moe import MoESpec
 
 if TYPE_CHECKING:
@@ -205,11 +206,7 @@ class ModelSpec(FrozenModel):
         >>> [m.layer_is_sliding(i) for i in range(4)]
         [True, False, True, False]
         """
-        if self.sliding_window is None:
-            return False
-        if self.max_window_layers is not None and layer < self.max_window_layers:
-            return False
-        return self.sliding_window_pattern is None or (layer + 1) % self.sliding_window_pattern != 0
+        return is_sliding(layer, self.sliding_window, self.max_window_layers, self.sliding_window_pattern)
 
     # ---- derived sizes -------------------------------------------------------------------
     @property

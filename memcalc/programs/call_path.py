@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from memcalc.errors import NotModelledError
-from memcalc.programs.base import size
+from memcalc.programs.sizes import size
 from memcalc.tape.graph import Alias, Grad, Value
 
 if TYPE_CHECKING:

@@ -31,24 +31,12 @@ from typing import Callable
 from memcalc.moe import is_worst, token_counts
 from memcalc.poly import Poly
 from memcalc.programs.base import TOKENS
+from memcalc.programs.moe_ops import INDEX, inplace  # re-exported (memcalc.programs.hf_gpt_oss)
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Node, Temp, Value
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops
 
-INDEX = 8  # int64 indices (sort, topk, where, arange)
-
-
-def inplace(ops: Ops, name: str, target: Value, others: list[Value], saves: list[Value],
-            backward: list) -> Value:
-    """An in-place op on `target` (div_, index_add_): no allocation; the result shares the
-    target's storage and joins the graph."""
-    g = ops.g
-    rg = any(v.requires_grad for v in [target, *others])
-    out = Value(target.storage, target.size, rg, label=name, elt=target.elt)
-    g.nodes.append(Node(name, [target, *others], [out], [v.storage for v in saves] if rg else [],
-                        backward if rg else [], g.region))
-    return out
 
 
 def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from memcalc.poly import Poly
 from memcalc.programs.base import TOKENS
-from memcalc.programs.moe import INDEX, inplace
+from memcalc.programs.moe_ops import INDEX, inplace
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops
