@@ -15,7 +15,7 @@ def ci_callpath_cases(device: str = "cpu") -> list[Case]:
     >>> all(c.spec.implementation == "hf" for c in cases)
     True
     """
-    from validate.matrices import CI_SHAPES, _case  # the ci matrix's shapes and row builder
+    from validate.ci_rows import CI_SHAPES, _case  # the ci matrix's shapes and row builder
 
     base = dict(precision="fp32", checkpointing="none", optimizer="adamw", impl=None,
                 attention="sdpa", grad_accum=1)

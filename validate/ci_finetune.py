@@ -76,7 +76,7 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
     >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
     (27, 'ft00: hf llama-like L2 h64 V500 ')
     """
-    from validate.matrices import CI_SHAPES, _model
+    from validate.ci_rows import CI_SHAPES, _model
 
     cases = []
     for i, (kind, shape_i, precision, ck, attention, optimizer, impl, ga, extra) in enumerate(ROWS):

@@ -56,7 +56,7 @@ def ci_moe_cases(device: str = "cpu") -> list[Case]:
     >>> cases = ci_moe_cases(); 20 < len(cases) < 40 and {c.spec.family for c in cases} == set(MOE_CONFIGS)
     True
     """
-    from validate.matrices import pairwise
+    from validate.pairwise import pairwise
 
     rows = pairwise(AXES, seed=0)
     return [_case(f"moe{i:02d}", row, device) for i, row in enumerate(rows)]

@@ -36,7 +36,7 @@ def ci_moe_aux_cases(device: str = "cpu") -> list[Case]:
     >>> {c.spec.family for c in cases} == set(MOE_CONFIGS), sum(c.spec.moe.router_jitter_noise > 0 for c in cases)
     (True, 3)
     """
-    from validate.matrices import pairwise
+    from validate.pairwise import pairwise
 
     cases = [_case(f"moeaux{i:02d}", row, device) for i, row in enumerate(pairwise(AXES, seed=0))]
     for i, changes in enumerate(JITTER_ROWS):

@@ -12,7 +12,7 @@ def ci_trainer_cases(device: str = "cpu") -> list[Case]:
     ['tr00', 'tr01', 'tr02', 'tr03', 'tr04', 'tr05', 'tr06', 'tr07']
     """
     from memcalc.training import TrainingConfig
-    from validate.matrices import CI_SHAPES, _model
+    from validate.ci_rows import CI_SHAPES, _model
 
     if device != "cpu":  # use_cpu runs; on a GPU the Trainer's look-ahead batch stays on the host
         return []

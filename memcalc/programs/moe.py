@@ -38,7 +38,6 @@ from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value
 from memcalc.tape.ops import Ops
 
 
-
 def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
     """The top-k router on (N, h) hidden states; returns (logits (N, E), routing weights (N, k),
     indices (N, k)); the MoE block holds the logits (`_, weights, index = self.gate(x)`) until it
