@@ -20,12 +20,6 @@ def gpt_oss_fields(cfg: dict) -> dict:
     """
     from memcalc.moe import MoESpec
 
-    if flag(cfg, "output_router_logits", False):
-        from memcalc.errors import NotModelledError
-
-        raise NotModelledError("hf_config.output_router_logits", "GPT-OSS's auxiliary load-balancing "
-                               "loss is not modelled (memcalc.programs.moe_aux covers mixtral, qwen2_moe, "
-                               "qwen3_moe, olmoe)", "set it to false")
     window = get(cfg, "sliding_window", 128)
     if cfg.get("sliding_window", 128) is None:
         raise SpecError("hf_config.sliding_window", "is null, but GptOssModel builds a sliding mask "
@@ -41,4 +35,5 @@ def gpt_oss_fields(cfg: dict) -> dict:
                 tie_embeddings=flag(cfg, "tie_word_embeddings", False), qkv_bias=bias, out_bias=bias,
                 mlp_bias=True, activation="silu", attn_dropout=get(cfg, "attention_dropout", 0.0),
                 sliding_window=window, sliding_window_pattern=2,
-                moe=MoESpec(num_experts=E, top_k=get(cfg, "num_experts_per_tok", 4), expert_ffn_size=f))
+                moe=MoESpec(num_experts=E, top_k=get(cfg, "num_experts_per_tok", 4), expert_ffn_size=f,
+                            output_router_logits=flag(cfg, "output_router_logits", False)))

@@ -283,6 +283,3 @@ def _check_gpt_oss(spec: ModelSpec) -> None:
     if moe is not None and (moe.shared_expert_ffn_size is not None or moe.dense_layers or not moe.norm_topk_prob):
         raise ValueError("gpt_oss has no shared expert and no dense layers, and its router's softmax "
                          "over the top-k normalises them; drop those moe fields")
-    if moe is not None and moe.output_router_logits:
-        raise ValueError("gpt_oss's auxiliary load-balancing loss (moe.output_router_logits) is not "
-                         "modelled (memcalc.programs.moe_aux covers the other MoE types); set it to false")

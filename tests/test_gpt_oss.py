@@ -69,17 +69,24 @@ def test_the_published_config_reads_back_to_the_preset_once_dequantized():
 @pytest.mark.parametrize("changes,key", [
     ({"layer_types": ["full_attention", "sliding_attention"] * 12}, "hf_config.layer_types"),
     ({"sliding_window": None}, "hf_config.sliding_window"),
-    ({"output_router_logits": True}, "hf_config.output_router_logits"),
     ({"num_experts_per_tok": 33}, "moe")])
 def test_configs_memcalc_does_not_model_are_refused_by_name(changes, key):
     with pytest.raises(MemcalcError, match=key):
         ModelSpec.from_hf_config({**DEQUANTIZED, **changes})
 
 
-def test_the_auxiliary_loss_is_refused_on_a_spec_too():
-    with pytest.raises(MemcalcError, match="output_router_logits"):
-        ModelSpec.preset("gpt-oss-20b").with_(moe=dict(num_experts=32, top_k=4, expert_ffn_size=2880,
-                                                        output_router_logits=True))
+def test_the_auxiliary_loss_is_read_and_costs_what_moe_aux_models():
+    """output_router_logits turns on GptOssForCausalLM's load_balancing_loss_func: the config key
+    reaches the spec, and the step costs at least every layer's captured (N, E) router logits
+    more (each kept until the forward returns: L*N*E elements of the logits' dtype, fp32 here;
+    validate/ci_gpt_oss.py's gptoss-aux rows measure the whole of it)."""
+    spec = ModelSpec.from_hf_config({**DEQUANTIZED, "num_hidden_layers": 2, "layer_types":
+                                     ["sliding_attention", "full_attention"], "output_router_logits": True})
+    assert spec.moe.output_router_logits
+    plain = spec.with_(moe=spec.moe.model_copy(update={"output_router_logits": False}))
+    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", attention="eager")
+    extra = estimate(spec, t).peak_bytes - estimate(plain, t).peak_bytes
+    assert extra >= 2 * 16 * 32 * 4
 
 
 def test_sdpa_is_refused_for_gpt_oss():

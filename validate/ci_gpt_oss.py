@@ -33,19 +33,32 @@ AXES = {
 def ci_gpt_oss_cases(device: str = "cpu") -> list[Case]:
     """The GPT-OSS rows, a pairwise design over AXES.
 
-    >>> cases = ci_gpt_oss_cases(); 14 <= len(cases) <= 20 and {c.spec.family for c in cases}
+    >>> cases = ci_gpt_oss_cases(); 18 <= len(cases) <= 24 and {c.spec.family for c in cases}
     {'gpt_oss'}
     """
     from validate.pairwise import pairwise
 
-    return [_case(f"gptoss{i:02d}", row, device) for i, row in enumerate(pairwise(AXES, seed=0))]
+    cases = [_case(f"gptoss{i:02d}", row, device) for i, row in enumerate(pairwise(AXES, seed=0))]
+    return cases + [_case(f"gptoss-aux{i}", row, device, {"output_router_logits": True})
+                    for i, row in enumerate(AUX_ROWS)]
 
 
-def _case(name: str, row: dict, device: str) -> Case:
+AUX_ROWS = (
+    dict(experts="grouped_mm", precision="fp32", checkpointing="none", optimizer="adamw", shape=0),
+    dict(experts="eager", precision="bf16-amp", checkpointing="per-layer", optimizer="adamw", shape=1),
+    dict(experts="grouped_mm", precision="bf16", checkpointing="selective", optimizer="sgd", shape=1),
+    dict(experts="eager", precision="fp16-amp", checkpointing="sqrt", optimizer="adamw", shape=0),
+)
+"""With output_router_logits (the auxiliary load-balancing loss, memcalc.programs.moe_aux): both
+experts paths, every precision, four checkpointing modes."""
+
+
+def _case(name: str, row: dict, device: str, changes: dict | None = None) -> Case:
     b, s = SHAPES[row["shape"]]
     training = TrainingConfig.make(
         micro_batch=b, seq_len=s, precision=row["precision"], optimizer=row["optimizer"],
         checkpointing=row["checkpointing"], attention="eager", device=device,
         experts_implementation=row["experts"])
-    spec = ModelSpec.from_hf_config(GPT_OSS_CONFIG).with_(name="gpt_oss-like")
-    return Case(name, spec, training, GPT_OSS_CONFIG)
+    cfg = {**GPT_OSS_CONFIG, **(changes or {})}
+    spec = ModelSpec.from_hf_config(cfg).with_(name="gpt_oss-like")
+    return Case(name, spec, training, cfg)

@@ -229,7 +229,8 @@ def _gpt_oss_config(spec) -> dict:
                 attention_dropout=spec.attn_dropout, rms_norm_eps=RMS_EPS, sliding_window=spec.sliding_window,
                 layer_types=["sliding_attention" if spec.layer_is_sliding(i) else "full_attention"
                              for i in range(spec.num_layers)],
-                output_router_logits=False, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+                output_router_logits=spec.moe.output_router_logits, bos_token_id=0, eos_token_id=0,
+                pad_token_id=None)
 
 
 FAMILY_CONFIGS = {"phi3": _phi3_config, "olmo2": _olmo2_config, "granite": _granite_config,

@@ -28,6 +28,7 @@ from memcalc.programs.base import TOKENS, Embedded, input_require_grads, param_m
 from memcalc.programs.hf_llama import HFLlama
 from memcalc.programs.layers import qkv_projections, rms_norm_weight_first
 from memcalc.programs.moe import INDEX, inplace
+from memcalc.programs.moe_aux import add_aux_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value, product_saves
@@ -344,10 +345,25 @@ class HFGptOss(HFLlama):
             m = eager_experts(ops, spec, regime, n2, scores, indices, layer, p)
         else:
             m = grouped_mm_experts(ops, spec, n2, scores, indices, p)
-        ops.scope_end([logits, indices, weights])  # GptOssMLP.forward's locals
+        if spec.moe.output_router_logits:  # OutputRecorder(GptOssTopKRouter, index=0) keeps them
+            context.setdefault("router_logits", []).append(logits)
+            ops.scope_end([indices, weights])  # GptOssMLP.forward's locals
+        else:
+            ops.scope_end([logits, indices, weights])  # GptOssMLP.forward's locals
         out = ops.add(x, m, "residual 2")
         ops.scope_end([block_input, n2, scores])
         return out
+
+    def auxiliary_loss(self, ops: Ops, spec: ModelSpec, context: dict) -> None:
+        """With output_router_logits: GptOssForCausalLM.forward's load_balancing_loss_func over
+        every layer's captured router logits (the (N, E) F.linear output, bias included), added
+        to the loss as in the other MoE types (memcalc.programs.moe_aux); the logits and aux_loss
+        live until the forward returns."""
+        if not spec.moe.output_router_logits:
+            return
+        captured = context.get("router_logits", [])
+        aux = add_aux_loss(ops, spec, captured)
+        ops.scope_end(captured + [aux])
 
     def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """model.norm (a GptOssRMSNorm)."""
