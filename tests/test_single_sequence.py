@@ -61,6 +61,21 @@ def test_selective_holds_position_ids():
     assert len(held) == LLAMA.num_layers and all(n.region is not None for n in held)
 
 
+def test_per_layer_and_every_k_regions_hold_position_ids():
+    # transformers' GradientCheckpointingLayer checkpoints partial(forward, **kwargs) and the
+    # validator's segments pass their recorded calls: both keep the layers' position_ids until
+    # the first layer's backward. Measured (fp32 eager, the model above, b1 s96): per-layer
+    # 1,315,144 B, every-k/2 1,757,768 B, each 836 B above memcalc without them (768 B of
+    # position_ids); 68 B left: the inv_freq buffers (2 x 8 fp32) and the loss gradient's seed
+    fp32 = SELECTIVE.with_(precision="fp32")
+    for training, measured in ((fp32.with_(checkpointing="per-layer"), 1_315_144),
+                               (fp32.with_(checkpointing="every-k", checkpoint_every=2), 1_757_768)):
+        assert measured - estimate(LLAMA, training).peak_bytes == 68
+        graph = build_graph(LLAMA, _regime(LLAMA, training))
+        held = [n for n in graph.nodes if n.name == "checkpointed closure's position_ids"]
+        assert len(held) == len(_regime(LLAMA, training).segment_starts(LLAMA.num_layers))
+
+
 def test_region_inputs_are_released_when_its_first_op_gets_no_gradient():
     # LoRA on v_proj only: q and k are frozen, so at one sequence (no q copy) the attention
     # region's first op, q @ k^T, gets no gradient; its inputs must still be freed (recorded

@@ -61,7 +61,7 @@ class DecoderProgram:
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
                                        lambda x, layer: self.block(ops, spec, regime, x, layer, emb.context),
-                                       ops.sp_enter(emb.x)))
+                                       ops.sp_enter(emb.x), emb.context.get("position_ids")))
         x = self.final_norm(ops, spec, trunk)
         ops.scope_end(emb.held_until_norm)
         head = self.tied_head(ops) if spec.tie_embeddings else \
@@ -118,14 +118,26 @@ class DecoderProgram:
         return 0
 
 
-def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x: Value) -> Value:
+def run_layers(ops: Ops, num_layers: int, segments: set[int], block: Callable, x: Value,
+               position_ids: Value | None = None) -> Value:
     """The decoder stack: `block(x, layer)` for each layer, each a wrapped module (FSDP hooks at
-    its boundaries), grouped into checkpoint regions starting at the layers in `segments`."""
+    its boundaries), grouped into checkpoint regions starting at the layers in `segments`.
+
+    Each region's checkpoint keeps the keyword tensors its layers receive until the region's
+    backward: transformers 5.24's GradientCheckpointingLayer checkpoints
+    `partial(forward, self, **kwargs)` (modeling_layers.py), and the validator's segments
+    (validate.hf.SegmentLayer) pass the recorded `calls` to checkpoint. Among them is the
+    `position_ids` of a decoder layer that receives it (the embed context's "position_ids"),
+    held as a view at the region start like attention_core does under selective; one (1, s)
+    int64 tensor shared by every layer, so 8*s bytes live until the first layer's backward
+    (measured: -768 B at s 96 before it was modelled)."""
     g = ops.g
     for layer in range(num_layers):
         g.layer_starts.append(len(g.nodes))
         if layer in segments:
             g.begin_region()
+            if position_ids is not None:
+                g.view("checkpointed closure's position_ids", position_ids)
         g.module_boundary("begin", str(layer))
         x = block(x, layer)
         g.module_boundary("end", str(layer))

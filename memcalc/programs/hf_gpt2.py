@@ -78,7 +78,10 @@ class HFGPT2(DecoderProgram):
         x = ops.add_broadcast(tok, pos, size("s h", wpe.elt, h=h))
         mask = causal_mask(ops, regime, tok.elt)  # create_causal_mask (call_path)
         x = ops.dropout(x, spec.embd_dropout)
-        return Embedded(x, ids, {"mask": mask}, held_until_norm=[tok, pos, mask])
+        # GPT2Model passes position_ids to every GPT2Block (modeling_gpt2.py, transformers 5.24),
+        # which passes it on to the attention interface: a checkpoint keeps it (run_layers,
+        # attention_core); it matters only where wpe is frozen (else wpe's backward saves it)
+        return Embedded(x, ids, {"mask": mask, "position_ids": pos_ids}, held_until_norm=[tok, pos, mask])
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One GPT2Block."""
@@ -93,7 +96,7 @@ class HFGPT2(DecoderProgram):
         k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         y, weights = attention_core(ops, regime, lambda: (
             (sdpa_attention(ops, spec, q, k, v, context["mask"], contiguous), None) if regime.attention == "sdpa"
-            else eager_core(ops, spec, regime, q, k, v, context["mask"], contiguous)))
+            else eager_core(ops, spec, regime, q, k, v, context["mask"], contiguous)), context.get("position_ids"))
         attn = ops.linear(y, p("attn.c_proj.weight", a * d * h, a * d),
                           p("attn.c_proj.bias", h) if spec.out_bias else None, N, h, "attn c_proj")
         attn = ops.dropout(attn, spec.resid_dropout)

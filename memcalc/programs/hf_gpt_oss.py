@@ -300,11 +300,12 @@ class HFGptOss(HFLlama):
         x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                  backward=[Grad(0)], elt=embed.elt)
         input_require_grads(ops, x)
-        g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         masks = {kind: g.op(f"{kind} causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
                  for kind in ("full", "sliding")}
         cos, sin = rotary_tables(ops, spec.head_size, x.elt)
-        context = {"masks": masks, "cos": cos, "sin": sin}
+        context = {"masks": masks, "cos": cos, "sin": sin, "position_ids": pos}  # GptOssModel passes
+        # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers)
         return Embedded(x, ids, context, held_until_norm=[x, *masks.values(), cos, sin])
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict,
@@ -321,7 +322,8 @@ class HFGptOss(HFLlama):
         o_b = p("self_attn.o_proj.bias", h) if spec.out_bias else None
         sinks = p("self_attn.sinks", a)
         mask = context["masks"]["sliding" if spec.layer_is_sliding(layer) else "full"]
-        y, weights = attention_core(ops, regime, lambda: sinks_eager(ops, spec, q, k, v, mask, sinks))
+        y, weights = attention_core(ops, regime, lambda: sinks_eager(ops, spec, q, k, v, mask, sinks),
+                                    context.get("position_ids"))
         if regime.selective:  # validate.hf.register_selective returns (output, None): no weights held
             weights = None
         out = ops.row_linear(y, o_w, o_b, TOKENS, h, "o_proj")
