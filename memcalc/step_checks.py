@@ -139,6 +139,13 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
 
 
+NO_SDPA = {"gemma2": "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel._supports_sdpa "
+                     "is False: SDPA cannot soft-cap the scores)",
+           "gpt_oss": "transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel._supports_sdpa is "
+                      "False: SDPA has no attention sinks)"}
+"""The families whose transformers class runs eager attention only, with the reason."""
+
+
 def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
     """What the model's transformers class can run: Gemma-2 has no SDPA path.
 
@@ -147,14 +154,8 @@ def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
     ...
     memcalc.errors.NotModelledError: attention: transformers' Gemma-2 runs no SDPA path ...
     """
-    if model.family == "gemma2" and training.attention == "sdpa":
-        raise NotModelledError("attention", "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
-                               "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
-                               "use attention='eager'")
-    if model.family == "gpt_oss" and training.attention == "sdpa":
-        raise NotModelledError("attention", "transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel."
-                               "_supports_sdpa is False: SDPA has no attention sinks)",
-                               "use attention='eager'")
+    if model.family in NO_SDPA and training.attention == "sdpa":
+        raise NotModelledError("attention", NO_SDPA[model.family], "use attention='eager'")
 
 
 def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:

@@ -34,14 +34,17 @@ def configs(presets: list[str]=None):
     """(preset, regime, checkpointing, ModelSpec, TrainingConfig) of every table row, in order."""
     from memcalc.presets import PRESETS
     from memcalc.specs import ModelSpec
+    from memcalc.step_checks import NO_SDPA
     from memcalc.training import TrainingConfig
 
     for name in presets or PRESETS:
         model = ModelSpec.preset(name)
+        attention = "eager" if model.family in NO_SDPA else "sdpa"  # what its class can run
         for regime, fields in REGIMES.items():
             for mode in CHECKPOINTING:
                 yield name, regime, mode, model, TrainingConfig(
-                    micro_batch=1, seq_len=standard_seq_len(name), checkpointing=mode, **fields)
+                    micro_batch=1, seq_len=standard_seq_len(name), checkpointing=mode, attention=attention,
+                    **fields)
 
 
 def _gib(n: int) -> str:
@@ -50,21 +53,31 @@ def _gib(n: int) -> str:
 
 def breakdown_rows(presets: list[str]=None) -> list[list[str]]:
     """One row per (preset, regime, checkpointing): peak, phase and components in GiB."""
+    return [_breakdown_row(*config) for config in configs(presets)]
+
+
+def _breakdown_row(name: str, regime: str, mode: str, model: object, training: object) -> list[str]:
     from memcalc.estimate import estimate
 
-    rows = []
-    for name, regime, mode, model, training in configs(presets):
-        head = [name, regime, mode, str(training.seq_len)]
-        try:
-            r = estimate(model, training)
-        except (NotImplementedError, NotModelledError):
-            rows.append(head + [NOT_MODELLED] + [""] * (len(COMPONENTS) + 1))
-            continue
-        comps = dict.fromkeys(COMPONENTS, 0)
-        for k, v in r.components.items():
-            comps[k if k in comps else "other"] += v
-        rows.append(head + [_gib(r.peak_bytes), r.peak_phase] + [_gib(v) for v in comps.values()])
-    return rows
+    head = [name, regime, mode, str(training.seq_len)]
+    try:
+        r = estimate(model, training)
+    except (NotImplementedError, NotModelledError):
+        return head + [NOT_MODELLED] + [""] * (len(COMPONENTS) + 1)
+    comps = dict.fromkeys(COMPONENTS, 0)
+    for k, v in r.components.items():
+        comps[k if k in comps else "other"] += v
+    return head + [_gib(r.peak_bytes), r.peak_phase] + [_gib(v) for v in comps.values()]
+
+
+def both_rows(presets: list[str]=None) -> tuple[list[list[str]], list[list[str]]]:
+    """(breakdown_rows, capacity_rows) in one pass over the configurations, so that each
+    configuration's simulation (memcalc.engine's cache, bounded) serves both of its rows."""
+    b_rows, c_rows = [], []
+    for config in configs(presets):
+        b_rows.append(_breakdown_row(*config))
+        c_rows.append(_capacity_row(*config))
+    return b_rows, c_rows
 
 
 BREAKDOWN_HEADER = ["model", "regime", "checkpointing", "seq_len", "peak GiB", "peak phase"] + [
@@ -73,18 +86,19 @@ BREAKDOWN_HEADER = ["model", "regime", "checkpointing", "seq_len", "peak GiB", "
 
 def capacity_rows(presets: list[str]=None) -> list[list[str]]:
     """One row per (preset, regime, checkpointing): the largest micro-batch on each GPU."""
+
+    return [_capacity_row(*config) for config in configs(presets)]
+
+
+def _capacity_row(name: str, regime: str, mode: str, model: object, training: object) -> list[str]:
     from memcalc.capacity import max_micro_batch
     from memcalc.gpus import GPUS
 
-    rows = []
-    for name, regime, mode, model, training in configs(presets):
-        head = [name, regime, mode, str(training.seq_len)]
-        try:
-            rows.append(head + [str(max_micro_batch(model, training, g.usable_bytes).value)
-                                for g in GPUS.values()])
-        except (NotImplementedError, NotModelledError):
-            rows.append(head + [NOT_MODELLED] * len(GPUS))
-    return rows
+    head = [name, regime, mode, str(training.seq_len)]
+    try:
+        return head + [str(max_micro_batch(model, training, g.usable_bytes).value) for g in GPUS.values()]
+    except (NotImplementedError, NotModelledError):
+        return head + [NOT_MODELLED] * len(GPUS)
 
 
 def capacity_header() -> list[str]:
@@ -120,7 +134,7 @@ def to_csv(header: list[str], rows: list[list[str]]) -> str:
 
 
 BREAKDOWN_TITLE = ("Peak memory of one training step (steady state, micro_batch 1, cuda, sdpa "
-                   "attention; GiB = 2**30 bytes)")
+                   "attention, eager for Gemma-2 and GPT-OSS, which have no SDPA path; GiB = 2**30 bytes)")
 CAPACITY_TITLE = ("Largest micro-batch per GPU (usable memory = total - 500 MiB CUDA context; "
                   "0 = does not fit)")
 
@@ -163,7 +177,7 @@ def multi_gpu_rows(presets: list[str]=None) -> list[list[str]]:
 
 def render(presets: list[str]=None) -> dict[str, str]:
     """File name -> text of every checked table."""
-    b_rows, c_rows, m_rows = breakdown_rows(presets), capacity_rows(presets), multi_gpu_rows(presets)
+    (b_rows, c_rows), m_rows = both_rows(presets), multi_gpu_rows(presets)
     return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
             "breakdown.csv": to_csv(BREAKDOWN_HEADER, b_rows),
             "max_micro_batch.md": to_markdown(capacity_header(), c_rows, CAPACITY_TITLE),
