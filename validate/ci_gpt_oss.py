@@ -62,3 +62,17 @@ def _case(name: str, row: dict, device: str, changes: dict | None = None) -> Cas
     cfg = {**GPT_OSS_CONFIG, **(changes or {})}
     spec = ModelSpec.from_hf_config(cfg).with_(name="gpt_oss-like")
     return Case(name, spec, training, cfg)
+
+
+def dist_gpt_oss_cases(device: str = "cpu") -> list[Case]:
+    """A data-parallel GPT-OSS row for the dist-ci matrix: FSDP2 per decoder layer (zero3) under
+    bf16 autocast with per-layer checkpointing, grouped_mm experts (whose memory does not depend
+    on each rank's routing), eager attention.
+
+    >>> [c.name for c in dist_gpt_oss_cases()]
+    ['gpt_oss-W2-zero3-bf16-amp-per-layer']
+    """
+    training = TrainingConfig.make(micro_batch=2, seq_len=40, device=device, world_size=2, sharding="zero3",
+                                   precision="bf16-amp", checkpointing="per-layer", attention="eager")
+    spec = ModelSpec.from_hf_config(GPT_OSS_CONFIG).with_(name="gpt_oss-like")
+    return [Case("gpt_oss-W2-zero3-bf16-amp-per-layer", spec, training, GPT_OSS_CONFIG)]

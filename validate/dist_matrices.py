@@ -41,10 +41,11 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     two padding rows (llama-ref with V=1001, f=346 at W=4, zero2 and zero3), two FSDP2 rows with
     gradient accumulation, three with FSDP2's MixedPrecisionPolicy, then the tensor-parallel rows
     (tensor_parallel_cases), three mixture-of-experts rows (validate.ci_moe.dist_moe_cases) and
-    two with the auxiliary loss (validate.ci_moe_aux.dist_moe_aux_cases).
+    two with the auxiliary loss (validate.ci_moe_aux.dist_moe_aux_cases) and one GPT-OSS row
+    (validate.ci_gpt_oss.dist_gpt_oss_cases).
 
     >>> cases = dist_ci_matrix(); len(cases), cases[0].label
-    (66, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
+    (67, 'gpt2-ref-W2-none: reference gpt2 L3 h128 V1000 | b2 s64 fp32 adamw | W2 none')
     """
     training = TrainingConfig.make(micro_batch=DIST_SHAPE["b"], seq_len=DIST_SHAPE["s"],
                                    device=device)
@@ -69,10 +70,12 @@ def dist_ci_matrix(device: str = "cpu") -> list[Case]:
     cases += dist_families_b(device)  # issue 12 part b: Phi-3, GPT-NeoX, OLMo-2, Granite, SmolLM3
     from validate.ci_moe import dist_moe_cases
     from validate.ci_moe_aux import dist_moe_aux_cases
+    from validate.ci_gpt_oss import dist_gpt_oss_cases
 
     return (cases + tensor_parallel_cases(training) + call_path_cases(training)
             + dist_moe_cases(device)  # MoE: validate/ci_moe.py
-            + dist_moe_aux_cases(device))  # MoE auxiliary loss, jitter: validate/ci_moe_aux.py
+            + dist_moe_aux_cases(device)  # MoE auxiliary loss, jitter: validate/ci_moe_aux.py
+            + dist_gpt_oss_cases(device))  # GPT-OSS: validate/ci_gpt_oss.py
 
 
 def call_path_cases(training: TrainingConfig) -> list[Case]:
