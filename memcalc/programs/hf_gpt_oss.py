@@ -27,7 +27,7 @@ from memcalc.programs.attention import add_float_mask, attention_core, copy, sco
 from memcalc.programs.base import TOKENS, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.hf_llama import HFLlama
 from memcalc.programs.layers import qkv_projections, rms_norm_weight_first
-from memcalc.programs.moe import INDEX, inplace
+from memcalc.programs.moe import INDEX, grouped_combine, grouped_dispatch, inplace
 from memcalc.programs.moe_aux import add_aux_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
@@ -169,16 +169,8 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
     down = p("mlp.experts.down_proj", E * f * h, E)
     down_bias = p("mlp.experts.down_proj_bias", E * h, E)
-    sorted_ids, perm = g.op_multi("sort expert ids", [indices], [S * INDEX, S * INDEX],
-                                  requires_grad=False, elts=[INDEX, INDEX])
-    token_of = g.op("perm // top_k", [perm], S * INDEX, requires_grad=False, elt=INDEX)
-    gathered = g.op("hidden_states[perm // top_k]", [x, token_of], S * (h * x.elt), saves=[token_of],
-                    backward=[Temp(TOKENS * (h * x.elt)), Grad(0), FreeTemps()], elt=x.elt)
-    w_sorted = g.op("sample_weights[perm]", [weights, perm], S * weights.elt, saves=[perm],
-                    backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
-    as_float = g.op("expert ids .float()", [sorted_ids], S * 4, requires_grad=False)
-    histc = g.op("histc", [as_float], Poly.const(E * 4), requires_grad=False)
-    offsets = g.op("cumsum offsets", [histc], Poly.const(E * 4), requires_grad=False)
+    held = grouped_dispatch(ops, spec, x, weights, indices)
+    sorted_ids, gathered, offsets = held[1], held[3], held[7]
     pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
     b1 = _bias_gather(ops, gate_up_bias, sorted_ids, S, 2 * f, "gate_up_proj_bias[expert_ids]")
     xin = ops.to(gathered, pe, "input.to(weight.dtype)")
@@ -192,19 +184,7 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
              backward=[Grad(1), Grad(0)], elt=pe)
     y = _add_(ops, y, b2, "out.add_(bias)")
     ops.scope_end([mul])  # _grouped_linear's `input`, and `proj_out` until rebound
-    elt = max(y.elt, w_sorted.elt)
-    wide = S * (h * elt)
-    back = [Grad(0), Temp(wide), Grad(1), FreeTemps()] if elt == y.elt else \
-        [Temp(wide), Temp(wide), Grad(0), FreeTemps(), Grad(1)]
-    weighted = g.op("* routing weights", [y, w_sorted], S * (h * elt), saves=[y, w_sorted],
-                    backward=back, elt=elt)
-    inv = g.op("inv_perm", [perm], S * INDEX, requires_grad=False, elt=INDEX)
-    g.op("arange", [], S * INDEX, requires_grad=False, elt=INDEX)
-    unperm = g.op("weighted_out[inv_perm]", [weighted, inv], weighted.size, saves=[inv],
-                  backward=[Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
-    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
-    ops.scope_end([perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets, b2, y, inv, unperm])
-    return ops.to(out, x.elt, "experts out .to(hidden dtype)")
+    return grouped_combine(ops, spec, x, y, held + [b2])
 
 
 def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: Value,

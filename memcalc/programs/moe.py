@@ -65,6 +65,26 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     S = TOKENS * k
     gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E)
     down = p("mlp.experts.down_proj", E * h * f, E)
+    held = grouped_dispatch(ops, spec, x, weights, indices)
+    gathered, offsets = held[3], held[7]
+    pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
+    xin = ops.to(gathered, pe, "input.to(weight.dtype)")
+    up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up, offsets],
+              backward=[Grad(1), Grad(0)], elt=pe)
+    act, mul = _gated(ops, up, S, f)
+    y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down, offsets],
+             backward=[Grad(1), Grad(0)], elt=pe)
+    return grouped_combine(ops, spec, x, y, held)
+
+
+def grouped_dispatch(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indices: Value) -> list[Value]:
+    """grouped_mm_experts_forward (integrations/moe.py) up to the first grouped_mm: the expert ids
+    sorted (values and permutation), each slot's token, the gathered (S, h) hidden states, the
+    permuted routing weights, the ids as float, histc and the cumsum offsets; returned in that
+    order: [perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets] (the
+    function's locals, alive until it returns)."""
+    g, E, k, h = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size
+    S = TOKENS * k
     sorted_ids, perm = g.op_multi("sort expert ids", [indices], [S * INDEX, S * INDEX],
                                   requires_grad=False, elts=[INDEX, INDEX])
     token_of = g.op("perm // top_k", [perm], S * INDEX, requires_grad=False, elt=INDEX)
@@ -75,13 +95,15 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     as_float = g.op("expert ids .float()", [sorted_ids], S * 4, requires_grad=False)
     histc = g.op("histc", [as_float], Poly.const(E * 4), requires_grad=False)
     offsets = g.op("cumsum offsets", [histc], Poly.const(E * 4), requires_grad=False)
-    pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
-    xin = ops.to(gathered, pe, "input.to(weight.dtype)")
-    up = g.op("grouped_mm gate_up", [xin, gate_up, offsets], S * (2 * f * pe), saves=[xin, gate_up, offsets],
-              backward=[Grad(1), Grad(0)], elt=pe)
-    act, mul = _gated(ops, up, S, f)
-    y = g.op("grouped_mm down", [mul, down, offsets], S * (h * pe), saves=[mul, down, offsets],
-             backward=[Grad(1), Grad(0)], elt=pe)
+    return [perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets]
+
+
+def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Value]) -> Value:
+    """grouped_mm_experts_forward after the down projection `y` (S, h): times the permuted
+    routing weights, un-permuted, summed over top_k, cast to the hidden states' dtype; `held`
+    (grouped_dispatch's locals, then any the caller adds) die with y when the function returns."""
+    g, perm, w_sorted = ops.g, held[0], held[4]
+    S, h = TOKENS * spec.moe.top_k, spec.hidden_size
     elt = max(y.elt, w_sorted.elt)
     # mul backward (measured): grad * weights (y's gradient; in the promoted dtype, then cast to
     # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1) gradient
@@ -98,7 +120,7 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape)
     out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
     # locals of grouped_mm_experts_forward until it returns
-    ops.scope_end([perm, sorted_ids, token_of, gathered, w_sorted, as_float, histc, offsets, y, inv, unperm])
+    ops.scope_end([*held, y, inv, unperm])
     return ops.to(out, x.elt, "experts out .to(hidden dtype)")
 
 
