@@ -24,8 +24,8 @@ from typing import Callable
 from memcalc.moe import is_worst, token_counts
 from memcalc.poly import Poly
 from memcalc.programs.attention import add_float_mask, attention_core, copy, scores_matmul
-from memcalc.programs.base import TOKENS, Embedded, input_require_grads, param_maker, size
-from memcalc.programs.hf_llama import HFLlama
+from memcalc.programs.base import TOKENS, Embedded, param_maker, size
+from memcalc.programs.hf_llama import HFLlama, token_embedding
 from memcalc.programs.layers import qkv_projections, rms_norm_weight_first
 from memcalc.programs.moe import INDEX, grouped_combine, grouped_dispatch, inplace
 from memcalc.programs.moe_aux import add_aux_loss
@@ -274,12 +274,8 @@ class HFGptOss(HFLlama):
         """embed_tokens(ids); position_ids; both masks (create_causal_mask and
         create_sliding_window_causal_mask: eager's additive (b, 1, s, s) masks of the
         embeddings' dtype); the (s, d/2) rotary tables."""
-        g, h, V = ops.g, spec.hidden_size, spec.vocab_size
-        ids = g.input("input_ids", size("b s", 8))
-        embed = ops.param("model.embed_tokens.weight", V * h, V)
-        x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
-                 backward=[Grad(0)], elt=embed.elt)
-        input_require_grads(ops, x)
+        g = ops.g
+        ids, x = token_embedding(ops, spec)
         pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         masks = {kind: g.op(f"{kind} causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
                  for kind in ("full", "sliding")}

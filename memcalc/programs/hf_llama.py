@@ -59,6 +59,19 @@ def attention_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Val
     return llama_eager(ops, spec, q, k, v, mask, softcap, contiguous=contiguous)
 
 
+def token_embedding(ops: Ops, spec: ModelSpec) -> tuple[Value, Value]:
+    """(input_ids, embed_tokens(input_ids)): the (b, s) int64 ids and the embedding lookup, which
+    saves the ids for its backward; made to require grad when the embedding is frozen
+    (input_require_grads, as enable_input_require_grads does)."""
+    g, h, V = ops.g, spec.hidden_size, spec.vocab_size
+    ids = g.input("input_ids", size("b s", 8))
+    embed = ops.param("model.embed_tokens.weight", V * h, V)
+    x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
+             backward=[Grad(0)], elt=embed.elt)
+    input_require_grads(ops, x)
+    return ids, x
+
+
 class HFLlama(DecoderProgram):
     """LlamaForCausalLM: parameters model.embed_tokens, model.layers.{i}.*, model.norm, lm_head.
 
@@ -126,12 +139,8 @@ class HFLlama(DecoderProgram):
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; the masks (memcalc.programs.masks); the rotary
         cos/sin tables computed once per forward."""
-        g, h, V = ops.g, spec.hidden_size, spec.vocab_size
-        ids = g.input("input_ids", size("b s", 8))
-        embed = ops.param("model.embed_tokens.weight", V * h, V)
-        x = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
-                 backward=[Grad(0)], elt=embed.elt)
-        input_require_grads(ops, x)
+        g = ops.g
+        ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
         pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
