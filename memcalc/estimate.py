@@ -178,8 +178,25 @@ def allocator_granularity(training: TrainingConfig) -> int:
 
 
 def _components(moment: Moment, b: int, s: int, total: int) -> dict[str, int]:
-    """Bytes per category at a moment, with the allocator's rounding as its own component."""
-    parts = {k: int(-(-v.eval(b, s) // 1)) for k, v in moment.by_category.items()}
+    """Bytes per category at a moment, with the allocator's rounding as its own component.
+    Categories are whole bytes summing to the moment's whole bytes (the ceiling of its total, as
+    estimate() rounds a MoE 'balanced' routing's fractional tokens): each category's fraction
+    is floored and the bytes left go to the largest fractions (largest-remainder apportionment),
+    so no category is over-counted and the rounding stays >= 0.
+
+    >>> from memcalc.poly import Poly
+    >>> from fractions import Fraction
+    >>> from memcalc.tape.simulate import Moment
+    >>> half = Poly({(1, 1): Fraction(3, 2)})  # 1.5 bytes a token: balanced routing's shares
+    >>> m = Moment("backward", "x", half + half, {"a": half, "b": half})
+    >>> _components(m, 1, 1, 3)
+    {'a': 2, 'b': 1}
+    """
+    exact = {k: v.eval(b, s) for k, v in moment.by_category.items()}
+    parts = {k: int(v // 1) for k, v in exact.items()}
+    left = int(-(-sum(exact.values()) // 1)) - sum(parts.values())
+    for k in sorted(exact, key=lambda k: -(exact[k] - parts[k]))[:max(0, left)]:
+        parts[k] += 1
     rounding = total - sum(parts.values())
     if rounding:
         parts["allocator_rounding"] = rounding
