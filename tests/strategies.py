@@ -18,11 +18,12 @@ MEMCALC_HYPOTHESIS_PROFILE=long pytest.
 from __future__ import annotations
 
 import os
+import random
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from memcalc.moe import MoESpec
+from memcalc.moe import MoESpec, moe_layers
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
@@ -269,3 +270,21 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
             continue
         out = t
     return out
+
+
+def random_routing(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
+    """Per-MoE-layer expert token counts of `tokens` tokens, each to top_k distinct experts drawn
+    with a random skew (tests of routing bounds over every MoE program)."""
+    E, k = spec.moe.num_experts, spec.moe.top_k
+    skew = [rng.random() ** 3 for _ in range(E)]
+    rows = []
+    for _ in moe_layers(spec):
+        counts = [0] * E
+        for _ in range(tokens):  # k distinct experts per token, weighted by a random skew
+            chosen = set()
+            while len(chosen) < k:
+                chosen.add(rng.choices(range(E), weights=skew)[0])
+            for e in chosen:
+                counts[e] += 1
+        rows.append(tuple(counts))
+    return tuple(rows)

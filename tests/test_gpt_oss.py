@@ -3,7 +3,6 @@ parameter counts and transformers' own num_parameters(); the published config.js
 (its quantization_config refused by name); what transformers cannot run refused; 'worst'
 routing never below any routing on the eager experts loop (cpu and cuda, the allocator's
 rounding included); grouped_mm memory independent of routing."""
-import random
 
 import pytest
 from hypothesis import given, settings
@@ -12,9 +11,10 @@ from hypothesis import strategies as st
 from memcalc import estimate
 from memcalc.errors import MemcalcError, NotModelledError
 from memcalc.formulas.parameters import active_parameter_count
-from memcalc.moe import MoESpec, moe_layers
+from memcalc.moe import MoESpec
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from tests.strategies import random_routing
 
 # openai/gpt-oss-20b config.json (huggingface.co; layer_types written out as published)
 GPT_OSS_20B = {
@@ -107,22 +107,6 @@ def test_the_cli_refuses_sdpa_with_exit_2(capsys):
 
 
 # ---- routing properties ------------------------------------------------------------------------
-def _random_counts(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
-    E, k = spec.moe.num_experts, spec.moe.top_k
-    skew = [rng.random() ** 3 for _ in range(E)]
-    rows = []
-    for _ in moe_layers(spec):
-        counts = [0] * E
-        for _ in range(tokens):  # k distinct experts per token, weighted by a random skew
-            chosen = set()
-            while len(chosen) < k:
-                chosen.add(rng.choices(range(E), weights=skew)[0])
-            for e in chosen:
-                counts[e] += 1
-        rows.append(tuple(counts))
-    return tuple(rows)
-
-
 @st.composite
 def gpt_oss_steps(draw):
     E = draw(st.integers(2, 8))
@@ -148,7 +132,7 @@ def test_worst_routing_is_never_below_any_routing(step):
     spec, training, rng = step
     worst = estimate(spec, training).peak_bytes
     for _ in range(3):
-        counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
+        counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
         assert estimate(spec, training.with_(moe_routing=counts)).peak_bytes <= worst
 
 
@@ -157,6 +141,6 @@ def test_worst_routing_is_never_below_any_routing(step):
 def test_grouped_mm_memory_does_not_depend_on_routing(step):
     spec, training, rng = step
     grouped = training.with_(experts_implementation="grouped_mm")
-    counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
+    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
     peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
     assert len(peaks) == 1

@@ -3,7 +3,6 @@ against transformers' own num_parameters(); published config.json files read bac
 routing refused where it cannot hold; 'worst' routing never below any routing; grouped_mm memory
 independent of routing."""
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from memcalc.moe import MoESpec, moe_layers
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
-from tests.strategies import MOE_FAMILIES, cases
+from tests.strategies import MOE_FAMILIES, cases, random_routing
 
 # (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
 # (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
@@ -170,22 +169,6 @@ def test_the_cli_refuses_bad_routing_with_exit_2(capsys):
 
 
 # ---- routing properties ------------------------------------------------------------------------
-def _random_counts(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
-    E, k = spec.moe.num_experts, spec.moe.top_k
-    skew = [rng.random() ** 3 for _ in range(E)]
-    rows = []
-    for _ in moe_layers(spec):
-        counts = [0] * E
-        for _ in range(tokens):  # k distinct experts per token, weighted by a random skew
-            chosen = set()
-            while len(chosen) < k:
-                chosen.add(rng.choices(range(E), weights=skew)[0])
-            for e in chosen:
-                counts[e] += 1
-        rows.append(tuple(counts))
-    return tuple(rows)
-
-
 @st.composite
 def moe_steps(draw):
     family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
@@ -261,7 +244,7 @@ def test_worst_routing_bounds_the_rounded_counterexample():
 def test_grouped_mm_memory_does_not_depend_on_routing(step):
     spec, training, rng = step
     grouped = training.with_(experts_implementation="grouped_mm")
-    counts = _random_counts(rng, spec, training.micro_batch * training.seq_len)
+    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
     peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
     assert len(peaks) == 1
 
