@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ")
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
     _json_arg(p)
     return parser
 
@@ -376,10 +377,14 @@ def cmd_tables(args: argparse.Namespace) -> dict:
     """Run `tables` (write, or --check and exit 1 on a difference)."""
     from memcalc import tables
     from memcalc.checks import check_out_dir
+    from memcalc.errors import MemcalcError
+    from memcalc.limits import MAX_JOBS
 
     check_out_dir("out", args.out, create=not args.check)
+    if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
+        raise MemcalcError("jobs", f"{args.jobs} worker processes", f"pass --jobs from 1 to {MAX_JOBS}")
     if args.check:
-        stale = tables.check(args.out, args.presets)
+        stale = tables.check(args.out, args.presets, args.jobs)
         if not args.json:
             print("tables are up to date" if not stale else
                   f"tables differ from the code: {', '.join(stale)}; run `memcalc tables`")
@@ -388,7 +393,7 @@ def cmd_tables(args: argparse.Namespace) -> dict:
                 print(json.dumps({"stale": stale}))
             raise SystemExit(1)
         return {"stale": stale}
-    names = tables.write(args.out, args.presets, plots=not args.no_plots)
+    names = tables.write(args.out, args.presets, plots=not args.no_plots, jobs=args.jobs)
     if not args.json:
         print(f"wrote {len(names)} files to {args.out}: {', '.join(names)}")
     return {"written": names}
