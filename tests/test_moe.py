@@ -16,7 +16,7 @@ from memcalc.moe import MoESpec, moe_layers
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
-from tests.strategies import MOE_FAMILIES, cases, random_routing
+from tests.strategies import MOE_FAMILIES, cases, moe_steps, random_routing
 
 # (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
 # (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
@@ -169,23 +169,6 @@ def test_the_cli_refuses_bad_routing_with_exit_2(capsys):
 
 
 # ---- routing properties ------------------------------------------------------------------------
-@st.composite
-def moe_steps(draw):
-    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
-    E = draw(st.integers(2, 8))
-    moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64, 128])),
-                  shared_expert_ffn_size=64 if family == "qwen2_moe" else None)
-    spec = ModelSpec.make(family=family, vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
-                          num_layers=draw(st.integers(1, 2)), num_heads=2, intermediate_size=64,
-                          qkv_bias=family == "qwen2_moe", out_bias=False, mlp_bias=False,
-                          tie_embeddings=False, activation="silu", moe=moe)
-    training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
-                              precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
-                              checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-                              device=draw(st.sampled_from(["cpu", "cuda"])), experts_implementation="eager")
-    return spec, training, draw(st.randoms(use_true_random=False))
-
-
 @st.composite
 def compositions(draw, spec: ModelSpec, tokens: int) -> tuple:
     """One routing per MoE layer: counts of tokens*top_k (token, expert) pairs, each at most
