@@ -311,3 +311,14 @@ def random_routing(rng: random.Random, spec: ModelSpec, tokens: int, skewed: boo
                 counts[e] += 1
         rows.append(tuple(counts))
     return tuple(rows)
+
+
+def grouped_mm_peaks(spec: ModelSpec, training: TrainingConfig, rng: random.Random) -> set[int]:
+    """The peaks of `training` on the grouped_mm experts path under 'worst', 'balanced' and one
+    `random_routing`: a single value where memory does not depend on routing (transformers'
+    grouped_mm_experts_forward sizes every tensor by tokens * top_k: memcalc.moe)."""
+    from memcalc import estimate
+
+    grouped = training.with_(experts_implementation="grouped_mm")
+    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
+    return {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}

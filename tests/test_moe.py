@@ -17,7 +17,7 @@ from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
 from tests.configs import meta_num_parameters
-from tests.strategies import MOE_FAMILIES, cases, moe_steps, random_routing
+from tests.strategies import MOE_FAMILIES, cases, grouped_mm_peaks, moe_steps
 
 # (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
 # (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
@@ -214,11 +214,7 @@ def test_worst_routing_bounds_the_rounded_counterexample():
 @settings(deadline=None)
 @given(moe_steps())
 def test_grouped_mm_memory_does_not_depend_on_routing(step):
-    spec, training, rng = step
-    grouped = training.with_(experts_implementation="grouped_mm")
-    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
-    peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
-    assert len(peaks) == 1
+    assert len(grouped_mm_peaks(*step)) == 1
 
 
 # ---- the measured rows -------------------------------------------------------------------------
