@@ -165,9 +165,9 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     (E, h, 2f) and (E, f, h), no transpose view), GptOssExperts._apply_gate in between."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
     S = TOKENS * k
-    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E, (h, 2 * f))
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
-    down = p("mlp.experts.down_proj", E * f * h, E)
+    down = p("mlp.experts.down_proj", E * f * h, E, (f, h))
     down_bias = p("mlp.experts.down_proj_bias", E * h, E)
     held = grouped_dispatch(ops, spec, x, weights, indices)
     sorted_ids, gathered, offsets = held[1], held[3], held[7]
@@ -198,9 +198,9 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     current_state, gate_up, gated_output, out, weighted_output) live until the next iteration
     rebinds them, the last ones until forward returns."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
-    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E, (h, 2 * f))
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
-    down = p("mlp.experts.down_proj", E * f * h, E)
+    down = p("mlp.experts.down_proj", E * f * h, E, (f, h))
     down_bias = p("mlp.experts.down_proj_bias", E * h, E)
     out = g.op("zeros_like", [], x.size, requires_grad=False, elt=x.elt)
     mask = g.op("one_hot expert mask", [indices], TOKENS * (k * E * INDEX), requires_grad=False, elt=INDEX)
