@@ -174,8 +174,10 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
-    q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
-    k = g.view("k view", k, backward=[Grad(0)])
+    # the reshape of the incoming grad: a copy, a view with one head (head_copy; measured)
+    back = [Alias(0) if a == 1 else Grad(0)]
+    q = g.view("q view", q, backward=back)
+    k = g.view("k view", k, backward=back)
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
     # by C++ locals until the function returns
     upcast = [ops.to(t, 4, "math upcast") for t in (q, k, v)]
