@@ -24,6 +24,15 @@ def copy(ops: Ops, x: Value, name: str) -> Value:
     return ops.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
 
 
+def head_copy(ops: Ops, spec: ModelSpec, x: Value, name: str) -> Value:
+    """`copy`, or `x` itself (a view, saved by whoever takes it) with one attention head: every
+    copy here is a reshape or contiguous() of a (b, heads, s, d)-shaped transpose, and a size-1
+    heads dimension merges or transposes as a view whatever the strides (is_contiguous skips
+    size-1 dims; measured at num_heads 1, torch 2.13: no clone, and bmm saves the view of a fused
+    projection, keeping the whole projection alive)."""
+    return x if spec.num_heads == 1 else copy(ops, x, name)
+
+
 def scores_matmul(ops: Ops, q: Value, k: Value, heads: int) -> Value:
     """q @ k^T: (b, heads, s, s) scores; bmm saves both operands."""
     return ops.g.op("q@k^T", [q, k], size("b a s s", q.elt, a=heads), saves=product_saves(q, k),
@@ -52,7 +61,7 @@ def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous: bo
         return sdpa_math(ops, spec, q, k, v, contiguous=contiguous)
     out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
     if contiguous_q and ops.device == "cpu":
-        out = copy(ops, out, "transpose(1,2).contiguous()")
+        out = head_copy(ops, spec, out, "transpose(1,2).contiguous()")
     return out
 
 
@@ -165,8 +174,10 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
-    q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
-    k = g.view("k view", k, backward=[Grad(0)])
+    # the reshape of the incoming grad: a copy, a view with one head (head_copy; measured)
+    back = [Alias(0) if a == 1 else Grad(0)]
+    q = g.view("q view", q, backward=back)
+    k = g.view("k view", k, backward=back)
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
     # by C++ locals until the function returns
     upcast = [ops.to(t, 4, "math upcast") for t in (q, k, v)]
@@ -183,18 +194,20 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     if kv < a:
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
-    qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" and not contiguous else ks
+    qc = head_copy(ops, spec, qs, "q reshape copy")
+    kc = head_copy(ops, spec, ks, "k^T reshape copy") if k_layout == "projection" and not contiguous else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
         g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
     needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous)
-    vc = copy(ops, v, "v reshape copy") if needs_copy else v
+    vc = head_copy(ops, spec, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
     ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
+    if a == 1:  # head_copy: the transpose of one head is contiguous
+        return out
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
@@ -205,15 +218,15 @@ def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Va
     scale + float mask; softmax (saves its result) cast to v's dtype; dropout; @ v;
     transpose(1, 2).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    qc = copy(ops, q, "q reshape copy")
-    s = scores_matmul(ops, qc, k if contiguous else copy(ops, k, "k reshape copy"), a)
+    qc = head_copy(ops, spec, q, "q reshape copy")
+    s = scores_matmul(ops, qc, k if contiguous else head_copy(ops, spec, k, "k reshape copy"), a)
     s = add_float_mask(ops, ops.scale(s, "* scale"), mask)
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
-    vc = v if contiguous else copy(ops, v, "v reshape copy")
+    vc = v if contiguous else head_copy(ops, spec, v, "v reshape copy")
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
-    return copy(ops, y, "transpose contiguous"), p
+    return head_copy(ops, spec, y, "transpose contiguous"), p
 
 
 def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
@@ -234,7 +247,7 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
-    reshape_copies = not ops.regime.single_sequence
+    reshape_copies = not ops.regime.single_sequence and a > 1  # head_copy: views at one head
     if kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
@@ -255,7 +268,7 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
-    out = copy(ops, y, "transpose contiguous")
+    out = head_copy(ops, spec, y, "transpose contiguous")
     ops.scope_end(repeated)
     return out, p
 
@@ -270,16 +283,16 @@ def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, cop
         full = size("b s a d", k.elt, a=a, d=d)
         k = g.op("repeat_interleave k", [k], full, backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=v.elt)
-    qc = copy(ops, q, "q reshape copy") if copies[0] else q
-    kc = copy(ops, k, "k reshape copy") if copies[1] else k
+    qc = head_copy(ops, spec, q, "q reshape copy") if copies[0] else q
+    kc = head_copy(ops, spec, k, "k reshape copy") if copies[1] else k
     s = ops.scale(scores_matmul(ops, qc, kc, a), "* scale")
     cond = g.op("mask == 0", [], size("s s", 1), requires_grad=False, elt=1)
     s = g.op("masked_fill", [s, cond], s.size, saves=[cond], backward=[Grad(0)], elt=s.elt)
     p = ops.dropout(ops.unary_saving_output("softmax", s), spec.attn_dropout)
-    vc = copy(ops, v, "v reshape copy") if copies[2] else v
+    vc = head_copy(ops, spec, v, "v reshape copy") if copies[2] else v
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
-    return copy(ops, y, "transpose contiguous")
+    return head_copy(ops, spec, y, "transpose contiguous")
 
 
 def attention_core(ops: Ops, regime: Regime, core: Callable[[], Any], position_ids: Value | None = None) -> Any:

@@ -9,7 +9,7 @@ Op by op:
   on post_attention_layernorm(x + attn) (sequential);
 - attention: query_key_value (b, s, 3h) viewed (b, s, heads, 3d) and transposed, chunk(3) into
   q, k, v (one SplitBackward: a cat of the three gradients, contiguous (b, heads, s, 3d), which
-  the view's backward then reshapes with a copy); partial rotary on q and k (layers.partial_rotary:
+  the view's backward then reshapes with a copy, a view at one head); partial rotary on q and k (layers.partial_rotary:
   slices and a cat, so q and k come out contiguous); the core (eager: no repeat_kv, no q/k
   reshape copies, v copied by bmm's reshape); dense;
 - LayerNorms with biases; the MLP dense_h_to_4h -> activation (hidden_act) -> dense_4h_to_h;
@@ -27,7 +27,7 @@ from memcalc.programs.layers import partial_rotary, rotary_tables
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Grad, Value
+from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops
 
 LAYER_ORDER = ["input_layernorm", "post_attention_layernorm", "attention.query_key_value", "attention.dense",
@@ -62,7 +62,8 @@ class HFGPTNeoX(DecoderProgram):
         qkv = ops.linear(x, p("attention.query_key_value.weight", h * 3 * h, 3 * h),
                          p("attention.query_key_value.bias", 3 * h) if spec.qkv_bias else None,
                          TOKENS, 3 * h, "query_key_value")
-        qkv_t = ops.g.view("view(b, s, a, 3d).transpose(1, 2)", qkv, backward=[Grad(0)])  # reshape copies
+        # its backward's reshape copies, but not one head (attention.head_copy; measured: no clone)
+        qkv_t = ops.g.view("view(b, s, a, 3d).transpose(1, 2)", qkv, backward=[Alias(0) if a == 1 else Grad(0)])
         q, k, v = ops.g.views("chunk(3)", qkv_t, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         cos, sin, rd = context["cos"], context["sin"], rotary_width(spec)
         q, k = partial_rotary(ops, q, cos, sin, a, d, rd), partial_rotary(ops, k, cos, sin, a, d, rd)

@@ -70,6 +70,8 @@ class Value:
     rows: int = 0  # dim 0 of a parameter (FSDP shards along it)
     leaf: bool = False  # a non-parameter leaf made to require grad (its .grad is accumulated)
     quant: int = 0  # elements of the matrix a bitsandbytes 4-bit weight packs (0: not quantised)
+    last2: tuple[int, int] | None = None  # the last two dims of a parameter of >= 3 dims (MoE
+    # experts; transformers' Adafactor factors over them); None: (rows, numel // rows) or 1-D
 
 
 @dataclass
