@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memcalc.errors import SpecError
-from memcalc.hf_values import flag, get  # re-exported: readers' shared helpers
+from memcalc import limits
+from memcalc.hf_values import count, flag, get  # re-exported: readers' shared helpers
 from memcalc.layer_pattern import is_sliding
 
 if TYPE_CHECKING:
@@ -97,14 +98,25 @@ def check_layer_types(cfg: dict, fields: dict) -> None:
     given = cfg.get("layer_types")
     if given is None:
         return
-    window = [fields.get(k) for k in ("sliding_window", "max_window_layers", "sliding_window_pattern")]
     layers = fields["num_layers"]
+    window = [fields.get(k) for k in ("sliding_window", "max_window_layers", "sliding_window_pattern")]
+    if not all(v is None or _whole(v) for v in (layers, *window)) or window[2] == 0:
+        return  # ModelSpec validation names the bad key
+    if not isinstance(given, list) or len(given) != layers:  # before building `layers` names
+        raise SpecError("hf_config.layer_types", f"{str(given)[:40]!r} is not a list of one "
+                        f"attention type per layer ({layers} layers)",
+                        "drop layer_types, or give one 'full_attention' / 'sliding_attention' per layer")
     expected = ["sliding_attention" if is_sliding(i, *window) else "full_attention" for i in range(layers)]
     if list(given) != expected:
         raise SpecError("hf_config.layer_types", "this per-layer pattern is not the one the model "
                         "type's keys give (the pattern memcalc models)",
                         "drop layer_types, or set sliding_window / use_sliding_window / "
                         "max_window_layers / sliding_window_pattern to give it")
+
+
+def _whole(value: object) -> bool:
+    """An integer >= 0 that is not a boolean."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -138,7 +150,8 @@ def _moe_fields(cfg: dict, model_type: str) -> dict:
         if not isinstance(step, int) or step < 1 or not isinstance(only, list):
             raise SpecError("hf_config.decoder_sparse_step", f"{str(step)[:20]!r} / mlp_only_layers "
                             f"{str(only)[:20]!r} are not a step >= 1 and a list", "fix the config")
-        moe["dense_layers"] = tuple(i for i in range(fields["num_layers"])
+        layers = count(cfg, "num_hidden_layers", required=True, ceiling=limits.MAX_LAYERS)
+        moe["dense_layers"] = tuple(i for i in range(layers)
                                     if i in only or (i + 1) % step != 0)
     from memcalc.moe import MoESpec
 
