@@ -64,6 +64,9 @@ def read_yaml(path: str | os.PathLike) -> dict:
         import yaml
     except ImportError:
         raise MemcalcError("axolotl", "reading YAML needs PyYAML", "pip install 'memcalc[config]'") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise SpecError("axolotl", f"expected a dict or a path, got {type(path).__name__}",
+                        "give an axolotl config.yml")
     path = os.fspath(path)
     try:
         value = yaml.safe_load(read_bounded(path, "axolotl").decode("utf-8"))

@@ -18,6 +18,7 @@ from memcalc.units import GIB
 if TYPE_CHECKING:
     from memcalc.planner import Plan
     from memcalc.preflight import Verdict
+    from memcalc.specs import ModelSpec
     from memcalc.training import TrainingConfig
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -193,7 +194,19 @@ def model_from_args(args: argparse.Namespace):
     changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
-    return model.with_(**changes) if changes else model
+    model = model.with_(**changes) if changes else model
+    _check_moe_flags(args, model)
+    return model
+
+
+def _check_moe_flags(args: argparse.Namespace, model: ModelSpec) -> None:
+    """--moe-routing / --experts-implementation name a dense model's nothing: refused, not ignored."""
+    from memcalc.errors import SpecError
+
+    for name in ("moe_routing", "experts_implementation"):
+        if model.moe is None and getattr(args, name, None) is not None:
+            raise SpecError(name, f"{model.name} has no mixture-of-experts layers",
+                            f"drop --{name.replace('_', '-')} (it applies to MoE models only)")
 
 
 def _from_hf(path: str, args: argparse.Namespace):
