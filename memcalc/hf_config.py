@@ -297,13 +297,12 @@ def _smollm3_fields(cfg: dict) -> dict:
     """SmolLM3Config: Llama's program with rotary skipped where no_rope_layers[i] == 0 (by default
     every no_rope_layer_interval-th layer, configuration_smollm3.py)."""
     bias = flag(cfg, "attention_bias", False)
-    layers = get(cfg, "num_hidden_layers", required=True)
+    layers = count(cfg, "num_hidden_layers", required=True, ceiling=limits.MAX_LAYERS)  # a list of it below
     flags = get(cfg, "no_rope_layers")
     if flags is None:
-        every = get(cfg, "no_rope_layer_interval", 4)
-        flags = [int((i + 1) % every != 0) for i in range(layers)] if isinstance(layers, int) else []
-    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or \
-            (isinstance(layers, int) and len(flags) != layers):
+        every = count(cfg, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or len(flags) != layers:
         raise SpecError("hf_config.no_rope_layers", f"is not a list of {layers} 0/1 flags",
                         "write one 0 or 1 per layer (num_hidden_layers of them)")
     return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=flag(cfg, "mlp_bias", False),
@@ -315,7 +314,7 @@ def _gpt_neox_fields(cfg: dict) -> dict:
     dense, hidden_dropout on the embeddings and both residual branches, rotary_pct 0.25."""
     act = get(cfg, "hidden_act", "gelu")
     acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh"}
-    if act not in acts:
+    if not isinstance(act, str) or act not in acts:  # a list is unhashable
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use gelu, gelu_new or gelu_pytorch_tanh")
     bias = flag(cfg, "attention_bias", True)
     drop = get(cfg, "hidden_dropout", 0.0)

@@ -48,6 +48,11 @@ def _refused(argv: list[str], field: str) -> str:
     ({**LLAMA, "num_hidden_layers": 10 ** 9, "layer_types": ["full_attention"]},
      "hf_config.layer_types"),  # was a hang: 10**9 expected names built before comparing
     ({**MISTRAL, "num_hidden_layers": 10 ** 9, "layer_types": []}, "hf_config.layer_types"),
+    ({**LLAMA, "model_type": "smollm3", "num_hidden_layers": 10 ** 9}, "hf_config.num_hidden_layers"),  # hang
+    ({**LLAMA, "model_type": "smollm3", "no_rope_layer_interval": 0},
+     "hf_config.no_rope_layer_interval"),  # was ZeroDivisionError
+    ({**LLAMA, "model_type": "smollm3", "no_rope_layer_interval": "4"}, "hf_config.no_rope_layer_interval"),
+    ({"model_type": "gpt_neox", "hidden_act": ["gelu"]}, "hf_config.hidden_act"),  # was unhashable
 ])
 def test_hf_config_values_are_refused_by_key(tmp_path, config, field):
     kind, err = outcome(lambda: ModelSpec.from_hf_config(config), seconds=2)
