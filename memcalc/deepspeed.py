@@ -17,9 +17,9 @@ from memcalc.errors import NotModelledError, SpecError, UnknownNameError, closes
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 INERT = {
-    "train_batch_size": "checked against the Trainer's batch (auto)",
-    "train_micro_batch_size_per_gpu": "checked against per_device_train_batch_size (auto)",
-    "gradient_accumulation_steps": "checked against the Trainer's (auto)",
+    "train_batch_size": "checked against the Trainer's batch (auto; check_batch)",
+    "train_micro_batch_size_per_gpu": "checked against per_device_train_batch_size (auto; check_batch)",
+    "gradient_accumulation_steps": "checked against the Trainer's (auto; check_batch)",
     "scheduler": "learning-rate numbers; no tensor",
     "steps_per_print": "logging", "wall_clock_breakdown": "logging", "flops_profiler": "logging",
     "tensorboard": "logging", "wandb": "logging", "csv_monitor": "logging", "comms_logger": "logging",
@@ -85,6 +85,28 @@ def _zero(zero: dict) -> dict:
         raise SpecError("deepspeed.zero_optimization.stage", f"{stage!r} is not 0, 1, 2 or 3",
                         "use a ZeRO stage 0-3")
     return {"sharding": STAGES[stage]} if stage else {}
+
+
+def check_batch(config: Any, micro_batch: int, grad_accum: int, world_size: int) -> None:
+    """The batch keys must be "auto" or the Trainer's own numbers: transformers refuses a mismatch
+    (integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_process, fill_match), so
+    the run memcalc would predict never starts.
+
+    >>> check_batch({"train_micro_batch_size_per_gpu": 4}, 8, 1, 1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: deepspeed.train_micro_batch_size_per_gpu: 4, but the Trainer's is 8 ...
+    """
+    if not all(type(n) is int for n in (micro_batch, grad_accum, world_size)):
+        return  # TrainingConfig refuses these by name
+    ds = _as_dict(config)
+    trainer = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
+               "train_batch_size": micro_batch * grad_accum * world_size}
+    for key, value in trainer.items():
+        given = ds.get(key, "auto")
+        if given != "auto" and (isinstance(given, bool) or given != value):
+            raise SpecError(f"deepspeed.{key}", f"{str(given)[:40]}, but the Trainer's is {value} "
+                            "(transformers refuses the mismatch)", f'set it to "auto" or {value}')
 
 
 def _block(value: Any, name: str) -> dict:

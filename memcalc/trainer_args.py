@@ -307,11 +307,12 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
            "num_items_in_batch": True, "hf_trainer": True}
     ds = given(fields, "deepspeed")
     if ds:
-        from memcalc.deepspeed import read_deepspeed
+        from memcalc.deepspeed import check_batch, read_deepspeed
 
         if out["precision"] != "fp32":
             raise NotModelledError("trainer_args.deepspeed", f"with {out['precision'][:4]} on: "
                                    "DeepSpeed's 16-bit mode (16-bit parameters, fp32 master "
                                    "weights) is not modelled", "check it with bf16 and fp16 off")
         out.update(read_deepspeed(ds))
+        check_batch(ds, out["micro_batch"], out["grad_accum"], world_size)
     return out

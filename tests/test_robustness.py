@@ -221,3 +221,18 @@ def test_moe_flags_on_a_dense_model_are_refused(flag, value):
 def test_pad_tokens_beyond_the_sequence_are_refused():
     _refused(["estimate", "--model", "gpt2", "--num-layers", "1", "--seq-len", "16", "--attention-mask", "padded",
               "--pad-tokens", "99"], "pad_tokens")
+
+
+@pytest.mark.parametrize("ds,ok", [
+    ({"train_micro_batch_size_per_gpu": 4}, False), ({"train_micro_batch_size_per_gpu": 8}, True),
+    ({"gradient_accumulation_steps": 2}, False), ({"train_batch_size": 16}, True),
+    ({"train_batch_size": 10 ** 30}, False), ({"train_micro_batch_size_per_gpu": "auto"}, True),
+    ({"train_micro_batch_size_per_gpu": True}, False)])
+def test_deepspeed_batch_must_match_the_trainers(ds, ok):
+    """transformers' trainer_config_process refuses a DeepSpeed batch that is neither "auto" nor
+    the Trainer's (it was read as inert: a prediction for a run that never starts)."""
+    args = {"per_device_train_batch_size": 8, "deepspeed": {**ds, "zero_optimization": {"stage": 2}}}
+    kind, err = outcome(lambda: TrainingConfig.from_trainer_args(args, seq_len=16, world_size=2))
+    assert (kind == "ok") == ok, err
+    if not ok:
+        assert err.field == f"deepspeed.{next(iter(ds))}"
