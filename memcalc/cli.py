@@ -396,6 +396,7 @@ def cmd_tables(args: argparse.Namespace) -> dict:
     check_out_dir("out", args.out, create=not args.check)
     if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
         raise MemcalcError("jobs", f"{args.jobs} worker processes", f"pass --jobs from 1 to {MAX_JOBS}")
+    _check_presets(args.presets)
     if args.check:
         stale = tables.check(args.out, args.presets, args.jobs)
         if not args.json:
@@ -410,6 +411,18 @@ def cmd_tables(args: argparse.Namespace) -> dict:
     if not args.json:
         print(f"wrote {len(names)} files to {args.out}: {', '.join(names)}")
     return {"written": names}
+
+
+def _check_presets(names: list[str] | None) -> None:
+    """--presets: known preset names (an unknown one named under --presets, not --model)."""
+    from memcalc.errors import UnknownNameError
+    from memcalc.specs import ModelSpec
+
+    for name in names or []:
+        try:
+            ModelSpec.preset(name)
+        except UnknownNameError as err:
+            raise UnknownNameError("presets", err.problem, err.fix) from None
 
 
 # ---- check: pre-flight from the user's own files (memcalc.preflight, memcalc.trainer_args) ---

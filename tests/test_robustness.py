@@ -236,3 +236,7 @@ def test_deepspeed_batch_must_match_the_trainers(ds, ok):
     assert (kind == "ok") == ok, err
     if not ok:
         assert err.field == f"deepspeed.{next(iter(ds))}"
+
+
+def test_tables_names_an_unknown_preset_under_presets(tmp_path):
+    _refused(["tables", "--check", "--out", str(tmp_path), "--presets", "gpt2", "bogus", "--no-plots"], "presets")
