@@ -126,7 +126,9 @@ class LoRA(BaseModel):
         if isinstance(v, str) and v != ALL_LINEAR:
             return (v,)
         if isinstance(v, (list, tuple, set, frozenset)):  # peft keeps a set: order is not meaning
-            return tuple(sorted(set(v), key=str))
+            if not all(isinstance(t, str) for t in v):
+                return tuple(v)  # validation names the entry that is not a name (a list is unhashable)
+            return tuple(sorted(set(v)))
         return v
 
     @field_validator("layers", mode="before")
@@ -148,6 +150,13 @@ class LoRA(BaseModel):
         True
         """
         return any(module == m or module.endswith("." + m) for m in self.modules_to_save)
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_valid(cls, v: object) -> object:
+        if v is not None and (not v or min(v) < 0):  # peft: no layer index matches, no adapter
+            raise ValueError("layers must list decoder layer indices >= 0 (empty, peft adapts no layer)")
+        return v
 
     @field_validator("targets")
     @classmethod

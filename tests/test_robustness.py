@@ -155,6 +155,8 @@ def test_yaml_tags_are_not_executed(tmp_path):
     ({"r": 4, "use_rslora": "false"}, "adapter_config.use_rslora"),  # was bool("false")
     ({"r": 4, "layers_to_transform": [True]}, "lora.layers"),
     ({"r": 10 ** 30}, "lora.rank"),  # was a 3e27 GiB answer
+    ({"r": 4, "layers_to_transform": []}, "lora.layers"),  # was ValueError (max of nothing)
+    ({"r": 4, "target_modules": [[]]}, "lora.targets"),  # was TypeError (a set of lists)
 ])
 def test_adapter_config_values_are_refused_by_name(tmp_path, config, field):
     path = tmp_path / "adapter_config.json"
@@ -240,3 +242,59 @@ def test_deepspeed_batch_must_match_the_trainers(ds, ok):
 
 def test_tables_names_an_unknown_preset_under_presets(tmp_path):
     _refused(["tables", "--check", "--out", str(tmp_path), "--presets", "gpt2", "bogus", "--no-plots"], "presets")
+
+
+# ---- property: every key each reader knows, with any JSON value --------------------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from memcalc import axolotl, deepspeed, hf_keys, lora, trainer_args  # noqa: E402
+from tests.fuzz_strategies import JSON_TREES  # noqa: E402
+
+SMALL_VALUES = st.one_of(JSON_TREES, st.sampled_from([0, 1, 2, -1, True, False, None, "auto", "true", 0.5,
+                                                      10 ** 30, float("nan"), [], {}]))
+
+
+def _keyed(keys: list[str]):
+    return st.dictionaries(st.sampled_from(sorted(keys)), SMALL_VALUES, max_size=4)
+
+
+TRAINER_KEYS = [*trainer_args.READ, *trainer_args.REFUSED_UNLESS_DEFAULT, *list(trainer_args.INERT)[:10]]
+DS_KEYS = [*deepspeed.INERT, "zero_optimization", "bf16", "fp16", "optimizer", "gradient_clipping",
+           "activation_checkpointing", "amp"]
+AXOLOTL_KEYS = [*axolotl.TO_TRAINER, *axolotl.READ_HERE, *axolotl.REFUSED, *list(axolotl.INERT)[:10]]
+ADAPTER_KEYS = [*lora._MODELLED_KEYS, *lora._INERT_WHY, *list(lora._REFUSED_UNLESS_EMPTY)[:6], "peft_type"]
+
+
+@given(_keyed(TRAINER_KEYS), st.one_of(st.none(), _keyed(DS_KEYS),
+                                       _keyed(list(deepspeed.ZERO_INERT)).map(lambda z: {"zero_optimization": z})))
+def test_trainer_args_and_deepspeed_values(fields, ds):
+    if ds is not None:
+        fields = {**fields, "deepspeed": ds}
+    outcome(lambda: TrainingConfig.from_trainer_args(fields, seq_len=16))
+
+
+@given(_keyed(AXOLOTL_KEYS))
+def test_axolotl_values(cfg):
+    outcome(lambda: axolotl.axolotl_fields(cfg))
+
+
+@given(_keyed(ADAPTER_KEYS))
+def test_adapter_config_values(cfg):
+    kind, adapters = outcome(lambda: LoRA.from_peft_config({"target_modules": ["q_proj"], **cfg}))
+    if kind == "ok":
+        outcome(lambda: memcalc.estimate(ModelSpec.preset("llama-2-7b").with_(num_layers=1),
+                                         TrainingConfig(micro_batch=1, seq_len=8, lora=adapters)))
+
+
+HF_BASES = {"llama": LLAMA, "qwen2_moe": QWEN2_MOE, "gemma2": GEMMA2, "mistral": MISTRAL, "gpt_oss": GPT_OSS,
+            "smollm3": {**LLAMA, "model_type": "smollm3"}, "phi3": {**LLAMA, "model_type": "phi3"}}
+
+
+@given(st.sampled_from(sorted(HF_BASES)), st.data())
+def test_hf_config_values(name, data):
+    base = HF_BASES[name]
+    keys = sorted((hf_keys.MODELLED.get(base["model_type"], hf_keys.MODELLED["llama"]) - {"model_type"})
+                  | set(hf_keys.REFUSED_UNLESS))
+    cfg = {**base, **data.draw(_keyed(keys))}
+    outcome(lambda: ModelSpec.from_hf_config(cfg), seconds=3)
