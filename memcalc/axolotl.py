@@ -20,9 +20,10 @@ READ_HERE = {"sequence_len": "seq_len", "pad_to_sequence_len": "attention_mask (
              "sdp_attention": "attention: sdpa (memcalc's default)"}
 # refused unless falsy / absent: what memcalc does not model yet
 REFUSED = {
-    "adapter": "LoRA/QLoRA adapters (TODO: TrainingConfig.lora, branch lora)",
-    "load_in_8bit": "8-bit base weights (TODO: TrainingConfig.quantization, branch lora)",
-    "load_in_4bit": "4-bit base weights (TODO: TrainingConfig.quantization, branch lora)",
+    "adapter": ("LoRA/QLoRA adapters from axolotl's lora_* keys (not passed on by this reader; "
+                "memcalc models them: estimate --lora-config / --lora-rank)"),
+    "load_in_8bit": "8-bit base weights (not passed on by this reader; memcalc models them: --quantization int8)",
+    "load_in_4bit": "4-bit base weights (not passed on by this reader; memcalc models them: --quantization nf4)",
     "sample_packing": "packed sequences (position_ids-based masks)",
     "flash_attention": "flash_attention_2 kernels", "xformers_attention": "xformers kernels",
     "s2_attention": "shifted sparse attention", "fsdp": "accelerate FSDP", "fsdp_config": "accelerate FSDP",
