@@ -138,8 +138,9 @@ def trainer_args_dict(args: Any) -> dict:
         path = os.fspath(args)
         return parse_json_object(read_bounded(path, "trainer_args"), repr(path), "trainer_args")
     to_dict = getattr(args, "to_dict", None)
-    if callable(to_dict):
-        return trainer_args_dict(to_dict())
+    fields = to_dict() if callable(to_dict) else None
+    if isinstance(fields, dict):  # one level: an object whose to_dict() is no dict is refused below
+        return dict(fields)
     raise SpecError("trainer_args", f"expected a dict, a path or a TrainingArguments, got "
                     f"{type(args).__name__}", "pass TrainingArguments, its to_dict() or its JSON file")
 

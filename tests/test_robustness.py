@@ -183,6 +183,11 @@ SMALL = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=
                        max_position_embeddings=128)
 
 
+class _SelfDict:
+    def to_dict(self):  # not a TrainingArguments: its to_dict() is no dict
+        return self
+
+
 @pytest.mark.parametrize("call,field", [
     (lambda: TrainingConfig.from_trainer_args({0: 1}, seq_len=16), "trainer_args.0"),  # was TypeError
     (lambda: memcalc.estimate(SMALL, TrainingConfig(micro_batch=1, seq_len=8)).formula([]), "category"),
@@ -193,6 +198,7 @@ SMALL = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=
     (lambda: SMALL.with_(**{"": 1}), "''"),  # was an error line starting ': '
     (lambda: TrainingConfig(micro_batch=1, seq_len=4, attention_mask="padded", pad_tokens=5), "pad_tokens"),
     (lambda: TrainingConfig(micro_batch=1, seq_len=8, lora={"rank": 4, "targets": []}), "lora.targets"),
+    (lambda: TrainingConfig.from_trainer_args(_SelfDict(), seq_len=8), "trainer_args"),  # was RecursionError
 ])
 def test_api_raises_our_error_naming_the_field(call, field):
     kind, err = outcome(call)
