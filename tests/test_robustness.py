@@ -304,3 +304,17 @@ def test_hf_config_values(name, data):
                   | set(hf_keys.REFUSED_UNLESS))
     cfg = {**base, **data.draw(_keyed(keys))}
     outcome(lambda: ModelSpec.from_hf_config(cfg), seconds=3)
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise AssertionError(f"{name} in --json output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_plan_utilisation_that_overflows_the_step_time_is_refused():
+    base = ["plan", "--model", "gpt2", "--num-layers", "1", "--gpu", "H100-80GB", "--global-batch", "1",
+            "--seq-len", "8", "--json", "--top", "1"]
+    _refused([*base, "--utilisation", "1e-320"], "utilisation")  # was "step_seconds": Infinity
+    code, out, _ = run_cli([*base, "--utilisation", "1e-6"])
+    assert code == 0 and _strict_json(out)["plans"][0]["step_seconds"] > 0
