@@ -297,6 +297,11 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
     fields = trainer_args_dict(args)
     check_fields(fields)
     check_unmodelled_run_options(fields)
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):  # named as the user wrote them
+        value = given(fields, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"trainer_args.{name}", f"{str(value)[:40]!r} is not an integer >= 1",
+                            f"write {name} as a JSON integer such as {DEFAULTS[name]}")
     out = {"micro_batch": given(fields, "per_device_train_batch_size"),
            "grad_accum": given(fields, "gradient_accumulation_steps"), "seq_len": seq_len,
            "precision": precision(fields), **optimizer(fields),

@@ -83,6 +83,8 @@ def test_layer_types_that_match_are_still_read():
     ({"gradient_checkpointing": "no"}, "trainer_args.gradient_checkpointing"),
     ({"use_cache": 1}, "trainer_args.use_cache"),
     ({"accelerator_config": '{"split_batches": true}'}, "trainer_args.accelerator_config"),
+    ({"per_device_train_batch_size": "8"}, "trainer_args.per_device_train_batch_size"),  # was 'micro_batch'
+    ({"gradient_accumulation_steps": 0}, "trainer_args.gradient_accumulation_steps"),
 ])
 def test_trainer_args_values_are_refused_by_name(tmp_path, fields, field):
     kind, err = outcome(lambda: TrainingConfig.from_trainer_args(fields, seq_len=16))
