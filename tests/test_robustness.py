@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import memcalc
-from memcalc import LoRA, ModelSpec, TrainingConfig
+from memcalc import LoRA, ModelSpec, TrainingConfig, axolotl, deepspeed, hf_keys, lora, trainer_args
 from memcalc.errors import MemcalcError
-from tests.fuzz_strategies import outcome, run_cli
+from tests.fuzz_strategies import JSON_TREES, outcome, run_cli
 
 LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
          "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 32,
@@ -253,12 +255,6 @@ def test_tables_names_an_unknown_preset_under_presets(tmp_path):
 
 
 # ---- property: every key each reader knows, with any JSON value --------------------------------
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from memcalc import axolotl, deepspeed, hf_keys, lora, trainer_args  # noqa: E402
-from tests.fuzz_strategies import JSON_TREES  # noqa: E402
-
 SMALL_VALUES = st.one_of(JSON_TREES, st.sampled_from([0, 1, 2, -1, True, False, None, "auto", "true", 0.5,
                                                       10 ** 30, float("nan"), [], {}]))
 
