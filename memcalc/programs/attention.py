@@ -49,7 +49,7 @@ def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous: bo
     GPT-NeoX's rotary cat); the CPU flash kernel lays its output out like q (measured, torch
     2.13), so the caller's transpose(1, 2).contiguous() copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        return sdpa_math(ops, spec, q, k, v, contiguous=contiguous)
+        return sdpa_math(ops, spec, q, k, v, contiguous=contiguous, contiguous_q=contiguous_q)
     out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
     if contiguous_q and ops.device == "cpu":
         out = copy(ops, out, "transpose(1,2).contiguous()")
@@ -148,7 +148,8 @@ def sdpa_float_mask(ops: Ops, mask: Value, elt: int) -> Value:
 
 
 def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
-              layouts: tuple[str, str] = ("projection", "projection"), contiguous: bool = False) -> Value:
+              layouts: tuple[str, str] = ("projection", "projection"), contiguous: bool = False,
+              contiguous_q: bool = False) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
@@ -160,11 +161,19 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     heads as repeat_kv made them, 'contiguous' copies (bmm takes them as they are) or
     'expanded' stride-0 views (an elementwise op or an upcast lays them out contiguously; bmm
     copies an expanded v). With the DynamicCache's contiguous k and v (`contiguous`), k^T and v
-    need no copy."""
+    need no copy; with q and k contiguous (b, heads, s, d) (`contiguous_q`: Phi-3's and
+    GPT-NeoX's rotary cat), neither q nor k^T (measured: no clone before the first bmm, torch
+    2.13). Held until the function returns (measured, GPT-NeoX under per-layer checkpointing and
+    fp16/bf16 autocast, where nothing is saved in forward): its arguments (under autocast, the
+    autocast wrapper's casts of q, k, v), the C++ locals `query` (q scaled), `attn` (the dropped
+    probabilities) and, from half inputs, the upcasts, the output before its cast, and the
+    attention weights cast back to the input dtype (the second output, dropped by
+    scaled_dot_product_attention when the math function returns)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
+    args = [q, k, v]  # the caller's tensors, alive until the call returns
     q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
     k = g.view("k view", k, backward=[Grad(0)])
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
@@ -183,18 +192,21 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     if kv < a:
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
-    qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" and not contiguous else ks
+    qc = qs if contiguous_q else copy(ops, qs, "q reshape copy")
+    k_copy = k_layout == "projection" and not contiguous and not contiguous_q
+    kc = copy(ops, ks, "k^T reshape copy") if k_copy else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
+    weights = []
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
-        g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
+        weights = [g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False,
+                        elt=origin)]
     needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous)
     vc = copy(ops, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
+    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []) + [qs, p] + weights + args)
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
