@@ -279,8 +279,9 @@ def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
 def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) -> bool:
     """micro_batch == 1 under eager attention or SDPA's CPU math kernel (attention dropout on
     CPU: memcalc.programs.attention.sdpa_math), whose bmm operands are then views rather than
-    copies (memcalc.regime.Regime.single_sequence); elsewhere no program reads it, and one
-    simulation serves every batch size.
+    copies, and for the HF models, whose shifted labels are then a view
+    (memcalc.regime.Regime.single_sequence; loss.hf_causal_lm_loss); elsewhere no program reads
+    it, and one simulation serves every batch size.
 
     >>> single_sequence(TrainingConfig(micro_batch=1, seq_len=8, attention="eager"))
     True
@@ -288,11 +289,15 @@ def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) ->
     >>> single_sequence(eager), single_sequence(TrainingConfig(micro_batch=1, seq_len=8))
     (False, False)
     >>> cpu, gpt2 = TrainingConfig(micro_batch=1, seq_len=8, device="cpu"), ModelSpec.preset("gpt2")
-    >>> single_sequence(cpu, gpt2.with_(attn_dropout=0.1)), single_sequence(cpu, gpt2.with_(attn_dropout=0.0))
+    >>> ref = gpt2.with_(implementation="reference")
+    >>> single_sequence(cpu, ref.with_(attn_dropout=0.1)), single_sequence(cpu, ref.with_(attn_dropout=0.0))
     (True, False)
+    >>> single_sequence(cpu, gpt2.with_(attn_dropout=0.0))
+    True
     """
     math = model is not None and training.device == "cpu" and model.attn_dropout > 0
-    return training.micro_batch == 1 and (training.attention == "eager" or math)
+    hf_loss = model is not None and model.implementation == "hf"  # loss.hf_causal_lm_loss's shift
+    return training.micro_batch == 1 and (training.attention == "eager" or math or hf_loss)
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:
