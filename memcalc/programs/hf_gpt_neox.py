@@ -72,16 +72,24 @@ class HFGPTNeoX(DecoderProgram):
             ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
         out = ops.linear(y, p("attention.dense.weight", h * h, h),
                          p("attention.dense.bias", h) if spec.out_bias else None, TOKENS, h, "dense")
-        ops.scope_end([q, k, v])  # GPTNeoXAttention's locals
+        # GPTNeoXAttention's locals, and its `hidden_states` argument: GPTNeoXLayer passes
+        # self.input_layernorm(hidden_states) straight into the call, so the norm's output lives
+        # until the module returns (measured: +1 (b, s, h) through attention under per-layer
+        # checkpointing and autocast, where no op saves it)
+        ops.scope_end([q, k, v, x])
         return out, weights
 
     def mlp(self, ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
-        """GPTNeoXMLP: dense_h_to_4h, act, dense_4h_to_h (biases always)."""
+        """GPTNeoXMLP: dense_h_to_4h, act, dense_4h_to_h (biases always). Its argument, the
+        post_attention_layernorm output GPTNeoXLayer passes straight into the call, lives until
+        the module returns (nn.Module._call_impl holds `args`; measured like the attention's)."""
         h, f = spec.hidden_size, spec.ffn_size
         y = ops.linear(x, p("mlp.dense_h_to_4h.weight", h * f, f), p("mlp.dense_h_to_4h.bias", f), TOKENS, f,
                        "dense_h_to_4h")
-        return ops.linear(activation(ops, y, spec.activation), p("mlp.dense_4h_to_h.weight", f * h, h),
-                          p("mlp.dense_4h_to_h.bias", h), TOKENS, h, "dense_4h_to_h")
+        out = ops.linear(activation(ops, y, spec.activation), p("mlp.dense_4h_to_h.weight", f * h, h),
+                         p("mlp.dense_4h_to_h.bias", h), TOKENS, h, "dense_4h_to_h")
+        ops.scope_end([x])
+        return out
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One GPTNeoXLayer."""

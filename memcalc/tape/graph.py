@@ -159,6 +159,9 @@ class Graph:
         'worst'-routing bound (Storage.count; memcalc.programs.moe.eager_experts)."""
         self.granularity = 1
         """The allocator's rounding (memcalc.allocator.granularity) that Storage.count bounds."""
+        self.cached_casts: set[int] = set()
+        """Storage ids of autocast's cached weight casts (Ops.matmul_operand); a checkpoint
+        recompute caches its own until it stops (memcalc.tape.simulate StepSimulator._recompute)."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
         past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""

@@ -62,6 +62,7 @@ class Ops:
         if id(x) not in self._cast_cache:
             cast = self.to(x, self.low, f"cast {x.label}")
             self._cast_cache[id(x)] = cast
+            self.g.cached_casts.add(id(cast.storage))
             self.weight_casts.append(cast)
         return self._cast_cache[id(x)]
 

@@ -597,7 +597,11 @@ class StepSimulator:
         Llama layer's recompute ends at down_proj's weight cast, with no mm). A recomputed
         tensor is freed after its last use in the region, or, if Python still refers to it past
         the stopping point, when the recompute stops (checkpoint.py raises
-        _StopRecomputationError, unwinding the frames)."""
+        _StopRecomputationError, unwinding the frames). A weight cast autocast caches
+        (Graph.cached_casts) lives until the recompute stops: checkpoint re-enters autocast for
+        the recompute, the outermost autocast then, whose cache is cleared only when it exits
+        (torch/utils/checkpoint.py, torch/amp/autocast_mode.py __exit__; measured: a
+        checkpointed GPT-NeoX layer's bias casts, saved by no op, freed together at the stop)."""
         mem, nodes = self.mem, self.g.nodes
         first = trigger = last
         while first > 0 and nodes[first - 1].region == region:
@@ -622,7 +626,7 @@ class StepSimulator:
                     continue  # the last pack is of an input: the stop comes before the kernel
                 copies[key] = Storage(v.storage.size, "activations", "recomputed", v.storage.count)
                 mem.hold(copies[key])
-                held[key] = last_use.get(key, j)
+                held[key] = last + 1 if key in self.g.cached_casts else last_use.get(key, j)
             mem.mark(f"recompute {node.name}")
             for st in node.saved:
                 mem.hold(copies.get(id(st), st))
