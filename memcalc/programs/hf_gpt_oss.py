@@ -281,8 +281,9 @@ class HFGptOss(HFLlama):
                  for kind in ("full", "sliding")}
         cos, sin = rotary_tables(ops, spec.head_size, x.elt)
         context = {"masks": masks, "cos": cos, "sin": sin, "position_ids": pos}  # GptOssModel passes
-        # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers)
-        return Embedded(x, ids, context, held_until_norm=[x, *masks.values(), cos, sin, pos])  # hf_llama.POSITION_IDS_LOCAL
+        # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers);
+        # position_ids is the base model's local until it returns (hf_llama.POSITION_IDS_LOCAL)
+        return Embedded(x, ids, context, held_until_norm=[x, *masks.values(), cos, sin, pos])
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict,
                   p: Callable[..., Value]) -> tuple[Value, Value]:
