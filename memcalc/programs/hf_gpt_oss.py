@@ -316,8 +316,8 @@ class HFGptOss(HFLlama):
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = rms_norm_weight_first(ops, x, p("input_layernorm.weight", h), TOKENS)
         attn, weights = self.attention(ops, spec, regime, n1, layer, context, p)
+        ops.scope_end([n1])  # hf_llama.BLOCK_REBINDING
         x = ops.add(x, attn, "residual 1")
-        ops.scope_end([n1])
         n2 = rms_norm_weight_first(ops, x, p("post_attention_layernorm.weight", h), TOKENS)
         logits, scores, indices = router(ops, spec, n2, p)
         if regime.experts_implementation == "eager":
@@ -329,8 +329,9 @@ class HFGptOss(HFLlama):
             ops.scope_end([indices, weights])  # GptOssMLP.forward's locals
         else:
             ops.scope_end([logits, indices, weights])  # GptOssMLP.forward's locals
+        ops.scope_end([n2])  # hf_llama.BLOCK_REBINDING
         out = ops.add(x, m, "residual 2")
-        ops.scope_end([block_input, n2, scores])
+        ops.scope_end([block_input, scores])
         return out
 
     def auxiliary_loss(self, ops: Ops, spec: ModelSpec, context: dict) -> None:
