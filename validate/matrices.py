@@ -22,6 +22,7 @@ from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
 from validate.ci_optim import ci_optim_matrix
+from validate.ci_dropout import ci_dropout_cases
 from validate.ci_rows import CI_SHAPES, _case, _model, qwen2_config  # noqa: F401 (re-exported)
 from validate.dist_matrices import dist_ci_matrix
 from validate.pairwise import TRAINING_AXES, pairwise, pairwise_case  # noqa: F401 (pairwise, pairwise_case re-exported)
@@ -58,6 +59,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases += ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
     cases += ci_moe_aux_cases(device)  # MoE auxiliary loss, router jitter (validate/ci_moe_aux.py)
     cases += ci_gpt_oss_cases(device)  # GPT-OSS rows (validate/ci_gpt_oss.py)
+    cases += ci_dropout_cases(device)  # eager attention dropout, llama families (validate/ci_dropout.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)
