@@ -40,7 +40,7 @@ def test_fresh_sweep_gemma3_row_matches_its_measurement():
 
 def test_recorded_dropout_rows_match_their_measurements():
     rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
-    assert len(rows) == 12
+    assert len(rows) == 15
     for row in rows:
         model, training = ModelSpec(**row["model"]), TrainingConfig(**row["training"])
         r = estimate(model, training)

@@ -5,7 +5,8 @@ keeps alive until the layer returns, plus the CPU dropout's saved noise tensor) 
 measures what the layer's locals hold there: a norm's argument until the norm returns
 (memcalc.programs.layers.NORM_ARGUMENT), the norm outputs freed when `hidden_states` is rebound
 (hf_llama.BLOCK_REBINDING), LlamaRMSNorm's `variance` and the base model's `position_ids`
-(hf_llama.POSITION_IDS_LOCAL). From a fresh-sweep miss (scripts/fresh_sweep.py: Gemma-3 fp16-amp,
+(hf_llama.POSITION_IDS_LOCAL); three more rows (ATTENTION_ROWS) peak inside the
+attention function in their forward phase. From a fresh-sweep miss (scripts/fresh_sweep.py: Gemma-3 fp16-amp,
 eager, attention dropout 0.1, forward under by 0.67%).
 """
 from __future__ import annotations
@@ -36,15 +37,28 @@ ROWS = (  # (family and model fields, precision, micro_batch, seq_len)
     (dict(family="gemma3", **_GEMMA, num_kv_heads=1, qk_norm=True, sliding_window=32,
           sliding_window_pattern=3), "fp32", 2, 64),
 )
+ATTENTION_ROWS = (  # (model fields, training fields): forward-phase moments inside llama_eager
+    (dict(family="llama", **_LLAMA, num_kv_heads=1, attn_dropout=0.0),  # one kv head: repeat_kv views
+     dict(precision="fp16-amp", micro_batch=2, seq_len=256)),
+    (dict(family="gemma2", **_GEMMA, num_kv_heads=1, attn_dropout=0.0, sliding_window=64,
+          sliding_window_pattern=2), dict(precision="bf16", micro_batch=2, seq_len=128)),  # softmax's cast
+    (dict(family="llama", **_LLAMA, num_kv_heads=8, attn_dropout=0.0, num_layers=2),  # v copied at p @ v
+     dict(precision="bf16", micro_batch=2, seq_len=40, checkpointing="every-k", checkpoint_every=1)),
+)
+"""Rows whose forward phase peaks inside the attention function (checked phase by phase by
+tests/test_attention_dropout.py): attention.KV_EXPAND_VIEW, the softmax input held through
+softmax's dtype cast, and the (b, heads, s, d) copy of v made by p @ v's reshape, after the
+softmax."""
 
 
 def ci_dropout_cases(device: str = "cpu") -> list[Case]:
     """The attention-dropout rows.
 
     >>> cases = ci_dropout_cases(); len(cases), {c.training.attention for c in cases}
-    (12, {'eager'})
+    (15, {'eager'})
     """
+    rows = [(model, dict(precision=precision, micro_batch=b, seq_len=s)) for model, precision, b, s in ROWS]
     return [Case(f"dropout{i:02d}", ModelSpec(**{**_BASE, **model}),
-                 TrainingConfig(micro_batch=b, seq_len=s, precision=precision, optimizer="sgd-momentum",
-                                optimizer_impl="for-loop", attention="eager", device=device))
-            for i, (model, precision, b, s) in enumerate(ROWS)]
+                 TrainingConfig(optimizer="sgd-momentum", optimizer_impl="for-loop", attention="eager",
+                                device=device, **training))
+            for i, (model, training) in enumerate(rows + list(ATTENTION_ROWS))]
