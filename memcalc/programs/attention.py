@@ -265,29 +265,55 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     query_elt = q.elt
     repeated = []
     reshape_copies = not ops.regime.single_sequence and a > 1  # head_copy: views at one head
-    if kv < a:
+    expanded = kv == 1 < a and reshape_copies  # one kv head: repeat_kv is a view (KV_EXPAND_VIEW)
+    if expanded:
+        k = g.view("repeat_kv k (expand view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
+        v = g.view("repeat_kv v (expand view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
+        repeated = [k, v]
+    elif kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]  # key_states / value_states: locals until the function returns
+    # v, a transposed view (kv == heads) or the expanded one, is copied by p @ v's reshape, after
+    # the softmax (measured: aten.clone of v after _softmax, Llama bf16 eager every-k)
+    v_copy = expanded or (kv == a and not contiguous and reshape_copies)
+    k_view = k
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
     if not contiguous_qk and reshape_copies:
         q = copy(ops, q, "q reshape copy")
     if kv == a and not contiguous_qk and not contiguous and reshape_copies:
         k = copy(ops, k, "k^T reshape copy")
+    if expanded and k is k_view:  # not materialised by an autocast cast: bmm's reshape copies it
+        k = copy(ops, k, "k^T reshape copy (expanded)")
     scores = ops.scale(scores_matmul(ops, q, k, a), "* scale")
     if softcap:
         scores = ops.scale(ops.unary_saving_output("tanh", ops.scale(scores, "/ softcap")), "* softcap")
-    s = ops.to(add_float_mask(ops, scores, mask), 4, "softmax dtype=float32")
-    p = ops.unary_saving_output("softmax", s)
+    masked = add_float_mask(ops, scores, mask)
+    p = ops.unary_saving_output("softmax", ops.to(masked, 4, "softmax dtype=float32"))
+    # softmax(attn_weights, dtype=float32) casts inside the call: the caller's `attn_weights`
+    # (the masked scores, low precision without autocast) lives until softmax returns
+    # (measured: pure bf16 Llama eager, b*heads*s*s*2 B alive at _softmax; memcalc was under by it)
+    ops.scope_end([masked])
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
-    if kv == a and not contiguous and reshape_copies:  # made by the second matmul's reshape
+    if v_copy and (vm is v or not expanded):  # a cast of the expanded view is contiguous
         vm = copy(ops, vm, "v reshape copy")
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
     out = head_copy(ops, spec, y, "transpose contiguous")
     ops.scope_end(repeated)
     return out, p
+
+
+KV_EXPAND_VIEW = """modeling_llama.repeat_kv: `x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep,
+s, d)`. With one kv head the merged dimensions are (1, n_rep), and a size-1 dimension merges with
+any stride, so reshape returns a view (stride 0 over the heads) and allocates nothing; the
+expansion is materialised later, once: by autocast's cast of k (a contiguous (b, heads, d, s)
+copy; torch _to_copy of an overlapping tensor) or else by bmm's reshape of k^T, and by p @ v's
+reshape of v (after the softmax and dropout). Its backward (expand's sum) allocates the kv-sized
+gradient, as the copy's did. Measured (validate tracker, Llama/Gemma-3 fp16-amp and fp32 eager,
+b=2-3): no tensor at repeat_kv; memcalc held a (b, heads, s, d) k copy (and v early) and was over
+by it in the forward phase (+1.9% at b=2, s=256, h=64). One sequence (b=1) is left as it was."""
 
 
 def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, copies: tuple[bool, bool, bool]) -> Value:

@@ -38,7 +38,9 @@ def gemma_rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
     one_plus_w = g.op("1 + weight", [w32], w32.size, requires_grad=False, elt=4)
     out = g.op("* (1 + weight)", [normed32, w32, one_plus_w], normed32.size, saves=[normed32, one_plus_w],
                backward=[Grad(0), Temp(normed32.size), Grad(1), FreeTemps()], elt=4)
-    return ops.to(out, x.elt, "type_as(x)")
+    y = ops.to(out, x.elt, "type_as(x)")
+    ops.scope_end([x])  # the caller's argument (layers.NORM_ARGUMENT)
+    return y
 
 
 def softcap(ops: Ops, x: Value, name: str) -> Value:
@@ -69,7 +71,7 @@ class HFGemma(HFLlama):
             rope = {"full": shared, "sliding": shared}
         tables = {id(t): t for pair in rope.values() for t in pair}.values()
         return Embedded(x, ids, {"masks": masks, "rope": rope, "position_ids": pos},
-                        held_until_norm=[x, *masks.values(), *tables])
+                        held_until_norm=[x, *masks.values(), *tables, pos])  # hf_llama.POSITION_IDS_LOCAL
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One Gemma/Gemma2/Gemma3DecoderLayer."""

@@ -53,7 +53,7 @@ class HFGPTNeoX(DecoderProgram):
         x = ops.dropout(emb, spec.embd_dropout)
         cos, sin = rotary_tables(ops, rotary_width(spec), x.elt)
         return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin, "position_ids": pos},
-                        held_until_norm=[emb, mask, cos, sin])  # inputs_embeds lives to return
+                        held_until_norm=[emb, mask, cos, sin, pos])  # hf_llama.POSITION_IDS_LOCAL
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict,
                   p: Callable[..., Value]) -> tuple[Value, Value]:

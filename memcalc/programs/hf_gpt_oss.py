@@ -281,8 +281,9 @@ class HFGptOss(HFLlama):
                  for kind in ("full", "sliding")}
         cos, sin = rotary_tables(ops, spec.head_size, x.elt)
         context = {"masks": masks, "cos": cos, "sin": sin, "position_ids": pos}  # GptOssModel passes
-        # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers)
-        return Embedded(x, ids, context, held_until_norm=[x, *masks.values(), cos, sin])
+        # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers);
+        # position_ids is the base model's local until it returns (hf_llama.POSITION_IDS_LOCAL)
+        return Embedded(x, ids, context, held_until_norm=[x, *masks.values(), cos, sin, pos])
 
     def attention(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict,
                   p: Callable[..., Value]) -> tuple[Value, Value]:
@@ -315,8 +316,8 @@ class HFGptOss(HFLlama):
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = rms_norm_weight_first(ops, x, p("input_layernorm.weight", h), TOKENS)
         attn, weights = self.attention(ops, spec, regime, n1, layer, context, p)
+        ops.scope_end([n1])  # hf_llama.BLOCK_REBINDING
         x = ops.add(x, attn, "residual 1")
-        ops.scope_end([n1])
         n2 = rms_norm_weight_first(ops, x, p("post_attention_layernorm.weight", h), TOKENS)
         logits, scores, indices = router(ops, spec, n2, p)
         if regime.experts_implementation == "eager":
@@ -328,8 +329,9 @@ class HFGptOss(HFLlama):
             ops.scope_end([indices, weights])  # GptOssMLP.forward's locals
         else:
             ops.scope_end([logits, indices, weights])  # GptOssMLP.forward's locals
+        ops.scope_end([n2])  # hf_llama.BLOCK_REBINDING
         out = ops.add(x, m, "residual 2")
-        ops.scope_end([block_input, n2, scores])
+        ops.scope_end([block_input, scores])
         return out
 
     def auxiliary_loss(self, ops: Ops, spec: ModelSpec, context: dict) -> None:

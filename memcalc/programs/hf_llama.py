@@ -37,6 +37,23 @@ def llama_rms_norm(ops: Ops, x: Value, w: Value, tokens: Poly) -> Value:
     return rms_norm(ops, x, w, tokens, weight_in_fp32=False)
 
 
+POSITION_IDS_LOCAL = """inputs_embeds and position_ids (`torch.arange(s) + past_seen_tokens`: a new (s,)
+int64 tensor, `.unsqueeze(0)` a view of it) are locals of the base model's forward
+(modeling_llama.py LlamaModel.forward, the same code in every HF decoder family here), alive
+until it returns after the final norm. Measured: Gemma-3 fp32/fp16-amp, the (s,) int64 tensor
+from aten.add alive at the forward peak (validate tracker: 832 B at s=104)."""
+
+
+BLOCK_REBINDING = """LlamaDecoderLayer.forward (modeling_llama.py; Mixtral's and GPT-OSS's alike) rebinds
+`hidden_states` to the attention output (`hidden_states, _ = self.self_attn(...)`) and to the
+MLP output (`hidden_states = self.mlp(hidden_states)`) before each residual add, so each norm
+output is freed before the add (unless autograd saved it: under autocast the projections save
+their low-precision casts instead). `_` keeps the attention weights (the dropout output, with
+attention dropout) until the layer returns. Measured: Llama/Qwen3/Mistral/Phi-3/Granite fp16-amp
+eager with attention dropout, the fp32 post_attention_layernorm output is gone at the second
+residual add (validate tracker: 79872 B at b=3, s=104, h=64; memcalc was over by it)."""
+
+
 def qk_norms(ops: Ops, spec: ModelSpec, q: Value, k: Value, p: Callable[..., Value],
              norm: Callable[..., Value]) -> tuple[Value, Value]:
     """Qwen3's q_norm / k_norm (Gemma-3's too): the family's RMSNorm over each head's head_dim
@@ -152,7 +169,7 @@ class HFLlama(DecoderProgram):
                    "mask": masks.get("full"), "cos": cos, "sin": sin,  # one table, one mask kind
                    "position_ids": pos}
         return Embedded(x, ids, context,
-                        held_until_norm=[x, *masks.values(), cos, sin])  # inputs_embeds lives to return
+                        held_until_norm=[x, *masks.values(), cos, sin, pos])  # POSITION_IDS_LOCAL
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One LlamaDecoderLayer."""
@@ -161,12 +178,14 @@ class HFLlama(DecoderProgram):
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = rms_norm(ops, x, p("input_layernorm.weight", h), TOKENS, weight_in_fp32=False)
         attn, weights = self.attention(ops, spec, regime, n1, layer, context, p)  # `hidden_states, _ = ...`
+        ops.scope_end([n1])  # BLOCK_REBINDING: `hidden_states` held the norm output until rebound
         x = ops.add(x, self.residual_branch(ops, spec, attn), "residual 1")
-        ops.scope_end([n1])  # the layer's `hidden_states` held the norm output until rebound
+        ops.scope_end([attn])  # rebound by this add only (Granite: `residual + hidden_states * m`)
         n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), TOKENS, weight_in_fp32=False)
         m = self.mlp(ops, spec, n2, p)
+        ops.scope_end([n2])  # BLOCK_REBINDING: `hidden_states = self.mlp(hidden_states)`
         out = ops.add(x, self.residual_branch(ops, spec, m), "residual 2")
-        ops.scope_end([block_input, n2, weights])
+        ops.scope_end([block_input, m, weights])  # `_` (the attention weights) lives until return
         return out
 
     def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:

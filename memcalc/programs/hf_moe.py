@@ -59,15 +59,16 @@ class HFMoE(HFLlama):
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = rms_norm(ops, x, p("input_layernorm.weight", h), TOKENS, weight_in_fp32=False)
         attn, weights = attention(ops, spec, regime, n1, context, p)
+        ops.scope_end([n1])  # hf_llama.BLOCK_REBINDING
         x = ops.add(x, attn, "residual 1")
-        ops.scope_end([n1])
         n2 = rms_norm(ops, x, p("post_attention_layernorm.weight", h), TOKENS, weight_in_fp32=False)
         if layer in moe_layers(spec):
             m = sparse_moe_block(ops, spec, regime, n2, layer, p, context.setdefault("router_logits", []))
         else:
             m = swiglu_mlp(ops, spec, n2, TOKENS, p)
+        ops.scope_end([n2])  # hf_llama.BLOCK_REBINDING
         out = ops.add(x, m, "residual 2")
-        ops.scope_end([block_input, n2, weights])
+        ops.scope_end([block_input, weights])
         return out
 
     def auxiliary_loss(self, ops: Ops, spec: ModelSpec, context: dict) -> None:
