@@ -16,9 +16,10 @@ A moment is kept unless another moment of the same phase dominates it for every 
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from operator import ge
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from memcalc.poly import Poly
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value, count_slack, per_token
@@ -67,28 +68,40 @@ class Memory:
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
-        self._total: dict = {}
-        """The live bytes' coefficients {monomial: c}, updated in place (no Poly per hold)."""
+        self._total: list = []
+        """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
         self._by_category: dict[str, dict] = {}
-        """The same per category, in the order each was first held (a freed one stays, at 0)."""
-        self._polys: dict[str, Poly] = {}
-        """The Poly of each category of `_by_category` (same order), rebuilt when a kept moment
-        reads it after its coefficients changed (`_dirty`)."""
+        """The same per category as {monomial: c}, in the order each was first held (a freed
+        one stays, at 0)."""
+        self._snaps: dict[str, dict] = {}
+        """A copy of each category of `_by_category` (same order), taken when a kept moment
+        reads it after its coefficients changed (`_dirty`): kept moments share unchanged ones."""
         self._dirty: set[str | None] = set()
-        """The categories changed since their Poly was built; None: the total."""
-        self._total_poly = Poly()
+        """The categories changed since their copy was taken; None: the total."""
+        self._total_snap: tuple = ()
+        self._polys: dict[int, tuple[object, Poly]] = {}
+        """id(a copy in `_snaps`, or a dense total) -> (it, its Poly): one Poly per copy."""
         self._live_keys: dict[tuple, int] = {}
         """Size terms -> live storages of it, the sizes with some alive (a kept moment's
         `sizes`, copied; ordered as in size_counts when the moment is read)."""
         self._order: dict[tuple, int] = {}  # size terms -> position in size_counts
         self._monos: list = []
-        """Every monomial held so far: the coordinates of the dense totals in `_dense`."""
+        """Every monomial held so far: the coordinates of `_total` and the dense totals in `_dense`."""
         self._dense: dict[str, list[tuple]] = {}
         """Per phase, the totals of the kept moments (`frontiers`) as tuples over `_monos`."""
-        self.frontiers: dict[str, list[Moment]] = {}
+        self._hint: dict[str, int | None] = {}
+        """Per phase, the index in `_dense` of the kept total that last rejected a mark, tried
+        first at the next (consecutive instants are mostly under the same one)."""
+        self.frontiers: dict[str, list] = {}
+        """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
+        category copies, live sizes) until `moments` reads it."""
         self.phase = "setup"
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
         self._keys: dict[int, tuple[Poly, tuple]] = {}  # id(size Poly) -> (it, its size terms)
+        self._info: dict[int, tuple] = {}
+        """id(size Poly) -> (it, its size terms, its size_counts entry, its terms as (monomial,
+        coordinate in `_total`, c), the same negated): what hold and release need of a size."""
+        self._shared: dict[tuple, tuple] = {}  # a size's terms and their types -> its `_info` but the Poly
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
@@ -97,6 +110,8 @@ class Memory:
         """With record: every mark, unpruned, in order, as (key, label, categories seen, live
         storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
         {(category, size terms): how many} (every number of a moment is linear in these)."""
+        if self.log is not None:  # the recording paths (the kept moments' below, unbranched)
+            self.hold, self.release, self.mark = self._hold_recorded, self._release_recorded, self._mark_recorded
         self.live: dict[tuple, int] = {}
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
@@ -114,40 +129,46 @@ class Memory:
     @property
     def moments(self) -> list[Moment]:
         """Every kept moment, all phases."""
+        for phase, frontier in self.frontiers.items():
+            for i, m in enumerate(frontier):
+                if isinstance(m, tuple):  # as mark took it
+                    frontier[i] = self._moment(phase, *m)
         out = [m for moments in self.frontiers.values() for m in moments]
         for m in out:
             if isinstance(m.sizes, dict):  # mark's copy of _live_keys, as (size, live storages)
                 m.sizes = tuple((self.size_counts[k][0], m.sizes[k]) for k in sorted(m.sizes, key=self._order.get))
         return out
 
+    def _moment(self, phase: str, label: str, total: tuple, categories: dict, sizes: dict) -> Moment:
+        """The Moment of a kept instant as mark took it: the Polys of its copies."""
+        polys = self._polys
+        found = polys.get(id(total))
+        if found is None:  # a dense total: monomials not held yet then are 0
+            found = polys[id(total)] = (total, Poly(dict(zip(self._monos, total))))
+        by_category = {}
+        for cat, terms in categories.items():
+            poly = polys.get(id(terms))
+            if poly is None:
+                poly = polys[id(terms)] = (terms, Poly(terms))
+            by_category[cat] = poly[1]
+        return Moment(phase, label, found[1], by_category, sizes)
+
     @property
     def total(self) -> Poly:
         """The live bytes."""
-        self._rebuild()
-        return self._total_poly
+        return Poly(dict(zip(self._monos, self._total)))
 
     @property
     def by_category(self) -> dict[str, Poly]:
         """The live bytes per category, in the order each was first held."""
-        self._rebuild()
-        return dict(self._polys)
-
-    def _rebuild(self) -> None:
-        """The Polys of what changed since they were built."""
-        if self._dirty:
-            for c in self._dirty:
-                if c is None:
-                    self._total_poly = Poly(self._total)
-                else:
-                    self._polys[c] = Poly(self._by_category[c])
-            self._dirty.clear()
+        return {cat: Poly(terms) for cat, terms in self._by_category.items()}
 
     def _category(self, cat: str) -> dict:
         """The coefficients of a category, first held now or before."""
         mine = self._by_category.get(cat)
         if mine is None:
             mine = self._by_category[cat] = {}
-            self._polys[cat] = Poly()
+            self._snaps[cat] = {}
         return mine
 
     def _size_key(self, size: Poly) -> tuple:
@@ -158,8 +179,148 @@ class Memory:
             found = self._keys[id(size)] = (size, tuple(sorted(size.terms.items())))
         return found[1]
 
+    def _size_info(self, size: Poly, rounded: bool) -> tuple:
+        """`_info` of a size first held, shared by every size of the same terms (a new
+        coordinate for each monomial first held: 0 in every kept moment's dense total); a size
+        bounded for its rounding (not `rounded`) counts in no size_counts entry."""
+        terms = tuple(size.terms.items())
+        # int and Fraction coefficients of equal value are equal keys: the types tell them apart
+        like = (terms, tuple(map(type, size.terms.values())))
+        shared = self._shared.get(like) if rounded else None
+        if shared is None:
+            size_key = tuple(sorted(terms))
+            if not rounded:
+                entry = [size, 0]
+            else:
+                entry = self.size_counts.get(size_key)
+                if entry is None:
+                    entry = self.size_counts[size_key] = [size, 0]
+                    self._order[size_key] = len(self._order)
+            dense = []
+            for mono, c in terms:
+                if mono not in self._monos:
+                    self._monos.append(mono)
+                    self._total.append(0)
+                    for kept in self._dense.values():
+                        kept[:] = [v + (0,) for v in kept]
+                dense.append((mono, self._monos.index(mono), c))
+            shared = (size_key, entry, tuple(dense), tuple((mono, i, c * -1) for mono, i, c in dense))
+            if rounded:
+                self._shared[like] = shared
+        info = self._info[id(size)] = (size,) + shared
+        return info
+
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
+        key = id(st)
+        holds = self.holds
+        if key in holds:
+            holds[key] += 1
+            return
+        cat = category or st.category
+        holds[key] = 1
+        size = st.size
+        if st.count is None:
+            info = self._info.get(id(size))
+            if info is None:
+                info = self._size_info(size, True)
+            entry = info[2]
+            entry[1] += 1
+            if info[1]:  # a moment's `sizes` leave out zero sizes
+                self._live_keys[info[1]] = entry[1]
+        else:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            info = self._size_info(size, False)
+        self.sizes[key] = (st, size, cat, info[1])
+        mine = self._by_category.get(cat)
+        if mine is None:
+            mine = self._category(cat)
+        terms = info[3]
+        if terms:
+            total = self._total
+            for mono, i, c in terms:
+                total[i] += c
+                mine[mono] = mine.get(mono, 0) + c
+            self._dirty.add(None)
+            self._dirty.add(cat)
+
+    def release(self, st: Storage) -> None:
+        """Drop one reference; free the storage on the last."""
+        key = id(st)
+        holds = self.holds
+        n = holds[key] - 1
+        if n:
+            holds[key] = n
+            return
+        del holds[key]
+        _, size, cat, size_key = self.sizes.pop(key)
+        info = self._info[id(size)]
+        if st.count is None:
+            entry = info[2]
+            entry[1] -= 1
+            if not size_key:
+                pass
+            elif entry[1]:
+                self._live_keys[size_key] = entry[1]
+            else:
+                del self._live_keys[size_key]
+        terms = info[4]
+        if terms:
+            total, mine = self._total, self._by_category[cat]
+            for mono, i, c in terms:
+                total[i] += c
+                mine[mono] = mine.get(mono, 0) + c
+            self._dirty.add(None)
+            self._dirty.add(cat)
+
+    def alive(self, st: Storage) -> bool:
+        """Whether the storage is allocated."""
+        return id(st) in self.holds
+
+    def mark(self, label: str) -> None:
+        """Record this instant as a candidate for the peak, unless a kept moment of the same
+        phase is at least as large at every shape. The comparisons run on dense coefficient
+        tuples (keep's test, Poly.dominates); the Moment is made when `moments` reads it."""
+        phase = self.phase
+        dense = self._dense.get(phase)
+        if dense is None:
+            self.frontiers[phase], dense, self._hint[phase] = [], [], None
+            self._dense[phase] = dense
+        v = tuple(self._total)
+        hint = self._hint[phase]
+        if hint is not None and all(map(ge, dense[hint], v)):
+            return
+        for i, u in enumerate(dense):
+            if all(map(ge, u, v)):
+                self._hint[phase] = i
+                return
+        frontier = self.frontiers[phase]
+        below = [i for i, u in enumerate(dense) if all(map(ge, v, u))]
+        if below:
+            below = set(below)
+            frontier[:] = [m for i, m in enumerate(frontier) if i not in below]
+            dense[:] = [u for i, u in enumerate(dense) if i not in below]
+        dirty = self._dirty
+        if dirty:
+            snaps = self._snaps
+            for cat in dirty:
+                if cat is None:
+                    self._total_snap = v
+                else:
+                    snaps[cat] = dict(self._by_category[cat])
+            dirty.clear()
+        frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
+        dense.append(v)
+        self._hint[phase] = len(dense) - 1
+        if len(frontier) >= self.PRUNE_AT:
+            kept = prune_convex_dense(dense)
+            frontier[:] = [frontier[i] for i in kept]
+            dense[:] = [dense[i] for i in kept]
+            self._hint[phase] = None
+
+    # ---- recording (memcalc.depth): every instant, as live storages -----------------------
+    def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
+        """hold, recorded: the totals follow from the live storages."""
         key = id(st)
         holds = self.holds
         if key in holds:
@@ -179,49 +340,25 @@ class Memory:
             entry = self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
         entry[1] += 1
-        if self.log is not None:  # the totals follow from the live storages
-            live, both = self.live, (cat, size_key)
-            live[both] = live.get(both, 0) + 1
-            bit = self._bits.get(both)
-            if bit is None:
-                self._category(cat)
-                shift = self.index.get(both)
-                if shift is None:
-                    shift = self.index[both] = self.SLOT * len(self.index)
-                bit = self._bits[both] = 1 << shift
-            self.packed += bit
+        live, both = self.live, (cat, size_key)
+        live[both] = live.get(both, 0) + 1
+        bit = self._bits.get(both)
+        if bit is None:
+            self._category(cat)
+            shift = self.index.get(both)
+            if shift is None:
+                shift = self.index[both] = self.SLOT * len(self.index)
+            bit = self._bits[both] = 1 << shift
+        self.packed += bit
+        if self.packed_total is not None:
+            size_total = self._packed_sizes.get(size_key)
+            if size_total is None:
+                size_total = self._packed_size(size_key)  # may turn packed_total off
             if self.packed_total is not None:
-                size_total = self._packed_sizes.get(size_key)
-                if size_total is None:
-                    size_total = self._packed_size(size_key)  # may turn packed_total off
-                if self.packed_total is not None:
-                    self.packed_total += size_total
-            return
-        if size_key and rounded:  # a moment's `sizes` leave out zero sizes
-            self._live_keys[size_key] = entry[1]
-        self._add(cat, size.terms, 1)
+                self.packed_total += size_total
 
-    def _add(self, cat: str, terms: dict, sign: int) -> None:
-        """Add (sign 1) or remove (-1) a storage of `terms` bytes to the running totals."""
-        total, mine = self._total, self._category(cat)
-        for mono, c in terms.items():
-            if mono not in total:
-                self._new_mono(mono)
-            total[mono] += c * sign
-            mine[mono] = mine.get(mono, 0) + c * sign
-        if terms:
-            self._dirty.add(None)
-            self._dirty.add(cat)
-
-    def _new_mono(self, mono: tuple) -> None:
-        """A monomial first held: a new coordinate (0 in every kept moment's dense total)."""
-        self._total[mono] = 0
-        self._monos.append(mono)
-        for dense in self._dense.values():
-            dense[:] = [v + (0,) for v in dense]
-
-    def release(self, st: Storage) -> None:
-        """Drop one reference; free the storage on the last."""
+    def _release_recorded(self, st: Storage) -> None:
+        """release, recorded."""
         key = id(st)
         holds = self.holds
         holds[key] -= 1
@@ -231,27 +368,13 @@ class Memory:
             rounded = st.count is None
             entry = self.size_counts[size_key] if rounded else [size, 1]
             entry[1] -= 1
-            if self.log is not None:
-                both = (cat, size_key)
-                live = self.live[both] = self.live[both] - 1
-                if not live:
-                    del self.live[both]
-                self.packed -= self._bits[both]
-                if self.packed_total is not None:
-                    self.packed_total -= self._packed_sizes[size_key]
-                return
-            if not rounded:
-                pass
-            elif entry[1]:
-                if size_key:
-                    self._live_keys[size_key] = entry[1]
-            elif size_key:
-                del self._live_keys[size_key]
-            self._add(cat, size.terms, -1)
-
-    def alive(self, st: Storage) -> bool:
-        """Whether the storage is allocated."""
-        return id(st) in self.holds
+            both = (cat, size_key)
+            live = self.live[both] = self.live[both] - 1
+            if not live:
+                del self.live[both]
+            self.packed -= self._bits[both]
+            if self.packed_total is not None:
+                self.packed_total -= self._packed_sizes[size_key]
 
     def _packed_size(self, size_key: tuple) -> int:
         found = self._packed_sizes.get(size_key)
@@ -266,36 +389,12 @@ class Memory:
             self._packed_sizes[size_key] = found
         return found
 
-    def mark(self, label: str) -> None:
-        """Record this instant as a candidate for the peak, unless a kept moment of the same
-        phase is at least as large at every shape (in record mode: every instant, keyed). The
-        comparisons run on dense coefficient tuples (keep's test, Poly.dominates)."""
-        if self.log is not None:
-            where = (self.phase, self.micro, self.where)
-            n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
-                             self.packed_total))
-            return
-        phase, total = self.phase, self._total
-        frontier = self.frontiers.get(phase)
-        if frontier is None:
-            frontier = self.frontiers[phase] = []
-            self._dense[phase] = []
-        dense = self._dense[phase]
-        v = tuple([total[mono] for mono in self._monos])
-        for u in dense:
-            if all(map(ge, u, v)):
-                return
-        below = {i for i, u in enumerate(dense) if all(map(ge, v, u))}
-        if below:
-            frontier[:] = [m for i, m in enumerate(frontier) if i not in below]
-            dense[:] = [u for i, u in enumerate(dense) if i not in below]
-        frontier.append(Moment(phase, label, self.total, self.by_category, dict(self._live_keys)))
-        dense.append(v)
-        if len(frontier) >= self.PRUNE_AT:
-            kept = prune_convex_dense(dense)
-            frontier[:] = [frontier[i] for i in kept]
-            dense[:] = [dense[i] for i in kept]
+    def _mark_recorded(self, label: str) -> None:
+        """mark, recorded: every instant, keyed."""
+        where = (self.phase, self.micro, self.where)
+        n = self._seen[where] = self._seen.get(where, -1) + 1
+        self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
+                         self.packed_total))
 
 
 def keep(frontier: list[Moment], total: Poly) -> bool:
@@ -378,16 +477,35 @@ def prune_convex_dense(vecs: list[tuple]) -> list[int]:
     while i < len(kept):
         v = vecs[kept[i]]
         others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
-        # a mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover
-        # v coefficient by coefficient can hold it below (a bit per coefficient)
-        full = (1 << len(v)) - 1
-        covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
-        if any(covers[j] | covers[k] == full and _below_mix_dense(v, others[j], others[k])
-               for j in range(len(others)) for k in range(j + 1, len(others))):
+        if _below_some_mix(v, others):
             kept.pop(i)
         else:
             i += 1
     return kept
+
+
+def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
+    """Whether v lies under a mix of some pair of `others` (_below_mix_dense(v, x, y), x before
+    y). A mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover v
+    coefficient by coefficient can hold it below (a bit per coefficient): the partners of x
+    are those covering what x does not (the same `need` is looked up once).
+
+    >>> _below_some_mix((5, 5), [(0, 10), (9, 0), (10, 0)]), _below_some_mix((5, 5), [(0, 10), (4, 9)])
+    (True, False)
+    """
+    full = (1 << len(v)) - 1
+    covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
+    partners: dict[int, list[int]] = {}
+    for j, cover in enumerate(covers):
+        need = full & ~cover
+        found = partners.get(need)
+        if found is None:
+            found = partners[need] = [k for k, c in enumerate(covers) if c & need == need]
+        x = others[j]
+        for k in found[bisect_right(found, j):]:
+            if _below_mix_dense(v, x, others[k]):
+                return True
+    return False
 
 
 def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
@@ -400,9 +518,13 @@ def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
     for c, c1, c2 in zip(v, v1, v2):
         slope, need = c1 - c2, c - c2  # lam * slope >= need
         if slope > 0:
-            lo = max(lo, need / slope)
+            bound = need / slope
+            if bound > lo:  # lo = max(lo, bound)
+                lo = bound
         elif slope < 0:
-            hi = min(hi, need / slope)
+            bound = need / slope
+            if bound < hi:  # hi = min(hi, bound)
+                hi = bound
         elif need > 0:
             return False
         if lo > hi:
@@ -468,11 +590,13 @@ class StepSimulator:
     def forward(self) -> None:
         """Run the forward program, holding saved tensors (or region inputs)."""
         mem, nodes = self.mem, self.g.nodes
-        holds = mem.holds
+        holds, hold, release, mark = mem.holds, mem.hold, mem.release, mem.mark
+        last_use = self._last_use
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
         kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
         self._region_inputs: dict[int, list[Storage]] = {}
+        self._region_held: dict[int, set[int]] = {}  # the ids of each region's list
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
         mem.where = "forward start"
@@ -488,37 +612,50 @@ class StepSimulator:
                 else:
                     fsdp.post_forward(mem, group)
             new = [v.storage for v in node.outputs if id(v.storage) not in holds]  # not mem.alive
+            region = node.region
             for st in new:
-                mem.hold(st)
-                produced_in[id(st)] = node.region
-            mem.mark(node.name)
-            if node.region is None:
+                hold(st)
+                produced_in[id(st)] = region
+            mark(node.name)
+            if region is None:
                 for st in node.saved:
-                    mem.hold(st)
+                    hold(st)
             else:
                 self._hold_region_inputs(node, produced_in)
             for st in new:
                 key = id(st)
                 if key in kept:
                     continue
-                end = self._last_use.get(key, i)
-                expiring.setdefault(max(end, i), []).append(st)
-            for st in expiring.pop(i, []):
-                mem.release(st)
+                end = last_use.get(key, i)
+                end = i if end < i else end
+                found = expiring.get(end)
+                if found is None:
+                    expiring[end] = [st]
+                else:
+                    found.append(st)
+            for st in expiring.pop(i, ()):
+                release(st)
         mem.where = "forward end"
         if fsdp is not None:
             fsdp.root_post_forward(mem)
-        mem.mark("end of forward")
+        mark("end of forward")
 
     def _hold_region_inputs(self, node: Node, produced_in: dict) -> None:
-        held = self._region_inputs.setdefault(node.region, [])
+        region = node.region
+        held = self._region_inputs.get(region)
+        if held is None:
+            held = self._region_inputs[region] = []
+            self._region_held[region] = set()
+        ids, holds = self._region_held[region], self.mem.holds
         for v in node.inputs:
             st = v.storage
-            if v.is_param or produced_in.get(id(st), "outside") == node.region:
+            key = id(st)
+            if v.is_param or produced_in.get(key, "outside") == region:
                 continue
-            if any(st is h for h in held) or not self.mem.alive(st):
+            if key in ids or key not in holds:  # already held for the region, or not mem.alive
                 continue
             held.append(st)
+            ids.add(key)
             self.mem.hold(st)
 
     # ---- backward -------------------------------------------------------------------------
@@ -541,40 +678,33 @@ class StepSimulator:
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
             mem.where = i
+            region = node.region
             if node.hook is not None:
                 kind, group = node.hook
                 if self.fsdp is not None and kind == "end":
                     self.fsdp.pre_backward(mem, group)
                 elif self.fsdp is not None:
                     self.fsdp.post_backward(mem, group, self.param_grads)
-                if node.region is not None and self._first_of_region(i):
-                    for st in self._region_inputs.get(node.region, []):
-                        mem.release(st)
+                if region is not None and self._first_of_region(i):
+                    self._release_region_inputs(region)
                 continue
-            incoming = [grads.pop(id(v), None) for v in node.outputs]
-            if all(g is None for g in incoming):
+            incoming = [g for g in [grads.pop(id(v), None) for v in node.outputs] if g is not None]
+            if not incoming:
                 # a region whose first op gets no gradient (a frozen q and k under LoRA, at one
                 # sequence with no reshape copy before q @ k^T) still ends here: checkpoint's
                 # frame drops its inputs once the region's saved tensors are released
-                if node.region is not None and self._first_of_region(i):
-                    for st in self._region_inputs.get(node.region, []):
-                        mem.release(st)
+                if region is not None and self._first_of_region(i):
+                    self._release_region_inputs(region)
                 continue
             # checkpoint's unpack hook recomputes at the first saved tensor backward needs:
             # region nodes that saved nothing (adds, casts, scalar muls) run before it (measured)
-            if node.region is not None and node.region not in started_regions and node.saved:
-                started_regions.add(node.region)
-                recomputed = self._recompute(node.region, i)
+            if region is not None and region not in started_regions and node.saved:
+                started_regions.add(region)
+                recomputed = self._recompute(region, i)
                 mem.where = i
-            def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
-                for st in node.saved:
-                    mem.release(st if node.region is None else recomputed.get(id(st), st))
-
-            self._run_node(node, [g for g in incoming if g is not None], grads,
-                           release_saved)
-            if node.region is not None and self._first_of_region(i):
-                for st in self._region_inputs.get(node.region, []):
-                    mem.release(st)
+            self._run_node(node, incoming, grads, None if region is None else recomputed)
+            if region is not None and self._first_of_region(i):
+                self._release_region_inputs(region)
         mem.where = "backward end"
         for v in self.g.keep + self.g.leaves:
             mem.release(v.storage)
@@ -589,6 +719,10 @@ class StepSimulator:
         nodes = self.g.nodes
         return i == 0 or nodes[i - 1].region != nodes[i].region
 
+    def _release_region_inputs(self, region: int) -> None:
+        for st in self._region_inputs.get(region, ()):
+            self.mem.release(st)
+
     def _recompute(self, region: int, last: int) -> dict[int, Storage]:
         """Re-run the region's forward up to its last saving op (early stop); return
         original -> recomputed storage. The generated autograd code saves an op's inputs before
@@ -599,6 +733,7 @@ class StepSimulator:
         the stopping point, when the recompute stops (checkpoint.py raises
         _StopRecomputationError, unwinding the frames)."""
         mem, nodes = self.mem, self.g.nodes
+        hold, release, mark = mem.hold, mem.release, mem.mark
         first = trigger = last
         while first > 0 and nodes[first - 1].region == region:
             first -= 1
@@ -611,66 +746,88 @@ class StepSimulator:
                 last_use[id(v.storage)] = j
         copies: dict[int, Storage] = {}
         held: dict[int, int] = {}  # copy key -> index after which Python drops it
+        dropped: dict[int, list[int]] = {}  # index -> the keys of `held` dropped after it, in order
         for j in range(first, stop + 1):
             node = nodes[j]
             mem.where = (trigger, j)
             for v in node.outputs:
-                key = id(v.storage)
-                if key in copies or any(v.storage is u.storage for u in node.inputs):
+                st = v.storage
+                key = id(st)
+                if key in copies or any(st is u.storage for u in node.inputs):
                     continue  # already made, or a view of an input
-                if j == stop and not any(v.storage is st for st in node.saved):
+                if j == stop and not any(st is s for s in node.saved):
                     continue  # the last pack is of an input: the stop comes before the kernel
-                copies[key] = Storage(v.storage.size, "activations", "recomputed", v.storage.count)
-                mem.hold(copies[key])
-                held[key] = last_use.get(key, j)
-            mem.mark(f"recompute {node.name}")
+                copy = copies[key] = Storage(st.size, "activations", "recomputed", st.count)
+                hold(copy)
+                end = held[key] = last_use.get(key, j)
+                end = j if end < j else end  # dropped at the first index >= end from here
+                if end in dropped:
+                    dropped[end].append(key)
+                else:
+                    dropped[end] = [key]
+            mark(f"recompute {node.name}")
             for st in node.saved:
-                mem.hold(copies.get(id(st), st))
-            for key in [k for k, end in held.items() if end <= j]:
-                mem.release(copies[key])
+                hold(copies.get(id(st), st))
+            for key in dropped.pop(j, ()):
+                release(copies[key])
                 del held[key]
         for key in held:
-            mem.release(copies[key])
+            release(copies[key])
         return copies
 
     def _run_node(self, node: Node, incoming: list[Storage], grads: dict,
-                  release_saved: Callable[[], None]) -> None:
+                  recomputed: dict[int, Storage] | None) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
-        node's saved tensors, then deliver the grads (where sums happen)."""
+        node's saved tensors (their `recomputed` copies in a checkpoint region), then deliver
+        the grads (where sums happen)."""
         mem = self.mem
+        hold, mark = mem.hold, mem.mark
         temps: list[Storage] = []
         deliveries: list[tuple[Value, Storage]] = []
+        label = None
         for step in node.backward:
-            if isinstance(step, Temp):
-                st = Storage(step.size, "activation_grads", f"{node.name} temp")
-                mem.hold(st)
-                temps.append(st)
-                mem.mark(f"{node.name} backward")
-            elif isinstance(step, FreeTemps):
-                k = len(temps) if step.first is None else step.first
-                for st in temps[:k]:
-                    mem.release(st)
-                temps = temps[k:]
-            elif isinstance(step, Grad):
+            kind = type(step)
+            if kind is Grad:
                 target = node.inputs[step.index]
                 if not target.requires_grad:
                     continue
                 size = step.size or target.grad_size or target.size
+                count = target.storage.count
                 st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
-                             f"grad {target.label}", _grad_count(target.storage.count, size))
-                mem.hold(st)
-                mem.mark(f"{node.name} backward")
+                             f"grad {target.label}", None if count is None else _grad_count(count, size))
+                hold(st)
+                if label is None:
+                    label = f"{node.name} backward"
+                mark(label)
                 deliveries.append((target, st))
-            elif isinstance(step, Alias):
+            elif kind is Alias:
                 target = node.inputs[step.index]
                 if target.requires_grad and incoming:
-                    mem.hold(incoming[0])
+                    hold(incoming[0])
                     deliveries.append((target, incoming[0]))
+            elif kind is Temp:
+                st = Storage(step.size, "activation_grads", f"{node.name} temp")
+                hold(st)
+                temps.append(st)
+                if label is None:
+                    label = f"{node.name} backward"
+                mark(label)
+            elif kind is FreeTemps:
+                k = len(temps) if step.first is None else step.first
+                for st in temps[:k]:
+                    mem.release(st)
+                temps = temps[k:]
+        release = mem.release
         for st in temps:
-            mem.release(st)
+            release(st)
         for st in incoming:
-            mem.release(st)
-        release_saved()
+            release(st)
+        if recomputed is None:
+            for st in node.saved:
+                release(st)
+        else:
+            for st in node.saved:
+                release(recomputed.get(id(st), st))
         for target, st in deliveries:
             self._deliver(target, st, grads)
 
