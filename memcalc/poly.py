@@ -52,6 +52,10 @@ class Poly:
         return self + other * -1
 
     def __mul__(self, k: int) -> "Poly":
+        if k.__class__ is int and k:  # no product is 0: the terms need no filtering
+            out = object.__new__(Poly)
+            out.terms = {m: c * k for m, c in self.terms.items()}
+            return out
         return Poly({m: c * k for m, c in self.terms.items()})
 
     __rmul__ = __mul__
