@@ -61,6 +61,10 @@ class Memory:
     TOTAL_SLOT = 192
     """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
+    def __new__(cls, record: bool | dict = False, granularity: int = 1) -> "Memory":  # noqa: ARG004
+        """A RecordedMemory when `record` is given (its hold, release and mark record)."""
+        return object.__new__(RecordedMemory if record is not False and cls is Memory else cls)
+
     def __init__(self, record: bool | dict = False, granularity: int = 1) -> None:
         self.granularity = granularity
         """The allocator's rounding that storages with a Storage.count are bounded for: such a
@@ -110,8 +114,6 @@ class Memory:
         """With record: every mark, unpruned, in order, as (key, label, categories seen, live
         storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
         {(category, size terms): how many} (every number of a moment is linear in these)."""
-        if self.log is not None:  # the recording paths (the kept moments' below, unbranched)
-            self.hold, self.release, self.mark = self._hold_recorded, self._release_recorded, self._mark_recorded
         self.live: dict[tuple, int] = {}
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
@@ -318,9 +320,13 @@ class Memory:
             dense[:] = [dense[i] for i in kept]
             self._hint[phase] = None
 
-    # ---- recording (memcalc.depth): every instant, as live storages -----------------------
-    def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
-        """hold, recorded: the totals follow from the live storages."""
+
+class RecordedMemory(Memory):
+    """Memory with `record`: every instant logged, as live storages (memcalc.depth), and no
+    running totals; Memory(record=...) makes one."""
+
+    def hold(self, st: Storage, category: str | None = None) -> None:
+        """Memory.hold, recorded: the totals follow from the live storages."""
         key = id(st)
         holds = self.holds
         if key in holds:
@@ -357,8 +363,8 @@ class Memory:
             if self.packed_total is not None:
                 self.packed_total += size_total
 
-    def _release_recorded(self, st: Storage) -> None:
-        """release, recorded."""
+    def release(self, st: Storage) -> None:
+        """Memory.release, recorded."""
         key = id(st)
         holds = self.holds
         holds[key] -= 1
@@ -389,8 +395,8 @@ class Memory:
             self._packed_sizes[size_key] = found
         return found
 
-    def _mark_recorded(self, label: str) -> None:
-        """mark, recorded: every instant, keyed."""
+    def mark(self, label: str) -> None:
+        """Memory.mark, recorded: every instant, keyed (no moment is kept)."""
         where = (self.phase, self.micro, self.where)
         n = self._seen[where] = self._seen.get(where, -1) + 1
         self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
