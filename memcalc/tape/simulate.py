@@ -96,6 +96,11 @@ class Memory:
         self._hint: dict[str, int | None] = {}
         """Per phase, the index in `_dense` of the kept total that last rejected a mark, tried
         first at the next (consecutive instants are mostly under the same one)."""
+        self._at: str | None = None
+        """The phase of the last mark; `_at_dense` and `_at_hint` are its entries of `_dense` and
+        `_hint` (the hint kept here while the phase lasts)."""
+        self._at_dense: list[tuple] = []
+        self._at_hint: int | None = None
         self.frontiers: dict[str, list] = {}
         """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
         category copies, live sizes) until `moments` reads it."""
@@ -219,21 +224,22 @@ class Memory:
         if key in holds:
             holds[key] += 1
             return
-        cat = category or st.category
         holds[key] = 1
+        cat = category or st.category
         size = st.size
         if st.count is None:
             info = self._info.get(id(size))
             if info is None:
                 info = self._size_info(size, True)
-            entry = info[2]
-            entry[1] += 1
-            if info[1]:  # a moment's `sizes` leave out zero sizes
-                self._live_keys[info[1]] = entry[1]
+            size_key, entry = info[1], info[2]
+            n = entry[1] = entry[1] + 1
+            if size_key:  # a moment's `sizes` leave out zero sizes
+                self._live_keys[size_key] = n
         else:  # one expert's, in a 'worst' bound: its rounding at its most
             size = size + Poly.const(count_slack(size, st.count, self.granularity))
             info = self._size_info(size, False)
-        self.sizes[key] = (st, size, cat, info[1])
+            size_key = info[1]
+        self.sizes[key] = (st, size, cat, size_key)
         mine = self._by_category.get(cat)
         if mine is None:
             mine = self._category(cat)
@@ -243,8 +249,9 @@ class Memory:
             for mono, i, c in terms:
                 total[i] += c
                 mine[mono] = mine.get(mono, 0) + c
-            self._dirty.add(None)
-            self._dirty.add(cat)
+            dirty = self._dirty
+            dirty.add(None)
+            dirty.add(cat)
 
     def release(self, st: Storage) -> None:
         """Drop one reference; free the storage on the last."""
@@ -257,23 +264,24 @@ class Memory:
         del holds[key]
         _, size, cat, size_key = self.sizes.pop(key)
         info = self._info[id(size)]
-        if st.count is None:
+        if st.count is None and size_key:
             entry = info[2]
-            entry[1] -= 1
-            if not size_key:
-                pass
-            elif entry[1]:
-                self._live_keys[size_key] = entry[1]
+            n = entry[1] = entry[1] - 1
+            if n:
+                self._live_keys[size_key] = n
             else:
                 del self._live_keys[size_key]
+        elif st.count is None:
+            info[2][1] -= 1
         terms = info[4]
         if terms:
             total, mine = self._total, self._by_category[cat]
             for mono, i, c in terms:
                 total[i] += c
                 mine[mono] = mine.get(mono, 0) + c
-            self._dirty.add(None)
-            self._dirty.add(cat)
+            dirty = self._dirty
+            dirty.add(None)
+            dirty.add(cat)
 
     def alive(self, st: Storage) -> bool:
         """Whether the storage is allocated."""
@@ -283,25 +291,27 @@ class Memory:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
         phase is at least as large at every shape. The comparisons run on dense coefficient
         tuples (keep's test, Poly.dominates); the Moment is made when `moments` reads it."""
-        phase = self.phase
-        dense = self._dense.get(phase)
-        if dense is None:
-            self.frontiers[phase], dense, self._hint[phase] = [], [], None
-            self._dense[phase] = dense
-        v = tuple(self._total)
-        hint = self._hint[phase]
-        if hint is not None and all(map(ge, dense[hint], v)):
+        if self.phase is not self._at:
+            self._enter(self.phase)
+        total, dense = self._total, self._at_dense
+        hint = self._at_hint
+        if hint is not None and all(map(ge, dense[hint], total)):
             return
+        below = None
         for i, u in enumerate(dense):
-            if all(map(ge, u, v)):
-                self._hint[phase] = i
+            if all(map(ge, u, total)):
+                self._at_hint = i
                 return
-        frontier = self.frontiers[phase]
-        below = [i for i, u in enumerate(dense) if all(map(ge, v, u))]
-        if below:
-            below = set(below)
-            frontier[:] = [m for i, m in enumerate(frontier) if i not in below]
-            dense[:] = [u for i, u in enumerate(dense) if i not in below]
+            if all(map(ge, total, u)):
+                if below is None:
+                    below = [i]
+                else:
+                    below.append(i)
+        frontier = self.frontiers[self._at]
+        if below is not None:
+            for i in reversed(below):
+                del frontier[i], dense[i]
+        v = tuple(total)
         dirty = self._dirty
         if dirty:
             snaps = self._snaps
@@ -313,12 +323,22 @@ class Memory:
             dirty.clear()
         frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
         dense.append(v)
-        self._hint[phase] = len(dense) - 1
+        self._at_hint = len(dense) - 1
         if len(frontier) >= self.PRUNE_AT:
             kept = prune_convex_dense(dense)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
-            self._hint[phase] = None
+            self._at_hint = None
+
+    def _enter(self, phase: str) -> None:
+        """mark's phase: its kept totals and hint (the last phase's hint put by)."""
+        if self._at is not None:
+            self._hint[self._at] = self._at_hint
+        dense = self._dense.get(phase)
+        if dense is None:
+            self.frontiers[phase], dense, self._hint[phase] = [], [], None
+            self._dense[phase] = dense
+        self._at, self._at_dense, self._at_hint = phase, dense, self._hint[phase]
 
 
 class RecordedMemory(Memory):
