@@ -74,10 +74,12 @@ class Memory:
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
         self._total: list = []
         """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
-        self._by_category: dict[str, dict] = {}
-        """The same per category as {monomial: c}, in the order each was first held (a freed
-        one stays, at 0)."""
-        self._snaps: dict[str, dict] = {}
+        self._by_category: dict[str, list] = {}
+        """The same per category, in the order each was first held (a freed one stays, at 0):
+        None where the category never held the monomial."""
+        self._first_held: dict[str, list[int]] = {}
+        """Per category, the coordinates in the order it first held them (its Poly's order)."""
+        self._snaps: dict[str, tuple] = {}
         """A copy of each category of `_by_category` (same order), taken when a kept moment
         reads it after its coefficients changed (`_dirty`): kept moments share unchanged ones."""
         self._dirty: set[str | None] = set()
@@ -108,8 +110,8 @@ class Memory:
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
         self._keys: dict[int, tuple[Poly, tuple]] = {}  # id(size Poly) -> (it, its size terms)
         self._info: dict[int, tuple] = {}
-        """id(size Poly) -> (it, its size terms, its size_counts entry, its terms as (monomial,
-        coordinate in `_total`, c), the same negated): what hold and release need of a size."""
+        """id(size Poly) -> (it, its size terms, its size_counts entry, its terms as (coordinate
+        in `_total`, c), the same negated): what hold and release need of a size."""
         self._shared: dict[tuple, tuple] = {}  # a size's terms and their types -> its `_info` but the Poly
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
@@ -152,11 +154,13 @@ class Memory:
         found = polys.get(id(total))
         if found is None:  # a dense total: monomials not held yet then are 0
             found = polys[id(total)] = (total, Poly(dict(zip(self._monos, total))))
-        by_category = {}
+        by_category, monos = {}, self._monos
         for cat, terms in categories.items():
             poly = polys.get(id(terms))
             if poly is None:
-                poly = polys[id(terms)] = (terms, Poly(terms))
+                n = len(terms)  # coordinates first held later are 0 (None) in it
+                poly = polys[id(terms)] = (terms, Poly({monos[i]: terms[i] for i in self._first_held[cat]
+                                                        if i < n and terms[i]}))
             by_category[cat] = poly[1]
         return Moment(phase, label, found[1], by_category, sizes)
 
@@ -168,15 +172,23 @@ class Memory:
     @property
     def by_category(self) -> dict[str, Poly]:
         """The live bytes per category, in the order each was first held."""
-        return {cat: Poly(terms) for cat, terms in self._by_category.items()}
+        monos = self._monos
+        return {cat: Poly({monos[i]: vec[i] for i in self._first_held[cat] if vec[i]})
+                for cat, vec in self._by_category.items()}
 
-    def _category(self, cat: str) -> dict:
+    def _category(self, cat: str) -> list:
         """The coefficients of a category, first held now or before."""
         mine = self._by_category.get(cat)
         if mine is None:
-            mine = self._by_category[cat] = {}
-            self._snaps[cat] = {}
+            mine = self._by_category[cat] = [None] * len(self._monos)
+            self._first_held[cat] = []
+            self._snaps[cat] = ()
         return mine
+
+    def _first_in(self, cat: str, i: int, c: object) -> None:
+        """A coordinate a category holds for the first time: 0 + c (as a dict's get(m, 0) + c)."""
+        self._by_category[cat][i] = 0 + c
+        self._first_held[cat].append(i)
 
     def _size_key(self, size: Poly) -> tuple:
         """The size's terms, sorted (the key of its storages' counts); the Poly is kept, so its
@@ -208,10 +220,12 @@ class Memory:
                 if mono not in self._monos:
                     self._monos.append(mono)
                     self._total.append(0)
+                    for vec in self._by_category.values():
+                        vec.append(None)
                     for kept in self._dense.values():
                         kept[:] = [v + (0,) for v in kept]
-                dense.append((mono, self._monos.index(mono), c))
-            shared = (size_key, entry, tuple(dense), tuple((mono, i, c * -1) for mono, i, c in dense))
+                dense.append((self._monos.index(mono), c))
+            shared = (size_key, entry, tuple(dense), tuple((i, c * -1) for i, c in dense))
             if rounded:
                 self._shared[like] = shared
         info = self._info[id(size)] = (size,) + shared
@@ -246,9 +260,12 @@ class Memory:
         terms = info[3]
         if terms:
             total = self._total
-            for mono, i, c in terms:
+            for i, c in terms:
                 total[i] += c
-                mine[mono] = mine.get(mono, 0) + c
+                try:
+                    mine[i] += c
+                except TypeError:  # None: the category's first of this monomial
+                    self._first_in(cat, i, c)
             dirty = self._dirty
             dirty.add(None)
             dirty.add(cat)
@@ -276,9 +293,9 @@ class Memory:
         terms = info[4]
         if terms:
             total, mine = self._total, self._by_category[cat]
-            for mono, i, c in terms:
+            for i, c in terms:
                 total[i] += c
-                mine[mono] = mine.get(mono, 0) + c
+                mine[i] += c  # held before: never None
             dirty = self._dirty
             dirty.add(None)
             dirty.add(cat)
@@ -319,7 +336,7 @@ class Memory:
                 if cat is None:
                     self._total_snap = v
                 else:
-                    snaps[cat] = dict(self._by_category[cat])
+                    snaps[cat] = tuple(self._by_category[cat])
             dirty.clear()
         frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
         dense.append(v)
