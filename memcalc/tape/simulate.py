@@ -102,6 +102,10 @@ class Memory:
         """The phase of the last mark; `_at_dense` and `_at_hint` are its entries of `_dense` and
         `_hint` (the hint kept here while the phase lasts)."""
         self._at_dense: list[tuple] = []
+        self._sums: dict[str, list] = {}
+        """Per phase, the coefficient sums of `_dense` (a total at least another one
+        coefficient by coefficient has at least its sum: one comparison rules a test out)."""
+        self._at_sums: list = []
         self._at_hint: int | None = None
         self.frontiers: dict[str, list] = {}
         """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
@@ -310,16 +314,18 @@ class Memory:
         tuples (keep's test, Poly.dominates); the Moment is made when `moments` reads it."""
         if self.phase is not self._at:
             self._enter(self.phase)
-        total, dense = self._total, self._at_dense
+        total, dense, sums = self._total, self._at_dense, self._at_sums
+        t = sum(total)
         hint = self._at_hint
-        if hint is not None and all(map(ge, dense[hint], total)):
+        if hint is not None and sums[hint] >= t and all(map(ge, dense[hint], total)):
             return
         below = None
         for i, u in enumerate(dense):
-            if all(map(ge, u, total)):
+            at_least = sums[i]
+            if at_least >= t and all(map(ge, u, total)):
                 self._at_hint = i
                 return
-            if all(map(ge, total, u)):
+            if t >= at_least and all(map(ge, total, u)):
                 if below is None:
                     below = [i]
                 else:
@@ -327,7 +333,7 @@ class Memory:
         frontier = self.frontiers[self._at]
         if below is not None:
             for i in reversed(below):
-                del frontier[i], dense[i]
+                del frontier[i], dense[i], sums[i]
         v = tuple(total)
         dirty = self._dirty
         if dirty:
@@ -340,11 +346,13 @@ class Memory:
             dirty.clear()
         frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
         dense.append(v)
+        sums.append(t)
         self._at_hint = len(dense) - 1
         if len(frontier) >= self.PRUNE_AT:
             kept = prune_convex_dense(dense)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
+            sums[:] = [sums[i] for i in kept]
             self._at_hint = None
 
     def _enter(self, phase: str) -> None:
@@ -353,9 +361,10 @@ class Memory:
             self._hint[self._at] = self._at_hint
         dense = self._dense.get(phase)
         if dense is None:
-            self.frontiers[phase], dense, self._hint[phase] = [], [], None
+            self.frontiers[phase], dense, self._hint[phase], self._sums[phase] = [], [], None, []
             self._dense[phase] = dense
         self._at, self._at_dense, self._at_hint = phase, dense, self._hint[phase]
+        self._at_sums = self._sums[phase]
 
 
 class RecordedMemory(Memory):
