@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import compress
 from operator import ge
 from typing import TYPE_CHECKING
 
@@ -546,7 +547,8 @@ def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
     (True, False)
     """
     full = (1 << len(v)) - 1
-    covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
+    bits = [1 << k for k in range(len(v))]
+    covers = [sum(compress(bits, map(ge, x, v))) for x in others]
     partners: dict[int, list[int]] = {}
     for j, cover in enumerate(covers):
         need = full & ~cover
