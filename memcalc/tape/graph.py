@@ -195,10 +195,23 @@ class Graph:
         """An op producing one new tensor of `size` bytes (`elt` bytes per element); with
         `save_output` autograd also saves the result (softmax, tanh, log_softmax). The same as
         op_multi with one size, written out (most ops have one output)."""
-        rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
-        out = Value(Storage(size, category, f"{name}.out0", self._count_of(size)), size, rg, label=name, elt=elt)
-        saved = [v.storage for v in saves] + ([out.storage] if save_output else []) if rg else []
-        self.nodes.append(Node(name, list(inputs), [out], saved, list(backward) if rg else [], self.region))
+        rg = requires_grad
+        if rg is None:  # any input requires grad
+            rg = False
+            for v in inputs:
+                if v.requires_grad:
+                    rg = True
+                    break
+        count = None if self.count is None else self._count_of(size)
+        st = Storage(size, category, f"{name}.out0", count)
+        out = Value(st, size, rg, label=name, elt=elt)
+        if rg:
+            saved = [v.storage for v in saves]
+            if save_output:
+                saved.append(st)
+            self.nodes.append(Node(name, list(inputs), [out], saved, list(backward), self.region))
+        else:
+            self.nodes.append(Node(name, list(inputs), [out], [], [], self.region))
         return out
 
     def op_multi(self, name: str, inputs: list[Value], sizes: list[Poly], saves: Sequence[Value] = (),
