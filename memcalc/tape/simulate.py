@@ -52,7 +52,11 @@ class Memory:
     """Live storages with hold counts, the running total, and the kept moments.
 
     Storages are keyed by id() and the Storage object itself is kept while held, so an id can
-    never be reused by another storage while it is counted.
+    never be reused by another storage while it is counted. Totals are coefficient lists over
+    the monomials held so far (`_monos`), updated in place by hold and release from each size's
+    terms, looked up once per size object (`_info`); mark compares them as tuples and keeps the
+    instant as copies, made into a Moment when `moments` reads it (most kept instants are
+    dropped again by later, larger ones).
     """
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
