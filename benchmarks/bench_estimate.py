@@ -7,8 +7,8 @@ several repeats), with the machine and the date:
   and CPU time of this process (time.process_time: less inflated when other jobs share the
   machine);
 - estimate_grid: its first call, then configurations per second on cuda (exact rounding);
-- `memcalc estimate` as a cold process; `memcalc tables` (with --tables), wall and the child's
-  CPU time.
+- `memcalc estimate` as a cold process, with the bytecode cache and compiling from source;
+  `memcalc tables` (with --tables), over every CPU and over one process, wall and CPU time.
 
 The load average before and after the run is printed with the machine and the date.
 
@@ -134,27 +134,49 @@ def bench_grid(repeats: int) -> None:
 
 
 def bench_cli_cold(repeats: int) -> None:
-    """Wall seconds of a cold `memcalc estimate` process."""
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    """Wall seconds of a cold `memcalc estimate` process (a new interpreter each time): with
+    Python's default bytecode cache (__pycache__, written by a first run, as an installed
+    package has it), and compiling every module from source (PYTHONDONTWRITEBYTECODE=1 and no
+    cache, as in a sandbox that sets it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.getcwd()
+    argv = [sys.executable, "-m", "memcalc.cli", "estimate", "--model", "gpt2", "--micro-batch", "4",
+            "--seq-len", "1024"]
 
-    def run() -> float:
+    def run(extra: dict) -> float:
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "memcalc.cli", "estimate", "--model", "gpt2",
-                        "--micro-batch", "4", "--seq-len", "1024"], check=True, capture_output=True, env=env)
+        subprocess.run(argv, check=True, capture_output=True, env={**env, **extra})
         return time.perf_counter() - start
 
-    print(f"memcalc estimate, cold process: {_median(run, repeats):.3f} s (target <= 0.2)")
+    with tempfile.TemporaryDirectory() as cache:
+        cached = {"PYTHONPYCACHEPREFIX": cache}
+        run(cached)  # writes the bytecode
+        warm = _median(lambda: run(cached), repeats)
+        with tempfile.TemporaryDirectory() as empty:
+            source = _median(lambda: run({"PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"}), repeats)
+    print(f"memcalc estimate, cold process: {warm:.3f} s with bytecode cached, {source:.3f} s compiling "
+          "from source (target <= 0.2)")
 
 
 def bench_tables() -> None:
-    """Seconds of `memcalc tables` (everything it writes, plots included), one process."""
-    with tempfile.TemporaryDirectory() as out:
-        start, child = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out], check=True,
-                       capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime
-        print(f"memcalc tables: {time.perf_counter() - start:.1f} s (CPU {cpu:.1f} s) (target <= 10)")
+    """Seconds of `memcalc tables` (everything it writes, plots included), one command over the
+    CPUs it may use (memcalc.jobs), and one over a single process (--jobs 1); wall and the CPU
+    time of the command and its workers."""
+    for jobs in ([] , ["--jobs", "1"]):
+        with tempfile.TemporaryDirectory() as out:
+            start, child = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out, *jobs], check=True,
+                           capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime
+            how = " ".join(jobs) or f"{_cpus()} processes"
+            print(f"memcalc tables ({how}): {time.perf_counter() - start:.1f} s (CPU {cpu:.1f} s) (target <= 10)")
+
+
+def _cpus() -> int:
+    from memcalc.jobs import available_cpus
+
+    return available_cpus()
 
 
 def main() -> None:

@@ -20,9 +20,10 @@ READ_HERE = {"sequence_len": "seq_len", "pad_to_sequence_len": "attention_mask (
              "sdp_attention": "attention: sdpa (memcalc's default)"}
 # refused unless falsy / absent: what memcalc does not model yet
 REFUSED = {
-    "adapter": "LoRA/QLoRA adapters (TODO: TrainingConfig.lora, branch lora)",
-    "load_in_8bit": "8-bit base weights (TODO: TrainingConfig.quantization, branch lora)",
-    "load_in_4bit": "4-bit base weights (TODO: TrainingConfig.quantization, branch lora)",
+    "adapter": ("LoRA/QLoRA adapters from axolotl's lora_* keys (not passed on by this reader; "
+                "memcalc models them: estimate --lora-config / --lora-rank)"),
+    "load_in_8bit": "8-bit base weights (not passed on by this reader; memcalc models them: --quantization int8)",
+    "load_in_4bit": "4-bit base weights (not passed on by this reader; memcalc models them: --quantization nf4)",
     "sample_packing": "packed sequences (position_ids-based masks)",
     "flash_attention": "flash_attention_2 kernels", "xformers_attention": "xformers kernels",
     "s2_attention": "shifted sparse attention", "fsdp": "accelerate FSDP", "fsdp_config": "accelerate FSDP",
@@ -64,12 +65,17 @@ def read_yaml(path: str | os.PathLike) -> dict:
         import yaml
     except ImportError:
         raise MemcalcError("axolotl", "reading YAML needs PyYAML", "pip install 'memcalc[config]'") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise SpecError("axolotl", f"expected a dict or a path, got {type(path).__name__}",
+                        "give an axolotl config.yml")
     path = os.fspath(path)
     try:
         value = yaml.safe_load(read_bounded(path, "axolotl").decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise SpecError("axolotl", f"{path!r} is not valid YAML ({str(err).splitlines()[0][:80]})",
                         "give an axolotl config.yml") from None
+    except RecursionError:  # PyYAML's parser recurses once per nesting level
+        raise SpecError("axolotl", f"{path!r} nests YAML too deeply", "give an axolotl config.yml") from None
     if not isinstance(value, dict):
         raise SpecError("axolotl", f"{path!r} does not hold a YAML mapping", "give an axolotl config.yml")
     return value
@@ -94,9 +100,36 @@ def axolotl_fields(config: dict | str | os.PathLike) -> tuple[dict, int | None, 
     if cfg.get("sdp_attention") is False:
         raise NotModelledError("axolotl.sdp_attention", "false: the attention kernel is then eager, "
                                "which memcalc models but this reader does not pass on", "drop it")
+    _check_types(cfg)
     fields = {TO_TRAINER[k]: v for k, v in cfg.items() if k in TO_TRAINER and v is not None}
     for flag in ("bf16", "fp16", "tf32"):
         if fields.get(flag) == "auto":  # axolotl: bf16 when the GPU supports it (memcalc assumes so)
             fields[flag] = flag != "fp16"
     mask = "padded" if cfg.get("pad_to_sequence_len") else "ones"
     return fields, cfg.get("sequence_len"), mask
+
+
+COUNTS = ("micro_batch_size", "gradient_accumulation_steps", "sequence_len")
+FLAGS = ("bf16", "fp16", "tf32", "gradient_checkpointing", "pad_to_sequence_len", "sdp_attention")
+
+
+def _check_types(cfg: dict) -> None:
+    """Counts are integers >= 1 and flags booleans (bf16/fp16/tf32 also 'auto'), named by the
+    axolotl key (a string "false" would be truthy; a float batch is no batch).
+
+    >>> _check_types({"micro_batch_size": "2"})
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: axolotl.micro_batch_size: '2' is not an integer >= 1; fix: write it without quotes
+    """
+    for key in COUNTS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecError(f"axolotl.{key}", f"{str(value)[:40]!r} is not an integer >= 1",
+                            "write it without quotes")
+    for key in FLAGS:
+        value = cfg.get(key)
+        auto = key in ("bf16", "fp16", "tf32")
+        if value is not None and not isinstance(value, bool) and not (auto and value == "auto"):
+            raise SpecError(f"axolotl.{key}", f"{str(value)[:40]!r} is not true or false",
+                            "write true or false" + (" (or auto)" if auto else ""))

@@ -18,6 +18,7 @@ from memcalc.units import GIB
 if TYPE_CHECKING:
     from memcalc.planner import Plan
     from memcalc.preflight import Verdict
+    from memcalc.specs import ModelSpec
     from memcalc.training import TrainingConfig
 
 MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ")
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
     _json_arg(p)
     return parser
 
@@ -192,7 +194,19 @@ def model_from_args(args: argparse.Namespace):
     changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
-    return model.with_(**changes) if changes else model
+    model = model.with_(**changes) if changes else model
+    _check_moe_flags(args, model)
+    return model
+
+
+def _check_moe_flags(args: argparse.Namespace, model: ModelSpec) -> None:
+    """--moe-routing / --experts-implementation name a dense model's nothing: refused, not ignored."""
+    from memcalc.errors import SpecError
+
+    for name in ("moe_routing", "experts_implementation"):
+        if model.moe is None and getattr(args, name, None) is not None:
+            raise SpecError(name, f"{model.name} has no mixture-of-experts layers",
+                            f"drop --{name.replace('_', '-')} (it applies to MoE models only)")
 
 
 def _from_hf(path: str, args: argparse.Namespace):
@@ -376,10 +390,15 @@ def cmd_tables(args: argparse.Namespace) -> dict:
     """Run `tables` (write, or --check and exit 1 on a difference)."""
     from memcalc import tables
     from memcalc.checks import check_out_dir
+    from memcalc.errors import MemcalcError
+    from memcalc.limits import MAX_JOBS
 
     check_out_dir("out", args.out, create=not args.check)
+    if args.jobs is not None and not 1 <= args.jobs <= MAX_JOBS:
+        raise MemcalcError("jobs", f"{args.jobs} worker processes", f"pass --jobs from 1 to {MAX_JOBS}")
+    _check_presets(args.presets)
     if args.check:
-        stale = tables.check(args.out, args.presets)
+        stale = tables.check(args.out, args.presets, args.jobs)
         if not args.json:
             print("tables are up to date" if not stale else
                   f"tables differ from the code: {', '.join(stale)}; run `memcalc tables`")
@@ -388,10 +407,22 @@ def cmd_tables(args: argparse.Namespace) -> dict:
                 print(json.dumps({"stale": stale}))
             raise SystemExit(1)
         return {"stale": stale}
-    names = tables.write(args.out, args.presets, plots=not args.no_plots)
+    names = tables.write(args.out, args.presets, plots=not args.no_plots, jobs=args.jobs)
     if not args.json:
         print(f"wrote {len(names)} files to {args.out}: {', '.join(names)}")
     return {"written": names}
+
+
+def _check_presets(names: list[str] | None) -> None:
+    """--presets: known preset names (an unknown one named under --presets, not --model)."""
+    from memcalc.errors import UnknownNameError
+    from memcalc.specs import ModelSpec
+
+    for name in names or []:
+        try:
+            ModelSpec.preset(name)
+        except UnknownNameError as err:
+            raise UnknownNameError("presets", err.problem, err.fix) from None
 
 
 # ---- check: pre-flight from the user's own files (memcalc.preflight, memcalc.trainer_args) ---

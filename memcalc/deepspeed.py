@@ -17,9 +17,9 @@ from memcalc.errors import NotModelledError, SpecError, UnknownNameError, closes
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 INERT = {
-    "train_batch_size": "checked against the Trainer's batch (auto)",
-    "train_micro_batch_size_per_gpu": "checked against per_device_train_batch_size (auto)",
-    "gradient_accumulation_steps": "checked against the Trainer's (auto)",
+    "train_batch_size": "checked against the Trainer's batch (auto; check_batch)",
+    "train_micro_batch_size_per_gpu": "checked against per_device_train_batch_size (auto; check_batch)",
+    "gradient_accumulation_steps": "checked against the Trainer's (auto; check_batch)",
     "scheduler": "learning-rate numbers; no tensor",
     "steps_per_print": "logging", "wall_clock_breakdown": "logging", "flops_profiler": "logging",
     "tensorboard": "logging", "wandb": "logging", "csv_monitor": "logging", "comms_logger": "logging",
@@ -50,12 +50,12 @@ def read_deepspeed(config: Any) -> dict:
             raise UnknownNameError(f"deepspeed.{key}", "is not a DeepSpeed key memcalc knows",
                                    f"remove it, or check the name: {closest_names(key, sorted(known))}")
     for key in ("bf16", "fp16", "amp"):
-        if _enabled(ds.get(key)):
+        if _enabled(_block(ds[key], key) if ds.get(key) is not None else None):
             raise NotModelledError(f"deepspeed.{key}.enabled", "DeepSpeed's 16-bit mode (16-bit "
                                    "parameters, fp32 master weights in the optimizer) is not modelled",
                                    f"set {key}.enabled false (or 'auto' with bf16/fp16 off)")
     if ds.get("optimizer"):
-        raise NotModelledError("deepspeed.optimizer", f"{ds['optimizer'].get('type', '?')!r}: "
+        raise NotModelledError("deepspeed.optimizer", f"{_block(ds['optimizer'], 'optimizer').get('type', '?')!r}: "
                                "DeepSpeed's own optimizer is not modelled",
                                "drop the optimizer block (the Trainer's optim is used)")
     clip = ds.get("gradient_clipping", "auto")
@@ -67,7 +67,7 @@ def read_deepspeed(config: Any) -> dict:
         raise NotModelledError("deepspeed.activation_checkpointing", "DeepSpeed's checkpointing "
                                "(partitioned activations) is not modelled",
                                "drop it and use TrainingArguments.activation_checkpointing")
-    return _zero(ds.get("zero_optimization") or {})
+    return _zero(_block(ds.get("zero_optimization") or {}, "zero_optimization"))
 
 
 def _zero(zero: dict) -> dict:
@@ -76,15 +76,45 @@ def _zero(zero: dict) -> dict:
             raise UnknownNameError(f"deepspeed.zero_optimization.{key}", "is not a key memcalc knows",
                                    f"remove it, or check the name: {closest_names(key, sorted(ZERO_INERT))}")
     for key in ("offload_optimizer", "offload_param"):
-        device = (zero.get(key) or {}).get("device", "none")
+        device = _block(zero.get(key) or {}, f"zero_optimization.{key}").get("device", "none")
         if device not in ("none", None):
             raise NotModelledError(f"deepspeed.zero_optimization.{key}", f"offload to {device!r} is "
                                    "not modelled", f"set {key}.device to 'none'")
     stage = zero.get("stage", 0)
-    if stage not in STAGES:
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in STAGES:
         raise SpecError("deepspeed.zero_optimization.stage", f"{stage!r} is not 0, 1, 2 or 3",
                         "use a ZeRO stage 0-3")
     return {"sharding": STAGES[stage]} if stage else {}
+
+
+def check_batch(config: Any, micro_batch: int, grad_accum: int, world_size: int) -> None:
+    """The batch keys must be "auto" or the Trainer's own numbers: transformers refuses a mismatch
+    (integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_process, fill_match), so
+    the run memcalc would predict never starts.
+
+    >>> check_batch({"train_micro_batch_size_per_gpu": 4}, 8, 1, 1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: deepspeed.train_micro_batch_size_per_gpu: 4, but the Trainer's is 8 ...
+    """
+    if not all(type(n) is int for n in (micro_batch, grad_accum, world_size)):
+        return  # TrainingConfig refuses these by name
+    ds = _as_dict(config)
+    trainer = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
+               "train_batch_size": micro_batch * grad_accum * world_size}
+    for key, value in trainer.items():
+        given = ds.get(key, "auto")
+        if given != "auto" and (isinstance(given, bool) or given != value):
+            raise SpecError(f"deepspeed.{key}", f"{str(given)[:40]}, but the Trainer's is {value} "
+                            "(transformers refuses the mismatch)", f'set it to "auto" or {value}')
+
+
+def _block(value: Any, name: str) -> dict:
+    """A block of the config that must be a JSON object."""
+    if not isinstance(value, dict):
+        raise SpecError(f"deepspeed.{name}", f"{str(value)[:40]!r} is not a JSON object",
+                        f"write {name} as an object, as DeepSpeed's config documents it")
+    return value
 
 
 def _enabled(block: Any) -> bool:

@@ -233,7 +233,7 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     """
     try:
         reached = window_reached(model, training.seq_len)
-        key = (model, _regime_key(training), reached, single_sequence(training))
+        key = (model, _regime_key(training), reached, single_sequence(training, model))
         found = _CACHE.get(key)
     except (AttributeError, TypeError):  # not a TrainingConfig, or an unhashable model
         found = None
@@ -273,21 +273,31 @@ def _gc_paused() -> Iterator[None]:
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
     """The regime of `training`, with the shape conditions a program branches on."""
     return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len),
-                   single_sequence=single_sequence(training))
+                   single_sequence=single_sequence(training, model))
 
 
-def single_sequence(training: TrainingConfig) -> bool:
-    """micro_batch == 1 under eager attention, whose bmm operands are then views rather than
-    copies (memcalc.regime.Regime.single_sequence); elsewhere no program reads it, and one
-    simulation serves every batch size.
+def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) -> bool:
+    """micro_batch == 1 under eager attention or SDPA's CPU math kernel (attention dropout on
+    CPU: memcalc.programs.attention.sdpa_math), whose bmm operands are then views rather than
+    copies, and for the HF models, whose shifted labels are then a view
+    (memcalc.regime.Regime.single_sequence; loss.hf_causal_lm_loss); elsewhere no program reads
+    it, and one simulation serves every batch size.
 
     >>> single_sequence(TrainingConfig(micro_batch=1, seq_len=8, attention="eager"))
     True
     >>> eager = TrainingConfig(micro_batch=2, seq_len=8, attention="eager")
     >>> single_sequence(eager), single_sequence(TrainingConfig(micro_batch=1, seq_len=8))
     (False, False)
+    >>> cpu, gpt2 = TrainingConfig(micro_batch=1, seq_len=8, device="cpu"), ModelSpec.preset("gpt2")
+    >>> ref = gpt2.with_(implementation="reference")
+    >>> single_sequence(cpu, ref.with_(attn_dropout=0.1)), single_sequence(cpu, ref.with_(attn_dropout=0.0))
+    (True, False)
+    >>> single_sequence(cpu, gpt2.with_(attn_dropout=0.0))
+    True
     """
-    return training.micro_batch == 1 and training.attention == "eager"
+    math = model is not None and training.device == "cpu" and model.attn_dropout > 0
+    hf_loss = model is not None and model.implementation == "hf"  # loss.hf_causal_lm_loss's shift
+    return training.micro_batch == 1 and (training.attention == "eager" or math or hf_loss)
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:

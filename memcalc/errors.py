@@ -15,6 +15,7 @@ class MemcalcError(ValueError):
     """
 
     def __init__(self, field: str, problem: str, fix: str = ""):
+        field = str(field) or "''"  # a user's empty (or non-str) name, still shown as a name
         self.field, self.problem, self.fix = field, problem, fix
         message = f"{field}: {problem}" + (f"; fix: {fix}" if fix else "")
         super().__init__(message)
@@ -40,7 +41,7 @@ def closest_names(name: str, known: list[str], n: int = 3) -> str:
     """
     import difflib
 
-    close = difflib.get_close_matches(name, known, n=n, cutoff=0.3)
+    close = difflib.get_close_matches(str(name), known, n=n, cutoff=0.3)  # a dict's key may be any type
     return ", ".join(close or sorted(known)[:n])
 
 
@@ -51,6 +52,10 @@ def from_pydantic(err: ValidationError, model_name: str) -> SpecError:
     first = err.errors()[0]
     loc = [str(p) for p in first.get("loc", ())]
     field = loc[0] if loc else model_name  # ('num_kv_heads', 'int'): a union's branch
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, MemcalcError):  # a nested model's own error (LoRA, MoESpec): keep its parts
+        name = inner.field if not loc or inner.field.split(".")[0] == field else f"{field}.{inner.field}"
+        return SpecError(name, inner.problem, inner.fix)
     msg = first.get("msg", "invalid value")
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]

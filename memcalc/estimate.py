@@ -5,6 +5,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable
 
 from memcalc.engine import Candidates, MomentSet, candidates  # noqa: F401 (API)
+from memcalc.errors import SpecError
 from memcalc.parallel.data import rank_optimizer_bytes_all
 from memcalc.poly import ZERO
 from memcalc.regime import param_element_size, sqrt_segment_size  # noqa: F401 (sqrt_segment_size: API)
@@ -119,6 +120,11 @@ class MemoryReport:
         from memcalc.engine import depth_form
         from memcalc.symbols import L, b, s
 
+        if category is not None:  # a name this step's moments carry, else no formula
+            known = sorted(set().union(*(m.by_category for m in self._candidates)))
+            if not isinstance(category, str) or category not in known:
+                raise SpecError("category", f"{str(category)[:40]!r} is not a category of this step",
+                                f"use one of {', '.join(known)}")
         form = depth_form(self.model, self.training)
         if form is None:
             pick = (lambda m: m.total) if category is None else \

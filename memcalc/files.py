@@ -18,7 +18,8 @@ from memcalc.errors import SpecError
 
 _FIX = "give the path of a Hugging Face config.json"
 _FIXES = {"trainer_args": "give the JSON TrainingArguments.to_json_string() writes",
-          "deepspeed": "give the DeepSpeed config JSON", "axolotl": "give an axolotl config.yml"}
+          "deepspeed": "give the DeepSpeed config JSON", "axolotl": "give an axolotl config.yml",
+          "adapter_config": "pass peft's adapter_config.json (or its folder)"}
 
 
 def _fix(field: str) -> str:
@@ -48,8 +49,9 @@ def read_bounded(path: str, field: str = "hf_config", max_bytes: int = limits.MA
     shown = repr(path if len(path) <= 80 else path[:80] + "...")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as err:
-        problem = "no such file" if isinstance(err, FileNotFoundError) else f"cannot open ({err.strerror})"
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        problem = ("no such file" if isinstance(err, FileNotFoundError) else
+                   f"cannot open ({err.strerror if isinstance(err, OSError) else err})")
         raise SpecError(field, f"{problem}: {shown}", _fix(field)) from None
     try:
         info = os.fstat(fd)

@@ -51,7 +51,7 @@ def eval_candidates(model: ModelSpec, training: TrainingConfig, b: numpy.ndarray
 
     np = _numpy()
     check_grid_variant(model, training, b, s)  # exactly estimate()'s checks
-    if b.size and (model.sliding_window is not None or single_sequence(training.with_(micro_batch=1))):
+    if b.size and (model.sliding_window is not None or single_sequence(training.with_(micro_batch=1), model)):
         # the program differs on each side of the window (engine.window_reached) and at one
         # sequence (engine.single_sequence)
         return _split_at_shape(np, model, training, b, s)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memcalc.errors import SpecError
-from memcalc.hf_values import flag, get  # re-exported: readers' shared helpers
+from memcalc import limits
+from memcalc.hf_values import count, flag, get  # re-exported: readers' shared helpers
 from memcalc.layer_pattern import is_sliding
 
 if TYPE_CHECKING:
@@ -97,14 +98,25 @@ def check_layer_types(cfg: dict, fields: dict) -> None:
     given = cfg.get("layer_types")
     if given is None:
         return
-    window = [fields.get(k) for k in ("sliding_window", "max_window_layers", "sliding_window_pattern")]
     layers = fields["num_layers"]
+    window = [fields.get(k) for k in ("sliding_window", "max_window_layers", "sliding_window_pattern")]
+    if not all(v is None or _whole(v) for v in (layers, *window)) or window[2] == 0:
+        return  # ModelSpec validation names the bad key
+    if not isinstance(given, list) or len(given) != layers:  # before building `layers` names
+        raise SpecError("hf_config.layer_types", f"{str(given)[:40]!r} is not a list of one "
+                        f"attention type per layer ({layers} layers)",
+                        "drop layer_types, or give one 'full_attention' / 'sliding_attention' per layer")
     expected = ["sliding_attention" if is_sliding(i, *window) else "full_attention" for i in range(layers)]
     if list(given) != expected:
         raise SpecError("hf_config.layer_types", "this per-layer pattern is not the one the model "
                         "type's keys give (the pattern memcalc models)",
                         "drop layer_types, or set sliding_window / use_sliding_window / "
                         "max_window_layers / sliding_window_pattern to give it")
+
+
+def _whole(value: object) -> bool:
+    """An integer >= 0 that is not a boolean."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
@@ -138,7 +150,8 @@ def _moe_fields(cfg: dict, model_type: str) -> dict:
         if not isinstance(step, int) or step < 1 or not isinstance(only, list):
             raise SpecError("hf_config.decoder_sparse_step", f"{str(step)[:20]!r} / mlp_only_layers "
                             f"{str(only)[:20]!r} are not a step >= 1 and a list", "fix the config")
-        moe["dense_layers"] = tuple(i for i in range(fields["num_layers"])
+        layers = count(cfg, "num_hidden_layers", required=True, ceiling=limits.MAX_LAYERS)
+        moe["dense_layers"] = tuple(i for i in range(layers)
                                     if i in only or (i + 1) % step != 0)
     from memcalc.moe import MoESpec
 
@@ -284,13 +297,12 @@ def _smollm3_fields(cfg: dict) -> dict:
     """SmolLM3Config: Llama's program with rotary skipped where no_rope_layers[i] == 0 (by default
     every no_rope_layer_interval-th layer, configuration_smollm3.py)."""
     bias = flag(cfg, "attention_bias", False)
-    layers = get(cfg, "num_hidden_layers", required=True)
+    layers = count(cfg, "num_hidden_layers", required=True, ceiling=limits.MAX_LAYERS)  # a list of it below
     flags = get(cfg, "no_rope_layers")
     if flags is None:
-        every = get(cfg, "no_rope_layer_interval", 4)
-        flags = [int((i + 1) % every != 0) for i in range(layers)] if isinstance(layers, int) else []
-    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or \
-            (isinstance(layers, int) and len(flags) != layers):
+        every = count(cfg, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(layers)]
+    if not isinstance(flags, list) or any(f not in (0, 1) for f in flags) or len(flags) != layers:
         raise SpecError("hf_config.no_rope_layers", f"is not a list of {layers} 0/1 flags",
                         "write one 0 or 1 per layer (num_hidden_layers of them)")
     return dict(_llama_like(cfg, "llama"), qkv_bias=bias, out_bias=bias, mlp_bias=flag(cfg, "mlp_bias", False),
@@ -302,7 +314,7 @@ def _gpt_neox_fields(cfg: dict) -> dict:
     dense, hidden_dropout on the embeddings and both residual branches, rotary_pct 0.25."""
     act = get(cfg, "hidden_act", "gelu")
     acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh"}
-    if act not in acts:
+    if not isinstance(act, str) or act not in acts:  # a list is unhashable
         raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use gelu, gelu_new or gelu_pytorch_tanh")
     bias = flag(cfg, "attention_bias", True)
     drop = get(cfg, "hidden_dropout", 0.0)

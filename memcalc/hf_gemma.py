@@ -6,7 +6,7 @@ gemma3/configuration_gemma3.py Gemma3TextConfig).
 from __future__ import annotations
 
 from memcalc.errors import NotModelledError, SpecError
-from memcalc.hf_values import flag, get
+from memcalc.hf_values import count, flag, get
 
 FAMILY = {"gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 # GemmaConfig reads `hidden_act`; Gemma2Config and Gemma3TextConfig `hidden_activation`
@@ -48,6 +48,7 @@ def gemma_fields(cfg: dict, model_type: str) -> dict:
                   qk_norm=model_type == "gemma3_text")
     if model_type == "gemma":
         return fields
+    count(cfg, "hidden_size", required=True), count(cfg, "num_attention_heads", required=True)
     if fields["hidden_size"] % fields["num_heads"]:  # Gemma2Config / Gemma3TextConfig.validate_architecture
         raise SpecError("hf_config.num_attention_heads", f"{fields['num_heads']} does not divide "
                         f"hidden_size={fields['hidden_size']} (transformers refuses this config)",

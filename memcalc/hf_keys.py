@@ -199,7 +199,7 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
             continue
         if key in TYPE_REFUSED.get(family_type, {}) and value is not None:
             why, fix = TYPE_REFUSED[family_type][key]
-            raise NotModelledError(f"hf_config.{key}", f"{str(value)[:40]} is not modelled ({why})", fix)
+            raise NotModelledError(f"hf_config.{key}", f"{repr(value)[:40]} is not modelled ({why})", fix)
         if key == "sliding_window" and family_type in ("qwen2_moe", "qwen3_moe"):
             continue  # Qwen2/Qwen3-MoE read it only with use_sliding_window (refused when true)
         if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
@@ -207,7 +207,7 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
         if key in REFUSED_UNLESS:
             allowed, why, fix = REFUSED_UNLESS[key]
             if not _allowed(key, value, allowed):
-                raise NotModelledError(f"hf_config.{key}", f"{str(value)[:40]} is not modelled ({why})", fix)
+                raise NotModelledError(f"hf_config.{key}", f"{repr(value)[:40]} is not modelled ({why})", fix)
             continue
         raise NotModelledError(f"hf_config.{key}", "is a key memcalc does not know (neither modelled "
                                "nor known to leave memory unchanged)",

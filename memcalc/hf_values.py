@@ -31,3 +31,24 @@ def flag(cfg: dict, key: str, default: bool) -> bool:
         raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
                         f"write {key}: true or false, without quotes")
     return value
+
+
+def count(cfg: dict, key: str, default: object = None, required: bool = False, ceiling: int | None = None) -> int:
+    """A size the reader itself computes with (a range over the layers, a divisibility check)
+    before ModelSpec validates it: a JSON integer >= 1 (not a boolean), at most `ceiling`.
+
+    >>> count({"num_hidden_layers": 2}, "num_hidden_layers")
+    2
+    >>> count({"num_hidden_layers": "2"}, "num_hidden_layers")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.errors.SpecError: hf_config.num_hidden_layers: '2' is not a JSON integer >= 1; fix: ...
+    """
+    value = get(cfg, key, default, required)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(f"hf_config.{key}", f"{str(value)[:40]!r} is not a JSON integer >= 1",
+                        "write a positive integer, without quotes")
+    if ceiling is not None and value > ceiling:
+        raise SpecError(f"hf_config.{key}", f"{value:,} is above memcalc's ceiling of {ceiling:,}",
+                        f"use {key} <= {ceiling:,} (memcalc.limits)")
+    return value

@@ -51,3 +51,5 @@ MODEL_CEILINGS = {"num_layers": MAX_LAYERS, "num_heads": MAX_HEADS, "num_kv_head
                   "head_dim": MAX_WIDTH, "max_position_embeddings": MAX_WIDTH}
 TRAINING_CEILINGS = {"micro_batch": MAX_SHAPE, "seq_len": MAX_SHAPE, "grad_accum": MAX_SHAPE,
                      "checkpoint_every": MAX_SHAPE, "tensor_parallel": MAX_TENSOR_PARALLEL}
+MAX_JOBS = 256
+"""`memcalc tables --jobs`: worker processes."""

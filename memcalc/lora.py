@@ -17,14 +17,15 @@ autocast_adapter_dtype=True upcasts bf16/fp16 adapters (tuners_utils.cast_adapte
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from memcalc import limits
 from memcalc.errors import NotModelledError, SpecError, from_pydantic
 
 ALL_LINEAR = "all-linear"
@@ -87,9 +88,10 @@ class LoRA(BaseModel):
     memcalc.errors.SpecError: lora.rank: Input should be greater than 0; fix: see memcalc.LoRA's fields
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # strict: a JSON true is no rank 1, a "16" no rank (peft's LoraConfig would refuse both)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
-    rank: int = Field(default=8, gt=0)
+    rank: int = Field(default=8, gt=0, le=limits.MAX_WIDTH)
     """r: the adapters' inner dimension (lora_A: in -> r, lora_B: r -> out)."""
     alpha: float = Field(default=8, gt=0)
     """lora_alpha: scaling = alpha / rank (a Python float, no tensor)."""
@@ -124,8 +126,15 @@ class LoRA(BaseModel):
         if isinstance(v, str) and v != ALL_LINEAR:
             return (v,)
         if isinstance(v, (list, tuple, set, frozenset)):  # peft keeps a set: order is not meaning
-            return tuple(sorted(set(v), key=str))
+            if not all(isinstance(t, str) for t in v):
+                return tuple(v)  # validation names the entry that is not a name (a list is unhashable)
+            return tuple(sorted(set(v)))
         return v
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v  # a JSON list
 
     @field_validator("modules_to_save", mode="before")
     @classmethod
@@ -141,6 +150,13 @@ class LoRA(BaseModel):
         True
         """
         return any(module == m or module.endswith("." + m) for m in self.modules_to_save)
+
+    @field_validator("layers")
+    @classmethod
+    def _layers_valid(cls, v: object) -> object:
+        if v is not None and (not v or min(v) < 0):  # peft: no layer index matches, no adapter
+            raise ValueError("layers must list decoder layer indices >= 0 (empty, peft adapts no layer)")
+        return v
 
     @field_validator("targets")
     @classmethod
@@ -222,26 +238,35 @@ class LoRA(BaseModel):
         layers = data.get("layers_to_transform")
         return cls(rank=data.get("r", 8), alpha=data.get("lora_alpha", 8),
                    dropout=data.get("lora_dropout", 0.0), targets=targets,
-                   bias=data.get("bias", "none"), lora_bias=bool(data.get("lora_bias", False)),
-                   use_rslora=bool(data.get("use_rslora", False)),
+                   bias=data.get("bias", "none"), lora_bias=_flag(data, "lora_bias"),
+                   use_rslora=_flag(data, "use_rslora"),
                    layers=[layers] if isinstance(layers, int) else layers,
                    modules_to_save=data.get("modules_to_save"))
 
 
+def _flag(data: dict, key: str) -> bool:
+    """A JSON boolean (null or absent: False); a string "false" would be truthy."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise SpecError(f"adapter_config.{key}", f"{str(value)[:40]!r} is not a JSON boolean",
+                        f"write {key}: true or false, without quotes")
+    return bool(value)
+
+
 def _load(source: dict | str | Path) -> dict:
+    """The dict, or the JSON object of the file (or folder's adapter_config.json): a bounded read
+    of a regular file (memcalc.files: a FIFO or /dev/zero never blocks or fills memory)."""
+    from memcalc.files import parse_json_object, read_bounded
+
     if isinstance(source, dict):
         return dict(source)
+    if not isinstance(source, (str, os.PathLike)) or not str(source) or "\0" in str(source):
+        raise SpecError("adapter_config", f"expected a dict or a path, got {str(source)[:40]!r}",
+                        "pass peft's adapter_config.json (or its folder)")
     path = Path(source)
     if path.is_dir():
         path = path / "adapter_config.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise SpecError("adapter_config", f"cannot read {path}: {err}",
-                        "pass peft's adapter_config.json (or its folder)") from None
-    if not isinstance(data, dict):
-        raise SpecError("adapter_config", f"{path} is not a JSON object", "pass adapter_config.json")
-    return data
+    return parse_json_object(read_bounded(str(path), "adapter_config"), repr(str(path)), "adapter_config")
 
 
 __all__ = ["LoRA", "ALL_LINEAR"]

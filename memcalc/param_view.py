@@ -21,6 +21,7 @@ class ParamView:
     rows: int
     label: str
     requires_grad: bool
+    last2: tuple[int, int] | None = None  # memcalc.tape.graph.Value.last2
 
     @property
     def size(self) -> Poly:
@@ -36,4 +37,4 @@ def param_view(v: object) -> ParamView:
     'model.layers.#.mlp.up_proj.weight'
     """
     return ParamView(v.size.eval(1, 1), v.elt, v.rows, re.sub(r"\.\d+\.", ".#.", v.label, count=1),
-                     v.requires_grad)
+                     v.requires_grad, v.last2)

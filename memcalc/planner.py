@@ -160,6 +160,10 @@ def _fitting(model: ModelSpec, training: TrainingConfig, card: GPU, global_batch
     return out
 
 
+MIN_UTILISATION = 1e-6
+"""A millionth of peak: below it a step time means nothing (and a denormal one overflows to inf)."""
+
+
 def _check(global_batch: int, seq_len: int, utilisation: float) -> None:
     from memcalc.checks import check_fraction, check_int
     from memcalc.limits import MAX_GLOBAL_BATCH, MAX_SHAPE
@@ -174,6 +178,9 @@ def _check(global_batch: int, seq_len: int, utilisation: float) -> None:
         raise MemcalcError("seq_len", f"must be >= 1, got {seq_len}", "pass e.g. 4096")
     if not 0 < utilisation <= 1:
         raise MemcalcError("utilisation", f"must be in (0, 1], got {utilisation}",
+                           "pass the fraction of peak FLOPS reached, e.g. 0.4")
+    if utilisation < MIN_UTILISATION:  # 1e-320 made step times inf (and --json print Infinity)
+        raise MemcalcError("utilisation", f"{utilisation} is below {MIN_UTILISATION} of peak FLOPS",
                            "pass the fraction of peak FLOPS reached, e.g. 0.4")
 
 

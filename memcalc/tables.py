@@ -175,9 +175,66 @@ def multi_gpu_rows(presets: list[str]=None) -> list[list[str]]:
     return rows
 
 
-def render(presets: list[str]=None) -> dict[str, str]:
-    """File name -> text of every checked table."""
-    (b_rows, c_rows), m_rows = both_rows(presets), multi_gpu_rows(presets)
+def render(presets: list[str]=None, jobs: int | None = None) -> dict[str, str]:
+    """File name -> text of every checked table; the rows are computed over `jobs` processes
+    (memcalc.jobs; every row is computed on its own, so the text does not depend on them).
+
+    >>> render(["gpt2"], jobs=1) == render(["gpt2"], jobs=2)
+    True
+    """
+    from memcalc.jobs import run_all
+
+    tasks = _tasks(presets)
+    return _assemble(presets, tasks, run_all(tasks, jobs))
+
+
+def _tasks(presets: list[str] | None) -> list[tuple]:
+    """The tasks of render: each multi-GPU preset's rows, then each preset's breakdown and
+    capacity rows, deepest and eager-attention models first (the longest: memcalc.jobs hands
+    tasks out in order)."""
+    from memcalc.specs import ModelSpec
+    from memcalc.step_checks import NO_SDPA
+
+    def cost(name: str) -> tuple:
+        model = ModelSpec.preset(name)
+        return (model.family in NO_SDPA, model.num_layers)
+
+    multi = [(_multi_gpu_preset, (name,)) for name in MULTI_GPU_PRESETS if not presets or name in presets]
+    names = sorted(_preset_names(presets), key=cost, reverse=True)
+    return multi + [(_preset_rows, (name,)) for name in names]
+
+
+def _assemble(presets: list[str] | None, tasks: list[tuple], results: list) -> dict[str, str]:
+    """The files of render from its tasks' results, rows in the order of configs()."""
+    b_rows, c_rows, m_rows, by_preset = [], [], [], {}
+    for (fn, args), result in zip(tasks, results):
+        if fn is _multi_gpu_preset:
+            m_rows += result
+        elif fn is _preset_rows:
+            by_preset[args[0]] = result
+    for name in [name for name in _preset_names(presets) if name in by_preset]:
+        b_rows += by_preset[name][0]
+        c_rows += by_preset[name][1]
+    return _files(b_rows, c_rows, m_rows)
+
+
+def _preset_names(presets: list[str] | None) -> list[str]:
+    from memcalc.presets import PRESETS
+
+    return list(presets or PRESETS)
+
+
+def _preset_rows(name: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The breakdown and capacity rows of one preset (one task of render)."""
+    return both_rows([name])
+
+
+def _multi_gpu_preset(name: str) -> list[list[str]]:
+    """The multi-GPU rows of one preset (one task of render)."""
+    return multi_gpu_rows([name])
+
+
+def _files(b_rows: list, c_rows: list, m_rows: list) -> dict[str, str]:
     return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
             "breakdown.csv": to_csv(BREAKDOWN_HEADER, b_rows),
             "max_micro_batch.md": to_markdown(capacity_header(), c_rows, CAPACITY_TITLE),
@@ -186,23 +243,30 @@ def render(presets: list[str]=None) -> dict[str, str]:
             "multi_gpu.csv": to_csv(MULTI_GPU_HEADER, m_rows)}
 
 
-def write(out: Path, presets: list[str]=None, plots: bool = True) -> list[str]:
-    """Write the tables (and the plots when matplotlib is importable); return the file names."""
+def write(out: Path, presets: list[str]=None, plots: bool = True, jobs: int | None = None) -> list[str]:
+    """Write the tables (and the plots when matplotlib is importable), over `jobs` processes
+    (memcalc.jobs); return the file names."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    files = render(presets)
+    from memcalc.jobs import run_all
+
+    tasks = _tasks(presets)
+    extra = [(_plots, (str(out),))] if plots else []
+    results = run_all(extra + tasks, jobs)
+    files = _assemble(presets, tasks, results[len(extra):])
     for name, text in files.items():
         (out / name).write_text(text)
-    names = list(files)
-    if plots:
-        from memcalc.plots import write_plots
-
-        names += write_plots(out)
-    return names
+    return list(files) + (results[0] if plots else [])
 
 
-def check(out: Path, presets: list[str]=None) -> list[str]:
+def _plots(out: str) -> list[str]:
+    from memcalc.plots import write_plots
+
+    return write_plots(Path(out))
+
+
+def check(out: Path, presets: list[str]=None, jobs: int | None = None) -> list[str]:
     """Names of the checked tables under `out` that differ from what the code generates."""
     out = Path(out)
-    return [name for name, text in render(presets).items()
+    return [name for name, text in render(presets, jobs).items()
             if not (out / name).exists() or (out / name).read_text() != text]

@@ -138,8 +138,9 @@ def trainer_args_dict(args: Any) -> dict:
         path = os.fspath(args)
         return parse_json_object(read_bounded(path, "trainer_args"), repr(path), "trainer_args")
     to_dict = getattr(args, "to_dict", None)
-    if callable(to_dict):
-        return trainer_args_dict(to_dict())
+    fields = to_dict() if callable(to_dict) else None
+    if isinstance(fields, dict):  # one level: an object whose to_dict() is no dict is refused below
+        return dict(fields)
     raise SpecError("trainer_args", f"expected a dict, a path or a TrainingArguments, got "
                     f"{type(args).__name__}", "pass TrainingArguments, its to_dict() or its JSON file")
 
@@ -164,10 +165,51 @@ def check_fields(fields: dict) -> None:
                                    f"set {name} to {DEFAULTS[name]!r}")
 
 
+def boolean(fields: dict, name: str) -> bool:
+    """A boolean field: JSON true/false (null: the default); a string "false" would be truthy.
+
+    >>> boolean({"bf16": None}, "bf16"), boolean({"use_cpu": True}, "use_cpu")
+    (False, True)
+    """
+    value = given(fields, name)
+    if value is None:
+        return bool(DEFAULTS.get(name))
+    if not isinstance(value, bool):
+        raise SpecError(f"trainer_args.{name}", f"{str(value)[:40]!r} is not a JSON boolean",
+                        f"write {name}: true or false, without quotes")
+    return value
+
+
+def number(fields: dict, name: str) -> float:
+    """A finite number >= 0 (absent: transformers' default; null: 0).
+
+    >>> number({"weight_decay": 0.1}, "weight_decay"), number({}, "max_grad_norm")
+    (0.1, 1.0)
+    """
+    value = given(fields, name)
+    if value is None:  # the Trainer: max_grad_norm None means no clipping
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise SpecError(f"trainer_args.{name}", f"{str(value)[:40]!r} is not a number >= 0",
+                        f"write {name} as a JSON number such as {DEFAULTS[name]}")
+    return float(value)
+
+
+def _momentum(text: object) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if value != value:
+        raise SpecError("trainer_args.optim_args", f"momentum={str(text)[:20]!r} is not a number",
+                        "use optim_args='momentum=0.9' or none")
+    return value
+
+
 def precision(fields: dict) -> str:
     """bf16 -> bf16-amp, fp16 -> fp16-amp (accelerate autocast; the model's parameters stay in
     the dtype they were loaded in: fp32 is what memcalc models), else fp32."""
-    bf16, fp16 = bool(given(fields, "bf16")), bool(given(fields, "fp16"))
+    bf16, fp16 = boolean(fields, "bf16"), boolean(fields, "fp16")
     if bf16 and fp16:
         raise SpecError("trainer_args.fp16", "bf16 and fp16 are both set", "set one of them")
     return "bf16-amp" if bf16 else "fp16-amp" if fp16 else "fp32"
@@ -184,13 +226,13 @@ def optimizer(fields: dict) -> dict:
     if optim_args and name != "sgd":
         raise NotModelledError("trainer_args.optim_args", f"{optim_args} for {name!r}",
                                "drop optim_args")
-    momentum = float(optim_args.pop("momentum", 0.0))
+    momentum = _momentum(optim_args.pop("momentum", 0.0))
     if optim_args or momentum not in (0.0, 0.9):
         raise NotModelledError("trainer_args.optim_args", f"SGD with {optim_args or {'momentum': momentum}}"
                                " (modelled: momentum 0 or 0.9, no other option)",
                                "use optim_args='momentum=0.9' or none")
     out = {"optimizer": "sgd-momentum" if momentum else opt, "optimizer_impl": impl}
-    decay = float(given(fields, "weight_decay") or 0.0)
+    decay = number(fields, "weight_decay")
     return {**out, "weight_decay": decay}
 
 
@@ -207,13 +249,16 @@ def _optim_args(text: Any) -> dict:
 
 def checkpointing(fields: dict) -> str:
     """activation_checkpointing (or its deprecated alias) -> per-layer, non-reentrant."""
-    on = given(fields, "activation_checkpointing")
-    if on is None:
-        on = given(fields, "gradient_checkpointing")
-    kwargs = given(fields, "activation_checkpointing_kwargs")
-    if kwargs is None:
-        kwargs = given(fields, "gradient_checkpointing_kwargs")
-    if on and kwargs and dict(kwargs) != {"use_reentrant": False}:
+    name = "activation_checkpointing" if given(fields, "activation_checkpointing") is not None \
+        else "gradient_checkpointing"
+    on = boolean(fields, name)
+    name = "activation_checkpointing_kwargs" if given(fields, "activation_checkpointing_kwargs") \
+        is not None else "gradient_checkpointing_kwargs"
+    kwargs = given(fields, name)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise SpecError(f"trainer_args.{name}", f"{str(kwargs)[:40]!r} is not a JSON object",
+                        "write it as {\"use_reentrant\": false}, or drop it")
+    if on and kwargs and kwargs != {"use_reentrant": False}:
         raise NotModelledError("trainer_args.activation_checkpointing_kwargs", f"{kwargs} (memcalc "
                                "models non-reentrant checkpointing, HF's default)",
                                "use {'use_reentrant': False} or none")
@@ -223,14 +268,17 @@ def checkpointing(fields: dict) -> str:
 def check_unmodelled_run_options(fields: dict) -> None:
     """accelerate's split_batches."""
     accel = given(fields, "accelerator_config") or {}
-    if isinstance(accel, dict) and accel.get("split_batches"):
+    if not isinstance(accel, dict):  # to_dict() writes the AcceleratorConfig as an object
+        raise SpecError("trainer_args.accelerator_config", f"{str(accel)[:40]!r} is not a JSON "
+                        "object", "give accelerator_config as the object to_dict() writes, or drop it")
+    if accel.get("split_batches"):
         raise NotModelledError("trainer_args.accelerator_config.split_batches", "True splits the "
                                "batch across devices", "set split_batches False")
 
 
 def device_of(fields: dict, device: str | None) -> str:
     """use_cpu -> cpu; else the caller's device, cuda by default."""
-    if given(fields, "use_cpu"):
+    if boolean(fields, "use_cpu"):
         if device not in (None, "cpu"):
             raise SpecError("device", f"{device!r} but TrainingArguments.use_cpu is True",
                             "pass device='cpu' or drop use_cpu")
@@ -249,22 +297,28 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
     fields = trainer_args_dict(args)
     check_fields(fields)
     check_unmodelled_run_options(fields)
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):  # named as the user wrote them
+        value = given(fields, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"trainer_args.{name}", f"{str(value)[:40]!r} is not an integer >= 1",
+                            f"write {name} as a JSON integer such as {DEFAULTS[name]}")
     out = {"micro_batch": given(fields, "per_device_train_batch_size"),
            "grad_accum": given(fields, "gradient_accumulation_steps"), "seq_len": seq_len,
            "precision": precision(fields), **optimizer(fields),
            "checkpointing": checkpointing(fields), "device": device_of(fields, device),
-           "use_cache": bool(given(fields, "use_cache")), "world_size": world_size,
-           "max_grad_norm": float(given(fields, "max_grad_norm") or 0) or None,
+           "use_cache": boolean(fields, "use_cache"), "world_size": world_size,
+           "max_grad_norm": number(fields, "max_grad_norm") or None,
            # the Trainer's call path (module docstring)
            "attention_mask": attention_mask, "pad_tokens": pad_tokens, "labels": "separate",
            "num_items_in_batch": True, "hf_trainer": True}
     ds = given(fields, "deepspeed")
     if ds:
-        from memcalc.deepspeed import read_deepspeed
+        from memcalc.deepspeed import check_batch, read_deepspeed
 
         if out["precision"] != "fp32":
             raise NotModelledError("trainer_args.deepspeed", f"with {out['precision'][:4]} on: "
                                    "DeepSpeed's 16-bit mode (16-bit parameters, fp32 master "
                                    "weights) is not modelled", "check it with bf16 and fp16 off")
         out.update(read_deepspeed(ds))
+        check_batch(ds, out["micro_batch"], out["grad_accum"], world_size)
     return out

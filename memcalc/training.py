@@ -244,3 +244,6 @@ def _check_call_path(training: TrainingConfig) -> None:
                          "sequence); with no padding use attention_mask='ones'")
     if training.pad_tokens and training.attention_mask != "padded":
         raise ValueError("pad_tokens is only used with attention_mask='padded'")
+    if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence
+        raise ValueError(f"pad_tokens={training.pad_tokens} exceeds seq_len={training.seq_len} "
+                         "(padding tokens per sequence); use pad_tokens <= seq_len")

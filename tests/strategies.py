@@ -272,11 +272,34 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
     return out
 
 
-def random_routing(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
+@st.composite
+def moe_steps(draw, aux: bool = False) -> tuple[ModelSpec, TrainingConfig, random.Random]:
+    """A small model of a transformers MoE family (Mixtral, Qwen2-MoE with its shared expert,
+    Qwen3-MoE, OLMoE): 2-8 experts, any top_k, 1-2 layers, eager experts, any precision,
+    checkpointing mode and device; with `aux`, the auxiliary loss on (output_router_logits) and,
+    for Mixtral, router jitter or none. With a seeded random.Random for `random_routing`."""
+    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
+    E = draw(st.integers(2, 8))
+    moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64, 128])),
+                  shared_expert_ffn_size=64 if family == "qwen2_moe" else None, output_router_logits=aux,
+                  router_jitter_noise=draw(st.sampled_from([0.0, 0.01])) if aux and family == "mixtral" else 0.0)
+    spec = ModelSpec.make(family=family, vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
+                          num_layers=draw(st.integers(1, 2)), num_heads=2, intermediate_size=64,
+                          qkv_bias=family == "qwen2_moe", out_bias=False, mlp_bias=False,
+                          tie_embeddings=False, activation="silu", moe=moe)
+    training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
+                              precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
+                              checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
+                              device=draw(st.sampled_from(["cpu", "cuda"])), experts_implementation="eager")
+    return spec, training, draw(st.randoms(use_true_random=False))
+
+
+def random_routing(rng: random.Random, spec: ModelSpec, tokens: int, skewed: bool = True) -> tuple:
     """Per-MoE-layer expert token counts of `tokens` tokens, each to top_k distinct experts drawn
-    with a random skew (tests of routing bounds over every MoE program)."""
+    with a random skew, or uniformly where not `skewed` (tests of routing bounds over every MoE
+    program)."""
     E, k = spec.moe.num_experts, spec.moe.top_k
-    skew = [rng.random() ** 3 for _ in range(E)]
+    skew = [rng.random() ** 3 if skewed else 1.0 for _ in range(E)]
     rows = []
     for _ in moe_layers(spec):
         counts = [0] * E
@@ -288,3 +311,14 @@ def random_routing(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
                 counts[e] += 1
         rows.append(tuple(counts))
     return tuple(rows)
+
+
+def grouped_mm_peaks(spec: ModelSpec, training: TrainingConfig, rng: random.Random) -> set[int]:
+    """The peaks of `training` on the grouped_mm experts path under 'worst', 'balanced' and one
+    `random_routing`: a single value where memory does not depend on routing (transformers'
+    grouped_mm_experts_forward sizes every tensor by tokens * top_k: memcalc.moe)."""
+    from memcalc import estimate
+
+    grouped = training.with_(experts_implementation="grouped_mm")
+    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
+    return {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}

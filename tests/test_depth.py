@@ -137,38 +137,32 @@ finetune_checks, programs.call_path), the HF ones drawn twice as often; the refe
 clipping, freeze and the fine-tuning optimizers."""
 
 
-@settings(max_examples=8)
-@given(deep_cases(), st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
-def test_derived_depth_equals_simulation(case, shapes):
-    model, training = case
+DEEP = {"all programs": deep_cases(), "finetuned": deep_cases(parallel=False, programs=FINETUNED)}
+"""The two draws the depth-equals-simulation tests make: every program with parallel layouts and
+fine-tuning, and the fine-tuned programs alone (single process)."""
+
+
+def _check_depth(data: st.DataObject, kind: str, most_b: int, most_s: int, most_shapes: int) -> None:
+    """A `DEEP[kind]` case compared with its simulation at 1..most_shapes (b, s) shapes."""
+    model, training = data.draw(DEEP[kind], label="case")
+    shapes = data.draw(st.lists(st.tuples(st.integers(1, most_b), st.integers(1, most_s)), min_size=1,
+                                max_size=most_shapes), label="shapes")
     _compare(model, training, shapes)
 
 
-
-
+@pytest.mark.parametrize("kind", sorted(DEEP))
 @settings(max_examples=8)
-@given(deep_cases(parallel=False, programs=FINETUNED),
-       st.lists(st.tuples(st.integers(1, 8), st.integers(1, 128)), min_size=1, max_size=3))
-def test_finetuned_depth_equals_simulation(case, shapes):
-    model, training = case
-    _compare(model, training, shapes)
+@given(data=st.data())
+def test_derived_depth_equals_simulation(kind, data):
+    _check_depth(data, kind, 8, 128, 3)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(DEEP))
 @settings(max_examples=150)
-@given(deep_cases(parallel=False, programs=FINETUNED),
-       st.lists(st.tuples(st.integers(1, 64), st.integers(1, 512)), min_size=1, max_size=4))
-def test_finetuned_depth_equals_simulation_long(case, shapes):
-    model, training = case
-    _compare(model, training, shapes)
-
-
-@pytest.mark.slow
-@settings(max_examples=150)
-@given(deep_cases(), st.lists(st.tuples(st.integers(1, 64), st.integers(1, 512)), min_size=1, max_size=4))
-def test_derived_depth_equals_simulation_long(case, shapes):
-    model, training = case
-    _compare(model, training, shapes)
+@given(data=st.data())
+def test_derived_depth_equals_simulation_long(kind, data):
+    _check_depth(data, kind, 64, 512, 4)
 
 
 @settings(max_examples=4)  # sympy.Max over the candidates is slow to build

@@ -14,7 +14,8 @@ from memcalc.formulas.parameters import active_parameter_count
 from memcalc.moe import MoESpec
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
-from tests.strategies import random_routing
+from tests.configs import meta_num_parameters
+from tests.strategies import grouped_mm_peaks, random_routing
 
 # openai/gpt-oss-20b config.json (huggingface.co; layer_types written out as published)
 GPT_OSS_20B = {
@@ -49,15 +50,11 @@ def test_presets_have_the_model_cards_total_and_active_parameters(name, total, a
 
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
 def test_parameter_counts_agree_with_transformers_on_a_meta_device(name):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from validate.hf import _make_config, hf_config_dict
+    pytest.importorskip("torch")
+    from validate.hf import hf_config_dict
 
     spec = ModelSpec.preset(name)
-    _, cfg = _make_config(hf_config_dict(spec))
-    with torch.device("meta"):
-        model = transformers.GptOssForCausalLM._from_config(cfg)
-    assert model.num_parameters() == spec.param_count
+    assert meta_num_parameters(hf_config_dict(spec)) == spec.param_count
 
 
 def test_the_published_config_reads_back_to_the_preset_once_dequantized():
@@ -139,8 +136,4 @@ def test_worst_routing_is_never_below_any_routing(step):
 @settings(deadline=None)
 @given(gpt_oss_steps())
 def test_grouped_mm_memory_does_not_depend_on_routing(step):
-    spec, training, rng = step
-    grouped = training.with_(experts_implementation="grouped_mm")
-    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
-    peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
-    assert len(peaks) == 1
+    assert len(grouped_mm_peaks(*step)) == 1

@@ -1,16 +1,13 @@
 """Issue 12, part b: Phi-3/Phi-4, GPT-NeoX (Pythia), OLMo-2, Granite, SmolLM3 (Ministral refused) and
-Llama 3.x. Every key of each transformers config class is modelled, known inert or refused;
-published config.json files (written here as data) load to the presets, whose parameter counts
-equal transformers' own num_parameters() of the same config on the meta device and the model
-cards' figures."""
+Llama 3.x. Every key of each transformers config class is modelled, known inert or refused
+(tests/test_hf_keys.py walks these classes with the others); published config.json files (written
+here as data) load to the presets, whose parameter counts equal transformers' own num_parameters()
+of the same config on the meta device and the model cards' figures."""
 import pytest
 
 from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS, TYPE_INERT
 from memcalc.specs import ModelSpec
-
-CLASSES = {"phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig", "olmo2": "Olmo2Config",
-           "granite": "GraniteConfig", "smollm3": "SmolLM3Config"}
+from tests.configs import meta_num_parameters
 
 _LLAMA3 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
            "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "initializer_range": 0.02,
@@ -94,14 +91,6 @@ def _resolved(spec: ModelSpec) -> dict:
     return {**spec.model_dump(), "num_kv_heads": spec.kv_heads, "head_dim": spec.head_size, "name": ""}
 
 
-@pytest.mark.parametrize("model_type", sorted(CLASSES))
-def test_every_key_of_the_transformers_config_is_accounted_for(model_type):
-    transformers = pytest.importorskip("transformers")
-    keys = set(getattr(transformers, CLASSES[model_type])().to_dict())
-    known = MODELLED[model_type] | set(INERT) | set(REFUSED_UNLESS) | set(TYPE_INERT.get(model_type, {}))
-    assert not keys - known, f"{model_type}: classify {sorted(keys - known)} in memcalc/hf_keys.py"
-
-
 @pytest.mark.parametrize("preset", sorted(PUBLISHED))
 def test_published_configs_load_to_the_presets_and_their_published_counts(preset):
     config, published = PUBLISHED[preset]
@@ -112,17 +101,7 @@ def test_published_configs_load_to_the_presets_and_their_published_counts(preset
 
 @pytest.mark.parametrize("preset", sorted(PUBLISHED))
 def test_parameter_counts_equal_transformers_num_parameters_on_meta(preset):
-    pytest.importorskip("transformers")
-    import torch
-    import transformers
-
-    from validate.hf import _make_config
-
-    transformers.logging.set_verbosity_error()
-    model_type, cfg = _make_config(PUBLISHED[preset][0])
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    assert model.num_parameters() == ModelSpec.preset(preset).param_count
+    assert meta_num_parameters(PUBLISHED[preset][0]) == ModelSpec.preset(preset).param_count
 
 
 @pytest.mark.parametrize("preset", ["phi-3-mini", "pythia-160m", "olmo-2-7b", "granite-3-8b", "smollm3-3b"])

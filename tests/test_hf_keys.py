@@ -11,7 +11,9 @@ CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConf
            "qwen3": "Qwen3Config", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
            "gemma3_text": "Gemma3TextConfig",
            "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
-           "olmoe": "OlmoeConfig", "gpt_oss": "GptOssConfig"}
+           "olmoe": "OlmoeConfig", "gpt_oss": "GptOssConfig",
+           "phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig", "olmo2": "Olmo2Config", "granite": "GraniteConfig",
+           "smollm3": "SmolLM3Config"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.

@@ -16,7 +16,8 @@ from memcalc.moe import MoESpec, moe_layers
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
 
-from tests.strategies import MOE_FAMILIES, cases, random_routing
+from tests.configs import meta_num_parameters
+from tests.strategies import MOE_FAMILIES, cases, grouped_mm_peaks, moe_steps
 
 # (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
 # (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
@@ -69,8 +70,6 @@ CONFIGS = {
         "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
         "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001},
 }
-CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 
 
 @pytest.mark.parametrize("name,total,active", PUBLISHED)
@@ -89,15 +88,11 @@ def test_published_configs_read_back_to_the_presets(name):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_parameter_counts_agree_with_transformers_on_a_meta_device(name):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from validate.hf import _make_config, hf_config_dict
+    pytest.importorskip("torch")
+    from validate.hf import hf_config_dict
 
     spec = ModelSpec.preset(name)
-    _, cfg = _make_config(hf_config_dict(spec))
-    with torch.device("meta"):
-        model = getattr(transformers, CLASSES[spec.family])._from_config(cfg)
-    assert model.num_parameters() == spec.param_count
+    assert meta_num_parameters(hf_config_dict(spec)) == spec.param_count
 
 
 def test_dense_layers_of_qwen2_moe_are_counted_as_dense():
@@ -105,13 +100,7 @@ def test_dense_layers_of_qwen2_moe_are_counted_as_dense():
            "decoder_sparse_step": 2}
     spec = ModelSpec.from_hf_config(cfg)
     assert spec.moe.dense_layers == (0, 1, 2) and moe_layers(spec) == [3]
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from validate.hf import _make_config
-
-    _, config = _make_config(cfg)
-    with torch.device("meta"):
-        assert transformers.Qwen2MoeForCausalLM._from_config(config).num_parameters() == spec.param_count
+    assert meta_num_parameters(cfg) == spec.param_count
 
 
 # ---- refusals ----------------------------------------------------------------------------------
@@ -170,23 +159,6 @@ def test_the_cli_refuses_bad_routing_with_exit_2(capsys):
 
 # ---- routing properties ------------------------------------------------------------------------
 @st.composite
-def moe_steps(draw):
-    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
-    E = draw(st.integers(2, 8))
-    moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64, 128])),
-                  shared_expert_ffn_size=64 if family == "qwen2_moe" else None)
-    spec = ModelSpec.make(family=family, vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
-                          num_layers=draw(st.integers(1, 2)), num_heads=2, intermediate_size=64,
-                          qkv_bias=family == "qwen2_moe", out_bias=False, mlp_bias=False,
-                          tie_embeddings=False, activation="silu", moe=moe)
-    training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
-                              precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
-                              checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-                              device=draw(st.sampled_from(["cpu", "cuda"])), experts_implementation="eager")
-    return spec, training, draw(st.randoms(use_true_random=False))
-
-
-@st.composite
 def compositions(draw, spec: ModelSpec, tokens: int) -> tuple:
     """One routing per MoE layer: counts of tokens*top_k (token, expert) pairs, each at most
     `tokens`, drawn as targets then filled or trimmed in a drawn order of the experts (so that
@@ -242,11 +214,7 @@ def test_worst_routing_bounds_the_rounded_counterexample():
 @settings(deadline=None)
 @given(moe_steps())
 def test_grouped_mm_memory_does_not_depend_on_routing(step):
-    spec, training, rng = step
-    grouped = training.with_(experts_implementation="grouped_mm")
-    counts = random_routing(rng, spec, training.micro_batch * training.seq_len)
-    peaks = {estimate(spec, grouped.with_(moe_routing=r)).peak_bytes for r in ("worst", "balanced", counts)}
-    assert len(peaks) == 1
+    assert len(grouped_mm_peaks(*step)) == 1
 
 
 # ---- the measured rows -------------------------------------------------------------------------

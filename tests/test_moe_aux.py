@@ -1,17 +1,14 @@
 """The MoE auxiliary load-balancing loss (output_router_logits) and Mixtral's router jitter:
 config keys read or refused by name; what each adds against measured peaks; 'worst' routing still
 never below any routing with them on."""
-import random
-
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from memcalc import estimate
 from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.moe import MoESpec, moe_layers
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from tests.strategies import moe_steps, random_routing
 from validate.ci_moe import MOE_CONFIGS
 
 MIXTRAL = MOE_CONFIGS["mixtral"]
@@ -66,39 +63,8 @@ def test_what_the_aux_loss_and_jitter_add_is_what_was_measured(changes, precisio
     assert estimate(_spec(changes), training).peak_bytes - base == with_ - without
 
 
-@st.composite
-def aux_steps(draw):
-    """A small MoE model with the aux loss (and, for Mixtral, jitter) on, eager experts."""
-    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
-    E = draw(st.integers(2, 8))
-    moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64])),
-                  shared_expert_ffn_size=64 if family == "qwen2_moe" else None, output_router_logits=True,
-                  router_jitter_noise=draw(st.sampled_from([0.0, 0.01])) if family == "mixtral" else 0.0)
-    spec = ModelSpec.make(family=family, vocab_size=draw(st.sampled_from([16, 64, 256])), hidden_size=32,
-                          num_layers=draw(st.integers(1, 2)), num_heads=2, intermediate_size=64,
-                          qkv_bias=family == "qwen2_moe", out_bias=False, mlp_bias=False,
-                          tie_embeddings=False, activation="silu", moe=moe)
-    training = TrainingConfig(micro_batch=draw(st.integers(1, 3)), seq_len=draw(st.integers(1, 24)),
-                              precision=draw(st.sampled_from(["fp32", "bf16-amp", "bf16"])),
-                              checkpointing=draw(st.sampled_from(["none", "per-layer", "selective"])),
-                              device="cpu", experts_implementation="eager")
-    return spec, training, draw(st.randoms(use_true_random=False))
-
-
-def _random_counts(rng: random.Random, spec: ModelSpec, tokens: int) -> tuple:
-    E, k = spec.moe.num_experts, spec.moe.top_k
-    rows = []
-    for _ in moe_layers(spec):
-        counts = [0] * E
-        for _ in range(tokens):
-            for e in rng.sample(range(E), k):  # k distinct experts per token
-                counts[e] += 1
-        rows.append(tuple(counts))
-    return tuple(rows)
-
-
 @settings(deadline=None, max_examples=30)
-@given(aux_steps())
+@given(moe_steps(aux=True))
 def test_worst_routing_stays_an_upper_bound_with_the_aux_loss(step):
     """The aux loss's tensors are sized by N, E and top_k only, so 'worst' (memcalc.moe.
     worst_routings) still bounds every routing, on cpu and, with the allocator's rounding, on
@@ -108,8 +74,8 @@ def test_worst_routing_stays_an_upper_bound_with_the_aux_loss(step):
     for device in ("cpu", "cuda"):
         t = training.with_(device=device)
         worst = estimate(spec, t).peak_bytes
-        for _ in range(3):
-            routed = t.with_(moe_routing=_random_counts(rng, spec, t.micro_batch * t.seq_len))
+        for skewed in (False, False, False, True, True, True):
+            routed = t.with_(moe_routing=random_routing(rng, spec, t.micro_batch * t.seq_len, skewed))
             assert estimate(spec, routed).peak_bytes <= worst
 
 
@@ -130,7 +96,7 @@ def test_worst_routing_bounds_the_measured_eager_rows():
 
 
 @settings(deadline=None, max_examples=30)
-@given(aux_steps())
+@given(moe_steps(aux=True))
 def test_the_aux_loss_never_lowers_a_peak(step):
     spec, training, _ = step
     off = spec.with_(moe=spec.moe.model_copy(update={"output_router_logits": False, "router_jitter_noise": 0.0}))

@@ -13,6 +13,22 @@ def test_render_is_deterministic_and_complete():
     assert "| gpt2 | fp32 Adam | none | 1024 |" in first["breakdown.md"]
 
 
+def test_rows_over_processes_are_the_serial_rows_in_the_order_asked():
+    presets = ["gpt2-medium", "gpt2"]  # not the catalogue's order, nor the tasks' (deepest first)
+    b_rows, c_rows = tables.both_rows(presets)
+    for jobs in (1, 2):
+        files = tables.render(presets, jobs=jobs)
+        assert files["breakdown.csv"] == tables.to_csv(tables.BREAKDOWN_HEADER, b_rows)
+        assert files["max_micro_batch.csv"] == tables.to_csv(tables.capacity_header(), c_rows)
+
+
+def test_jobs_out_of_range_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["tables", "--check", "--jobs", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("memcalc: error: jobs:")
+
+
 def test_check_detects_a_difference(tmp_path):
     tables.write(tmp_path, ["gpt2"], plots=False)
     assert tables.check(tmp_path, ["gpt2"]) == []

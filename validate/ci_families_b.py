@@ -4,13 +4,13 @@ SmolLM3 (NoPE layers), each crossed pairwise with precisions, checkpointing mode
 optimizers and their kernels (memcalc.programs.hf_phi3, hf_gpt_neox, hf_olmo2, hf_granite,
 hf_llama).
 
-Attention dropout is drawn only without checkpointing: with checkpointing, SDPA's math kernel
-(which CPU runs under attention dropout) misses for HF Llama too (a known gap of the shared
-checkpoint/math path, not of these families). OLMo-2 rows run bf16-amp where the design draws
-fp16-amp: at GradScaler's initial scale (65536) the randomly initialised OLMo-2's scaled gradients
-overflow fp16 in every measured step, the scaler skips optimizer.step(), and the measurement then
-holds no optimizer states (checked: no state after 3 steps), which is not the steady state
-memcalc predicts.
+Attention dropout is drawn only without checkpointing (a choice made when checkpointing with
+SDPA's math kernel, which CPU runs under attention dropout, still missed; that path is modelled
+now and measured by validate/ci_neox.py's rows; these rows are kept as they were). OLMo-2 rows
+run bf16-amp where the design draws fp16-amp: at GradScaler's initial scale (65536) the randomly
+initialised OLMo-2's scaled gradients overflow fp16 in every measured step, the scaler skips
+optimizer.step(), and the measurement then holds no optimizer states (checked: no state after 3
+steps), which is not the steady state memcalc predicts.
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ from validate.ci_finetune import finetune_cases
 from validate.ci_moe import ci_moe_cases
 from validate.ci_gpt_oss import ci_gpt_oss_cases
 from validate.ci_moe_aux import ci_moe_aux_cases
+from validate.ci_moe_optim import ci_moe_optim_cases
+from validate.ci_one_head import ci_one_head_cases
+from validate.ci_neox import ci_neox_cases
 from validate.ci_families_b import ci_families_b
 from validate.ci_callpath import ci_callpath_cases
 from validate.ci_trainer import ci_trainer_cases
@@ -58,6 +61,9 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases += ci_moe_cases(device)  # mixture-of-experts rows (validate/ci_moe.py)
     cases += ci_moe_aux_cases(device)  # MoE auxiliary loss, router jitter (validate/ci_moe_aux.py)
     cases += ci_gpt_oss_cases(device)  # GPT-OSS rows (validate/ci_gpt_oss.py)
+    cases += ci_moe_optim_cases(device)  # Adafactor, AdamW8bit on MoE experts (validate/ci_moe_optim.py)
+    cases += ci_one_head_cases(device)  # num_heads == 1: views, not copies (validate/ci_one_head.py)
+    cases += ci_neox_cases(device)  # checkpointing + autocast + SDPA math, GPT-NeoX (validate/ci_neox.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)

@@ -36,6 +36,9 @@ class StepPeaks:
 
     peak: int
     phases: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False
+    """fp16-amp: GradScaler found inf/NaN gradients and skipped optimizer.step(), so no
+    optimizer state was made or updated (torch/amp/grad_scaler.py step/update: the scale backs off)."""
 
 
 def optimizer_kwargs(training) -> dict:
@@ -185,9 +188,9 @@ def train_step(trainee: Trainee, training, meter, vocab_size: int) -> StepPeaks:
         loss = _phase(meter, "forward", peaks, lambda: _forward(trainee, training, ids, batch))  # noqa: F821
         _phase(meter, "backward", peaks, lambda: _backward(trainee, loss))  # noqa: F821
         del loss
-    _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee, training))
+    skipped = _phase(meter, "optimizer", peaks, lambda: _optimizer_step(trainee, training))
     del ids, batch
-    return StepPeaks(peak=max(peaks.values()), phases={p: peaks[p] for p in PHASES})
+    return StepPeaks(peak=max(peaks.values()), phases={p: peaks[p] for p in PHASES}, skipped=skipped)
 
 
 def _forward(trainee, training, ids, batch):
@@ -202,17 +205,23 @@ def _backward(trainee, loss) -> None:
     (trainee.scaler.scale(loss) if trainee.scaler is not None else loss).backward()
 
 
-def _optimizer_step(trainee, training) -> None:
+def _optimizer_step(trainee, training) -> bool:
+    """optimizer.step() (through the GradScaler under fp16-amp) and zero_grad; whether the
+    scaler skipped the step (its scale backed off: inf/NaN gradients)."""
+    skipped = False
     if training.max_grad_norm is not None:  # the HF Trainer's order (trainer.py _clip_grad_norm)
         if trainee.scaler is not None:
             trainee.scaler.unscale_(trainee.optimizer)
         torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), training.max_grad_norm)
     if trainee.scaler is not None:
+        before = trainee.scaler.get_scale()
         trainee.scaler.step(trainee.optimizer)
         trainee.scaler.update()
+        skipped = trainee.scaler.get_scale() < before
     else:
         trainee.optimizer.step()
     trainee.optimizer.zero_grad(set_to_none=True)
+    return skipped
 
 
 # ---- the HF call path (TrainingConfig.use_cache, attention_mask, labels, num_items_in_batch) ---
@@ -271,6 +280,9 @@ class RunPeaks:
 
 def run_steps(trainee: Trainee, training, meter, vocab_size: int, steps: int = 3) -> RunPeaks:
     """Warm-up step + (steps - 1) steady-state steps; steady peaks are maxima over steps >= 2.
+    Steps the fp16 GradScaler skipped (inf/NaN gradients: no optimizer state made or updated)
+    are not counted: the run goes on until `steps` steps were taken, or fails after
+    MAX_SKIPPED skipped ones (that is not the step memcalc predicts).
 
     >>> class Null:
     ...     def reset_peak(self): pass
@@ -286,7 +298,19 @@ def run_steps(trainee: Trainee, training, meter, vocab_size: int, steps: int = 3
     if steps < 2:
         raise MemcalcError("steps", f"need >= 2 steps, got {steps}", "pass steps=3")
     trainee.model.train()
-    done = [train_step(trainee, training, meter, vocab_size) for _ in range(steps)]
-    steady = done[1:]
+    done, taken = [], []
+    while len(taken) < steps:
+        done.append(train_step(trainee, training, meter, vocab_size))
+        if not done[-1].skipped:
+            taken.append(done[-1])
+        elif len(done) - len(taken) > MAX_SKIPPED:
+            raise MemcalcError("precision", f"fp16-amp: the GradScaler skipped {len(done) - len(taken)} "
+                               "optimizer steps (inf/NaN gradients), so no step ran as memcalc predicts it",
+                               "validate this model with bf16-amp or fp32")
+    steady = taken[1:]
     phases = {p: max(s.phases[p] for s in steady) for p in PHASES}
-    return RunPeaks(first=done[0], steady=StepPeaks(max(s.peak for s in steady), phases), steps=done)
+    return RunPeaks(first=taken[0], steady=StepPeaks(max(s.peak for s in steady), phases), steps=done)
+
+
+MAX_SKIPPED = 20
+"""Skipped fp16 steps run_steps tolerates: the scale halves at each (65536 -> 2**-4)."""

@@ -24,6 +24,15 @@ def copy(ops: Ops, x: Value, name: str) -> Value:
     return ops.g.op(name, [x], x.size, backward=[Alias(0)], elt=x.elt)
 
 
+def head_copy(ops: Ops, spec: ModelSpec, x: Value, name: str) -> Value:
+    """`copy`, or `x` itself (a view, saved by whoever takes it) with one attention head: every
+    copy here is a reshape or contiguous() of a (b, heads, s, d)-shaped transpose, and a size-1
+    heads dimension merges or transposes as a view whatever the strides (is_contiguous skips
+    size-1 dims; measured at num_heads 1, torch 2.13: no clone, and bmm saves the view of a fused
+    projection, keeping the whole projection alive)."""
+    return x if spec.num_heads == 1 else copy(ops, x, name)
+
+
 def scores_matmul(ops: Ops, q: Value, k: Value, heads: int) -> Value:
     """q @ k^T: (b, heads, s, s) scores; bmm saves both operands."""
     return ops.g.op("q@k^T", [q, k], size("b a s s", q.elt, a=heads), saves=product_saves(q, k),
@@ -49,10 +58,10 @@ def sdpa(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, contiguous: bo
     GPT-NeoX's rotary cat); the CPU flash kernel lays its output out like q (measured, torch
     2.13), so the caller's transpose(1, 2).contiguous() copies it."""
     if ops.device == "cpu" and spec.attn_dropout > 0:
-        return sdpa_math(ops, spec, q, k, v, contiguous=contiguous)
+        return sdpa_math(ops, spec, q, k, v, contiguous=contiguous, contiguous_q=contiguous_q)
     out = sdpa_flash(ops, q, k, v, spec.num_heads, spec.head_size)
     if contiguous_q and ops.device == "cpu":
-        out = copy(ops, out, "transpose(1,2).contiguous()")
+        out = head_copy(ops, spec, out, "transpose(1,2).contiguous()")
     return out
 
 
@@ -148,7 +157,8 @@ def sdpa_float_mask(ops: Ops, mask: Value, elt: int) -> Value:
 
 
 def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value | None = None,
-              layouts: tuple[str, str] = ("projection", "projection"), contiguous: bool = False) -> Value:
+              layouts: tuple[str, str] = ("projection", "projection"), contiguous: bool = False,
+              contiguous_q: bool = False) -> Value:
     """_scaled_dot_product_attention_math (aten/src/ATen/native/transformers/attention.cpp), a
     composite: q and k each scaled by sqrt(scale); a causal float mask built from tril(ones(s, s));
     q and k^T copied by bmm's reshape and saved; scores + mask; _safe_softmax (saves its result);
@@ -160,13 +170,25 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     heads as repeat_kv made them, 'contiguous' copies (bmm takes them as they are) or
     'expanded' stride-0 views (an elementwise op or an upcast lays them out contiguously; bmm
     copies an expanded v). With the DynamicCache's contiguous k and v (`contiguous`), k^T and v
-    need no copy."""
+    need no copy; with q and k contiguous (b, heads, s, d) (`contiguous_q`: Phi-3's and
+    GPT-NeoX's rotary cat), neither q nor k^T (measured: no clone before the first bmm, torch
+    2.13); with one sequence (Regime.single_sequence) none of q, k^T, v from the projection
+    (measured: no clone before either bmm at b=1, reference GPT-2 ci65). Held until the function
+    returns (measured, GPT-NeoX under per-layer checkpointing and fp16/bf16 autocast, where
+    nothing is saved in forward): its arguments (under autocast, the autocast wrapper's casts of
+    q, k, v), the C++ locals `query` (q scaled), `attn` (the dropped probabilities) and, from
+    half inputs, the upcasts, the output before its cast, and the attention weights cast back to
+    the input dtype (the second output, dropped by scaled_dot_product_attention when the math
+    function returns)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
     origin = q.elt
-    q = g.view("q view", q, backward=[Grad(0)])  # reshape of the incoming grad: a copy
-    k = g.view("k view", k, backward=[Grad(0)])
+    args = [q, k, v]  # the caller's tensors, alive until the call returns
+    # the reshape of the incoming grad: a copy, a view with one head (head_copy; measured)
+    back = [Alias(0) if a == 1 else Grad(0)]
+    q = g.view("q view", q, backward=back)
+    k = g.view("k view", k, backward=back)
     # half/bf16 inputs are computed in fp32 (`query_acc = query.to(kFloat)`), their copies held
     # by C++ locals until the function returns
     upcast = [ops.to(t, 4, "math upcast") for t in (q, k, v)]
@@ -183,18 +205,24 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     if kv < a:
         ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
-    qc = copy(ops, qs, "q reshape copy")
-    kc = copy(ops, ks, "k^T reshape copy") if k_layout == "projection" and not contiguous else ks
+    views = ops.regime.single_sequence  # (1, heads, ...) merges a size-1 dimension: no copy
+    qc = qs if contiguous_q or views else head_copy(ops, spec, qs, "q reshape copy")
+    k_copy = k_layout == "projection" and not contiguous and not contiguous_q and not views
+    kc = head_copy(ops, spec, ks, "k^T reshape copy") if k_copy else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
     p = ops.dropout(ops.unary_saving_output("_safe_softmax", scores), spec.attn_dropout)
+    weights = []
     if origin != elt:  # the returned attention weights, cast back and dropped by the caller
-        g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False, elt=origin)
-    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous)
-    vc = copy(ops, v, "v reshape copy") if needs_copy else v
+        weights = [g.op("attn weights .to(origin)", [p], size("b a s s", origin, a=a), requires_grad=False,
+                        elt=origin)]
+    needs_copy = v_layout == "expanded" or (v_layout == "projection" and kv == a and not contiguous and not views)
+    vc = head_copy(ops, spec, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []))
+    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []) + [qs, p] + weights + args)
+    if a == 1:  # head_copy: the transpose of one head is contiguous
+        return out
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
 
 
@@ -205,15 +233,15 @@ def gpt2_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Va
     scale + float mask; softmax (saves its result) cast to v's dtype; dropout; @ v;
     transpose(1, 2).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
-    qc = copy(ops, q, "q reshape copy")
-    s = scores_matmul(ops, qc, k if contiguous else copy(ops, k, "k reshape copy"), a)
+    qc = head_copy(ops, spec, q, "q reshape copy")
+    s = scores_matmul(ops, qc, k if contiguous else head_copy(ops, spec, k, "k reshape copy"), a)
     s = add_float_mask(ops, ops.scale(s, "* scale"), mask)
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
-    vc = v if contiguous else copy(ops, v, "v reshape copy")
+    vc = v if contiguous else head_copy(ops, spec, v, "v reshape copy")
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
-    return copy(ops, y, "transpose contiguous"), p
+    return head_copy(ops, spec, y, "transpose contiguous"), p
 
 
 def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
@@ -225,6 +253,8 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     (b, s, heads, d) by the projection view) and k when it was not repeated; softmax runs in fp32
     and is cast to the query's dtype (fp32 under CPU autocast, where rotary promoted q), dropout
     acts in that dtype, and autocast casts the probabilities for the second matmul.
+    bmm's reshape copies v inside the second matmul, after the probabilities (measured: the clone
+    of v follows softmax and its cast, GPT-NeoX cifb05 under every-k checkpointing).
     `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
     cat), so bmm's reshape copies neither. With `softcap` (Gemma-2's eager_attention_forward):
     scores / cap (a new tensor), tanh (saves its result), * cap, before the mask. The
@@ -234,13 +264,11 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
-    reshape_copies = not ops.regime.single_sequence
+    reshape_copies = not ops.regime.single_sequence and a > 1  # head_copy: views at one head
     if kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]  # key_states / value_states: locals until the function returns
-    elif not contiguous and reshape_copies:
-        v = copy(ops, v, "v reshape copy")
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
     if not contiguous_qk and reshape_copies:
         q = copy(ops, q, "q reshape copy")
@@ -253,9 +281,11 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     p = ops.unary_saving_output("softmax", s)
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
+    if kv == a and not contiguous and reshape_copies:  # made by the second matmul's reshape
+        vm = copy(ops, vm, "v reshape copy")
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
-    out = copy(ops, y, "transpose contiguous")
+    out = head_copy(ops, spec, y, "transpose contiguous")
     ops.scope_end(repeated)
     return out, p
 
@@ -270,16 +300,16 @@ def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, cop
         full = size("b s a d", k.elt, a=a, d=d)
         k = g.op("repeat_interleave k", [k], full, backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=v.elt)
-    qc = copy(ops, q, "q reshape copy") if copies[0] else q
-    kc = copy(ops, k, "k reshape copy") if copies[1] else k
+    qc = head_copy(ops, spec, q, "q reshape copy") if copies[0] else q
+    kc = head_copy(ops, spec, k, "k reshape copy") if copies[1] else k
     s = ops.scale(scores_matmul(ops, qc, kc, a), "* scale")
     cond = g.op("mask == 0", [], size("s s", 1), requires_grad=False, elt=1)
     s = g.op("masked_fill", [s, cond], s.size, saves=[cond], backward=[Grad(0)], elt=s.elt)
     p = ops.dropout(ops.unary_saving_output("softmax", s), spec.attn_dropout)
-    vc = copy(ops, v, "v reshape copy") if copies[2] else v
+    vc = head_copy(ops, spec, v, "v reshape copy") if copies[2] else v
     y = g.op("p@v", [p, vc], size("b s a d", q.elt, a=a, d=d), saves=product_saves(p, vc),
              backward=[Grad(0), Grad(1)], elt=q.elt)
-    return copy(ops, y, "transpose contiguous")
+    return head_copy(ops, spec, y, "transpose contiguous")
 
 
 def attention_core(ops: Ops, regime: Regime, core: Callable[[], Any], position_ids: Value | None = None) -> Any:

@@ -171,5 +171,5 @@ def adapter_base(label: str) -> str:
 
 
 def param_maker(ops: Ops, prefix: str) -> Callable[..., Value]:
-    """p(name, count, rows): a parameter labelled with its torch name under `prefix`."""
-    return lambda name, n, rows=None: ops.param(f"{prefix}{name}", n, rows)
+    """p(name, count, rows, last2): a parameter labelled with its torch name under `prefix`."""
+    return lambda name, n, rows=None, last2=None: ops.param(f"{prefix}{name}", n, rows, last2)

@@ -7,7 +7,7 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 """
 from __future__ import annotations
 
-from memcalc.programs.attention import add_float_mask, attention_core, copy, gpt2_eager, sdpa_attention
+from memcalc.programs.attention import add_float_mask, attention_core, head_copy, gpt2_eager, sdpa_attention
 from memcalc.programs.call_path import cache_kv, causal_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.layers import gelu_new
@@ -35,16 +35,16 @@ def upcast_reordered_attn(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Valu
     @ v (v copied by bmm's reshape); transpose, then the caller's reshape(...).contiguous()."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     empty = g.op("torch.empty fp32 scores", [], size("b a s s", 4, a=a), requires_grad=False, elt=4)
-    qc, kc = copy(ops, q, "q reshape copy"), copy(ops, k, "k^T reshape copy")
+    qc, kc = head_copy(ops, spec, q, "q reshape copy"), head_copy(ops, spec, k, "k^T reshape copy")
     q32, k32 = ops.to(qc, 4, "q.float()"), ops.to(kc, 4, "k.float()")
     scores = g.op("baddbmm", [empty, q32, k32], size("b a s s", 4, a=a), saves=[q32, k32],
                   backward=[Temp(q32.size), Grad(1), FreeTemps(), Temp(k32.size), Grad(2), FreeTemps()], elt=4)
     p = ops.unary_saving_output("softmax", add_float_mask(ops, scores, mask))
     p = ops.dropout(ops.to(p, v.elt, "attn_weights.type(value.dtype)"), spec.attn_dropout)
-    vc = copy(ops, v, "v reshape copy")
+    vc = head_copy(ops, spec, v, "v reshape copy")
     y = g.op("p@v", [p, vc], size("b s a d", v.elt, a=a, d=d), saves=[p, vc], backward=[Grad(0), Grad(1)], elt=v.elt)
     ops.scope_end([qc, kc])
-    return copy(ops, y, "transpose contiguous"), p
+    return head_copy(ops, spec, y, "transpose contiguous"), p
 
 
 def eager_core(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,

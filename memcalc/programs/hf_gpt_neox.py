@@ -9,7 +9,7 @@ Op by op:
   on post_attention_layernorm(x + attn) (sequential);
 - attention: query_key_value (b, s, 3h) viewed (b, s, heads, 3d) and transposed, chunk(3) into
   q, k, v (one SplitBackward: a cat of the three gradients, contiguous (b, heads, s, 3d), which
-  the view's backward then reshapes with a copy); partial rotary on q and k (layers.partial_rotary:
+  the view's backward then reshapes with a copy, a view at one head); partial rotary on q and k (layers.partial_rotary:
   slices and a cat, so q and k come out contiguous); the core (eager: no repeat_kv, no q/k
   reshape copies, v copied by bmm's reshape); dense;
 - LayerNorms with biases; the MLP dense_h_to_4h -> activation (hidden_act) -> dense_4h_to_h;
@@ -27,7 +27,7 @@ from memcalc.programs.layers import partial_rotary, rotary_tables
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Grad, Value
+from memcalc.tape.graph import Alias, Grad, Value
 from memcalc.tape.ops import Ops
 
 LAYER_ORDER = ["input_layernorm", "post_attention_layernorm", "attention.query_key_value", "attention.dense",
@@ -62,7 +62,8 @@ class HFGPTNeoX(DecoderProgram):
         qkv = ops.linear(x, p("attention.query_key_value.weight", h * 3 * h, 3 * h),
                          p("attention.query_key_value.bias", 3 * h) if spec.qkv_bias else None,
                          TOKENS, 3 * h, "query_key_value")
-        qkv_t = ops.g.view("view(b, s, a, 3d).transpose(1, 2)", qkv, backward=[Grad(0)])  # reshape copies
+        # its backward's reshape copies, but not one head (attention.head_copy; measured: no clone)
+        qkv_t = ops.g.view("view(b, s, a, 3d).transpose(1, 2)", qkv, backward=[Alias(0) if a == 1 else Grad(0)])
         q, k, v = ops.g.views("chunk(3)", qkv_t, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         cos, sin, rd = context["cos"], context["sin"], rotary_width(spec)
         q, k = partial_rotary(ops, q, cos, sin, a, d, rd), partial_rotary(ops, k, cos, sin, a, d, rd)
@@ -71,16 +72,24 @@ class HFGPTNeoX(DecoderProgram):
             ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
         out = ops.linear(y, p("attention.dense.weight", h * h, h),
                          p("attention.dense.bias", h) if spec.out_bias else None, TOKENS, h, "dense")
-        ops.scope_end([q, k, v])  # GPTNeoXAttention's locals
+        # GPTNeoXAttention's locals, and its `hidden_states` argument: GPTNeoXLayer passes
+        # self.input_layernorm(hidden_states) straight into the call, so the norm's output lives
+        # until the module returns (measured: +1 (b, s, h) through attention under per-layer
+        # checkpointing and autocast, where no op saves it)
+        ops.scope_end([q, k, v, x])
         return out, weights
 
     def mlp(self, ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
-        """GPTNeoXMLP: dense_h_to_4h, act, dense_4h_to_h (biases always)."""
+        """GPTNeoXMLP: dense_h_to_4h, act, dense_4h_to_h (biases always). Its argument, the
+        post_attention_layernorm output GPTNeoXLayer passes straight into the call, lives until
+        the module returns (nn.Module._call_impl holds `args`; measured like the attention's)."""
         h, f = spec.hidden_size, spec.ffn_size
         y = ops.linear(x, p("mlp.dense_h_to_4h.weight", h * f, f), p("mlp.dense_h_to_4h.bias", f), TOKENS, f,
                        "dense_h_to_4h")
-        return ops.linear(activation(ops, y, spec.activation), p("mlp.dense_4h_to_h.weight", f * h, h),
-                          p("mlp.dense_4h_to_h.bias", h), TOKENS, h, "dense_4h_to_h")
+        out = ops.linear(activation(ops, y, spec.activation), p("mlp.dense_4h_to_h.weight", f * h, h),
+                         p("mlp.dense_4h_to_h.bias", h), TOKENS, h, "dense_4h_to_h")
+        ops.scope_end([x])
+        return out
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One GPTNeoXLayer."""

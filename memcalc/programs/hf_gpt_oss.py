@@ -23,7 +23,7 @@ from typing import Callable
 
 from memcalc.moe import is_worst, token_counts
 from memcalc.poly import Poly
-from memcalc.programs.attention import add_float_mask, attention_core, copy, scores_matmul
+from memcalc.programs.attention import add_float_mask, attention_core, head_copy, scores_matmul
 from memcalc.programs.base import TOKENS, Embedded, param_maker, size
 from memcalc.programs.hf_llama import HFLlama, token_embedding
 from memcalc.programs.layers import qkv_projections, rms_norm_weight_first
@@ -89,7 +89,7 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]
     else:
-        v = copy(ops, v, "v reshape copy")
+        v = head_copy(ops, spec, v, "v reshape copy")
     qm, km = ops.matmul_operand(q), ops.matmul_operand(k)
     scores = add_float_mask(ops, ops.scale(scores_matmul(ops, qm, km, a), "* scaling"), mask)
     elt = max(scores.elt, sinks.elt)
@@ -108,7 +108,7 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     pm, vm = ops.matmul_operand(weights), ops.matmul_operand(v)
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
-    out = copy(ops, y, "transpose contiguous")
+    out = head_copy(ops, spec, y, "transpose contiguous")
     ops.scope_end(repeated + [shifted, probs])  # locals until the function returns
     return out, weights
 
@@ -165,9 +165,9 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     (E, h, 2f) and (E, f, h), no transpose view), GptOssExperts._apply_gate in between."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
     S = TOKENS * k
-    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E, (h, 2 * f))
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
-    down = p("mlp.experts.down_proj", E * f * h, E)
+    down = p("mlp.experts.down_proj", E * f * h, E, (f, h))
     down_bias = p("mlp.experts.down_proj_bias", E * h, E)
     held = grouped_dispatch(ops, spec, x, weights, indices)
     sorted_ids, gathered, offsets = held[1], held[3], held[7]
@@ -198,9 +198,9 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
     current_state, gate_up, gated_output, out, weighted_output) live until the next iteration
     rebinds them, the last ones until forward returns."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
-    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * h * 2 * f, E, (h, 2 * f))
     gate_up_bias = p("mlp.experts.gate_up_proj_bias", E * 2 * f, E)
-    down = p("mlp.experts.down_proj", E * f * h, E)
+    down = p("mlp.experts.down_proj", E * f * h, E, (f, h))
     down_bias = p("mlp.experts.down_proj_bias", E * h, E)
     out = g.op("zeros_like", [], x.size, requires_grad=False, elt=x.elt)
     mask = g.op("one_hot expert mask", [indices], TOKENS * (k * E * INDEX), requires_grad=False, elt=INDEX)

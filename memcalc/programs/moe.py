@@ -63,8 +63,8 @@ def grouped_mm_experts(ops: Ops, spec: ModelSpec, x: Value, weights: Value, indi
     """grouped_mm_experts_forward on (N, h) hidden states; returns the (N, h) output."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
     S = TOKENS * k
-    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E)
-    down = p("mlp.experts.down_proj", E * h * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E, (2 * f, h))
+    down = p("mlp.experts.down_proj", E * h * f, E, (h, f))
     held = grouped_dispatch(ops, spec, x, weights, indices)
     gathered, offsets = held[3], held[7]
     pe = gate_up.elt  # grouped_mm runs in the weights' dtype (input.to(weight.dtype))
@@ -136,8 +136,8 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
                   indices: Value, layer: int, p: Callable[..., Value]) -> Value:
     """MixtralExperts.forward's loop over the hit experts; returns the (N, h) output."""
     g, E, k, h, f = ops.g, spec.moe.num_experts, spec.moe.top_k, spec.hidden_size, spec.moe.expert_ffn_size
-    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E)
-    down = p("mlp.experts.down_proj", E * h * f, E)
+    gate_up = p("mlp.experts.gate_up_proj", E * 2 * f * h, E, (2 * f, h))
+    down = p("mlp.experts.down_proj", E * h * f, E, (h, f))
     out = g.op("zeros_like", [], x.size, requires_grad=False, elt=x.elt)
     mask = g.op("one_hot expert mask", [indices], TOKENS * (k * (E + 1) * INDEX), requires_grad=False,
                 elt=INDEX)
@@ -231,4 +231,4 @@ def _shared_expert(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value])
 
     f = spec.moe.shared_expert_ffn_size
     return swiglu_mlp(ops, spec.with_(intermediate_size=f, mlp_bias=False), x, TOKENS,
-                      lambda name, n, rows=None: p(name.replace("mlp.", "mlp.shared_expert."), n, rows))
+                      lambda name, *shape: p(name.replace("mlp.", "mlp.shared_expert."), *shape))

@@ -70,6 +70,8 @@ class Value:
     rows: int = 0  # dim 0 of a parameter (FSDP shards along it)
     leaf: bool = False  # a non-parameter leaf made to require grad (its .grad is accumulated)
     quant: int = 0  # elements of the matrix a bitsandbytes 4-bit weight packs (0: not quantised)
+    last2: tuple[int, int] | None = None  # the last two dims of a parameter of >= 3 dims (MoE
+    # experts; transformers' Adafactor factors over them); None: (rows, numel // rows) or 1-D
 
 
 @dataclass(slots=True)
@@ -157,6 +159,9 @@ class Graph:
         'worst'-routing bound (Storage.count; memcalc.programs.moe.eager_experts)."""
         self.granularity = 1
         """The allocator's rounding (memcalc.allocator.granularity) that Storage.count bounds."""
+        self.cached_casts: set[int] = set()
+        """Storage ids of autocast's cached weight casts (Ops.matmul_operand); a checkpoint
+        recompute caches its own until it stops (memcalc.tape.simulate StepSimulator._recompute)."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
         past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""

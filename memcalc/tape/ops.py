@@ -62,6 +62,7 @@ class Ops:
         if id(x) not in self._cast_cache:
             cast = self.to(x, self.low, f"cast {x.label}")
             self._cast_cache[id(x)] = cast
+            self.g.cached_casts.add(id(cast.storage))
             self.weight_casts.append(cast)
         return self._cast_cache[id(x)]
 
@@ -74,9 +75,11 @@ class Ops:
         return self.fp32_op_input(x) if self.device == "cuda" else x
 
     # ---- parameters -------------------------------------------------------------------------
-    def param(self, label: str, count: int, rows: int | None = None) -> Value:
+    def param(self, label: str, count: int, rows: int | None = None,
+              last2: tuple[int, int] | None = None) -> Value:
         """A parameter of `count` elements in the regime's parameter dtype; `rows` is its dim 0
-        (FSDP shards along it), `count` for 1-D parameters."""
+        (FSDP shards along it), `count` for 1-D parameters; `last2` its last two dims when it has
+        three or more (Value.last2: what Adafactor factors)."""
         if quantized_weight(self.regime, label):
             return quantized_param(self, label, count, rows or count)
         module, leaf = label.rsplit(".", 1)
@@ -84,11 +87,11 @@ class Ops:
         if lora is not None and lora.modules_to_save and lora.saves_module(module):
             # peft's ModulesToSaveWrapper: the frozen original, then a trainable deepcopy that
             # forward runs (utils/other.py ModulesToSaveWrapper.update); both in the base dtype
-            self.param(f"{module}.original_module.{leaf}", count, rows)
+            self.param(f"{module}.original_module.{leaf}", count, rows, last2)
             label = f"{module}.modules_to_save.default.{leaf}"
         v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt,
                          trainable=self.regime.trainable(label))
-        v.rows = rows or count
+        v.rows, v.last2 = rows or count, last2
         return v
 
     # ---- ops --------------------------------------------------------------------------------

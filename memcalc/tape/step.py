@@ -56,6 +56,12 @@ def _shapes(graph: Graph) -> list[tuple[int, int]]:
     return [(v.size.eval(1, 1) // v.elt, v.rows) for v in graph.trainable_params]
 
 
+def _optimizer_shapes(graph: Graph) -> list[tuple[int, int, tuple[int, int] | None]]:
+    """(elements, dim 0, last two dims at >= 3 dims else None) of each trainable parameter, in
+    model.parameters() order: what memcalc.tape.finetune_optim sizes Adafactor's states by."""
+    return [(n, rows, v.last2) for (n, rows), v in zip(_shapes(graph), graph.trainable_params)]
+
+
 def trainable_elt(graph: Graph) -> int:
     """The one element size of the trainable parameters (the parameter dtype; fp32 for LoRA
     adapters under every precision). Parameters of two dtypes (bf16 biases or modules_to_save
@@ -83,13 +89,13 @@ def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
 
 def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[list[Storage]]]:
     """(shared qmaps, state storages per parameter) of a memcalc.tape.finetune_optim optimizer."""
-    shapes = _shapes(graph)
+    shapes = _optimizer_shapes(graph)
     dev = regime.device
     shared = [Storage(Poly.const(b), "optimizer", "qmap")
-              for b in ft.shared_allocations(regime.optimizer, [n for n, _ in shapes], dev)]
+              for b in ft.shared_allocations(regime.optimizer, [n for n, _, _ in shapes], dev)]
     per = [[Storage(Poly.const(b), "optimizer", "optimizer state")
-            for b in ft.state_allocations(opt, n, rows, dev)]
-           for opt, (n, rows) in zip(_param_optimizers(graph, regime), shapes)]
+            for b in ft.state_allocations(opt, n, rows, dev, last2)]
+           for opt, (n, rows, last2) in zip(_param_optimizers(graph, regime), shapes)]
     return shared, per
 
 
@@ -97,7 +103,7 @@ def _finetune_temporaries(graph: Graph, regime: Regime) -> list[int]:
     """ft.step_temporaries, per parameter when the Trainer's 32-bit overrides apply (bitsandbytes
     carries nothing from one parameter's update to the next)."""
     args = (trainable_elt(graph), regime.device, regime.granularity)
-    names, shapes = _param_optimizers(graph, regime), _shapes(graph)
+    names, shapes = _param_optimizers(graph, regime), _optimizer_shapes(graph)
     if len(set(names)) <= 1:
         return ft.step_temporaries(regime.optimizer, shapes, *args)
     return [ft.step_temporaries(name, [shape], *args)[0] for name, shape in zip(names, shapes)]
