@@ -28,30 +28,44 @@ class Poly:
         self.terms = {m: c for m, c in (terms or {}).items() if c}
 
     @staticmethod
+    def _of(terms: dict[Monomial, int]) -> "Poly":
+        """A Poly of `terms` that has no zero coefficient (taken as is, not filtered)."""
+        out = object.__new__(Poly)
+        out.terms = terms
+        return out
+
+    @staticmethod
     def const(c: int) -> "Poly":
         """A constant number of bytes."""
-        return Poly({(0, 0): int(c)})
+        c = int(c)
+        return Poly._of({(0, 0): c} if c else {})
 
     @staticmethod
     def mono(c: int, b_pow: int, s_pow: int) -> "Poly":
         """c * b**b_pow * s**s_pow."""
-        return Poly({(b_pow, s_pow): int(c)})
+        c = int(c)
+        return Poly._of({(b_pow, s_pow): c} if c else {})
 
     @staticmethod
     def bs(c: int) -> "Poly":
         """c * b * s: a per-token tensor."""
-        return Poly({(1, 1): int(c)})
+        c = int(c)
+        return Poly._of({(1, 1): c} if c else {})
 
     def __add__(self, other: "Poly") -> "Poly":
         out = dict(self.terms)
+        cancelled = False
         for m, c in other.terms.items():
-            out[m] = out.get(m, 0) + c
-        return Poly(out)
+            out[m] = total = out.get(m, 0) + c
+            cancelled = cancelled or not total
+        return Poly(out) if cancelled else Poly._of(out)
 
     def __sub__(self, other: "Poly") -> "Poly":
         return self + other * -1
 
     def __mul__(self, k: int) -> "Poly":
+        if k.__class__ is int and k:  # no product is 0: the terms need no filtering
+            return Poly._of({m: c * k for m, c in self.terms.items()})
         return Poly({m: c * k for m, c in self.terms.items()})
 
     __rmul__ = __mul__

@@ -23,4 +23,4 @@ def size(dims: str, elt: int | float, **extent: int) -> Poly:
             s_pow += 1
         else:
             coeff *= int(dim) if dim.isdigit() else extent[dim]
-    return Poly({(b_pow, s_pow): coeff})
+    return Poly._of({(b_pow, s_pow): coeff} if coeff else {})

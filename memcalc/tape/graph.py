@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 from memcalc.poly import Poly
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Storage:
     """A block of memory; views share one."""
 
@@ -56,7 +56,7 @@ def count_slack(size: Poly, count: Poly, granularity: int) -> int:
     return granularity - gcd(per_token(size, count), granularity)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Value:
     """A logical tensor (possibly a view) of `size` bytes backed by `storage`."""
 
@@ -74,7 +74,7 @@ class Value:
     # experts; transformers' Adafactor factors over them); None: (rows, numel // rows) or 1-D
 
 
-@dataclass
+@dataclass(slots=True)
 class Grad:
     """Backward step: allocate the gradient of input `index` (its own size unless `size`)."""
 
@@ -82,14 +82,14 @@ class Grad:
     size: Poly | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Alias:
     """Backward step: input `index` receives the incoming gradient itself (no allocation)."""
 
     index: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Temp:
     """Backward step: allocate a temporary of `size` bytes, freed when the node finishes
     (or at the next FreeTemps)."""
@@ -97,7 +97,7 @@ class Temp:
     size: Poly
 
 
-@dataclass
+@dataclass(slots=True)
 class FreeTemps:
     """Backward step: free the temporaries allocated so far in this node (only the `first`
     oldest of them when given)."""
@@ -123,7 +123,7 @@ def product_saves(x: "Value", y: "Value") -> list["Value"]:
     return ([x] if y.requires_grad else []) + ([y] if x.requires_grad else [])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """One forward op."""
 
@@ -198,9 +198,26 @@ class Graph:
            requires_grad: bool | None = None, category: str = "activations", elt: int = 4,
            save_output: bool = False) -> Value:
         """An op producing one new tensor of `size` bytes (`elt` bytes per element); with
-        `save_output` autograd also saves the result (softmax, tanh, log_softmax)."""
-        return self.op_multi(name, inputs, [size], saves, backward, requires_grad, category,
-                             [elt], (0,) if save_output else ())[0]
+        `save_output` autograd also saves the result (softmax, tanh, log_softmax). The same as
+        op_multi with one size, written out (most ops have one output)."""
+        rg = requires_grad
+        if rg is None:  # any input requires grad
+            rg = False
+            for v in inputs:
+                if v.requires_grad:
+                    rg = True
+                    break
+        count = None if self.count is None else self._count_of(size)
+        st = Storage(size, category, f"{name}.out0", count)
+        out = Value(st, size, rg, label=name, elt=elt)
+        if rg:
+            saved = [v.storage for v in saves]
+            if save_output:
+                saved.append(st)
+            self.nodes.append(Node(name, list(inputs), [out], saved, list(backward), self.region))
+        else:
+            self.nodes.append(Node(name, list(inputs), [out], [], [], self.region))
+        return out
 
     def op_multi(self, name: str, inputs: list[Value], sizes: list[Poly], saves: Sequence[Value] = (),
                  backward: Sequence[BackwardStep] = (), requires_grad: bool | None = None,
@@ -220,7 +237,7 @@ class Graph:
     def _count_of(self, size: Poly) -> Poly | None:
         """The expert token count a new storage of `size` is sized by (see `count`), or None."""
         c = self.count
-        return c if c is not None and per_token(size, c) is not None else None
+        return None if c is None or per_token(size, c) is None else c
 
     def view(self, name: str, x: Value, size: Poly | None = None,
              backward: Sequence[BackwardStep] | None = None) -> Value:

@@ -18,8 +18,8 @@ from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Temp, Value, produ
 def numel(v: Value) -> Poly:
     """Elements of a tensor (its bytes over its element size); exact for the fractional
     coefficients of sequence-parallel sizes (b*s/t tokens)."""
-    return Poly({m: c // v.elt if c % v.elt == 0 else Fraction(c, v.elt)
-                 for m, c in v.size.terms.items()})
+    return Poly._of({m: c // v.elt if c % v.elt == 0 else Fraction(c, v.elt)  # none is 0
+                     for m, c in v.size.terms.items()})
 
 
 class Ops:

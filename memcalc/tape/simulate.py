@@ -16,9 +16,11 @@ A moment is kept unless another moment of the same phase dominates it for every 
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import compress
 from operator import ge
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from memcalc.poly import Poly
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value, count_slack, per_token
@@ -50,7 +52,11 @@ class Memory:
     """Live storages with hold counts, the running total, and the kept moments.
 
     Storages are keyed by id() and the Storage object itself is kept while held, so an id can
-    never be reused by another storage while it is counted.
+    never be reused by another storage while it is counted. Totals are coefficient lists over
+    the monomials held so far (`_monos`), updated in place by hold and release from each size's
+    terms, looked up once per size object (`_info`); mark compares them as tuples and keeps the
+    instant as copies, made into a Moment when `moments` reads it (most kept instants are
+    dropped again by later, larger ones).
     """
 
     PRUNE_AT = 24  # frontier size that triggers the convex-combination pruning
@@ -60,6 +66,10 @@ class Memory:
     TOTAL_SLOT = 192
     """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
+    def __new__(cls, record: bool | dict = False, granularity: int = 1) -> "Memory":  # noqa: ARG004
+        """A RecordedMemory when `record` is given (its hold, release and mark record)."""
+        return object.__new__(RecordedMemory if record is not False and cls is Memory else cls)
+
     def __init__(self, record: bool | dict = False, granularity: int = 1) -> None:
         self.granularity = granularity
         """The allocator's rounding that storages with a Storage.count are bounded for: such a
@@ -67,28 +77,51 @@ class Memory:
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
         self.holds: dict[int, int] = {}
         self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
-        self._total: dict = {}
-        """The live bytes' coefficients {monomial: c}, updated in place (no Poly per hold)."""
-        self._by_category: dict[str, dict] = {}
-        """The same per category, in the order each was first held (a freed one stays, at 0)."""
-        self._polys: dict[str, Poly] = {}
-        """The Poly of each category of `_by_category` (same order), rebuilt when a kept moment
-        reads it after its coefficients changed (`_dirty`)."""
+        self._total: list = []
+        """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
+        self._by_category: dict[str, list] = {}
+        """The same per category, in the order each was first held (a freed one stays, at 0):
+        None where the category never held the monomial."""
+        self._first_held: dict[str, list[int]] = {}
+        """Per category, the coordinates in the order it first held them (its Poly's order)."""
+        self._snaps: dict[str, tuple] = {}
+        """A copy of each category of `_by_category` (same order), taken when a kept moment
+        reads it after its coefficients changed (`_dirty`): kept moments share unchanged ones."""
         self._dirty: set[str | None] = set()
-        """The categories changed since their Poly was built; None: the total."""
-        self._total_poly = Poly()
+        """The categories changed since their copy was taken; None: the total."""
+        self._total_snap: tuple = ()
+        self._polys: dict[int, tuple[object, Poly]] = {}
+        """id(a copy in `_snaps`, or a dense total) -> (it, its Poly): one Poly per copy."""
         self._live_keys: dict[tuple, int] = {}
         """Size terms -> live storages of it, the sizes with some alive (a kept moment's
         `sizes`, copied; ordered as in size_counts when the moment is read)."""
         self._order: dict[tuple, int] = {}  # size terms -> position in size_counts
         self._monos: list = []
-        """Every monomial held so far: the coordinates of the dense totals in `_dense`."""
+        """Every monomial held so far: the coordinates of `_total` and the dense totals in `_dense`."""
         self._dense: dict[str, list[tuple]] = {}
         """Per phase, the totals of the kept moments (`frontiers`) as tuples over `_monos`."""
-        self.frontiers: dict[str, list[Moment]] = {}
+        self._hint: dict[str, int | None] = {}
+        """Per phase, the index in `_dense` of the kept total that last rejected a mark, tried
+        first at the next (consecutive instants are mostly under the same one)."""
+        self._at: str | None = None
+        """The phase of the last mark; `_at_dense` and `_at_hint` are its entries of `_dense` and
+        `_hint` (the hint kept here while the phase lasts)."""
+        self._at_dense: list[tuple] = []
+        self._sums: dict[str, list] = {}
+        """Per phase, the coefficient sums of `_dense` (a total at least another one
+        coefficient by coefficient has at least its sum: one comparison rules a test out)."""
+        self._at_sums: list = []
+        self._at_hint: int | None = None
+        self.frontiers: dict[str, list] = {}
+        """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
+        category copies, live sizes) until `moments` reads it."""
         self.phase = "setup"
         self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
         self._keys: dict[int, tuple[Poly, tuple]] = {}  # id(size Poly) -> (it, its size terms)
+        self._info: dict[int, tuple] = {}
+        """id(size Poly) -> (it, its size terms, its size_counts entry, its terms as (coordinate
+        in `_total`, c), the same negated): what hold and release need of a size."""
+        self._shared: dict[tuple, tuple] = {}  # a size's terms and their types -> its `_info` but the Poly
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
@@ -114,41 +147,57 @@ class Memory:
     @property
     def moments(self) -> list[Moment]:
         """Every kept moment, all phases."""
+        for phase, frontier in self.frontiers.items():
+            for i, m in enumerate(frontier):
+                if isinstance(m, tuple):  # as mark took it
+                    frontier[i] = self._moment(phase, *m)
         out = [m for moments in self.frontiers.values() for m in moments]
         for m in out:
             if isinstance(m.sizes, dict):  # mark's copy of _live_keys, as (size, live storages)
                 m.sizes = tuple((self.size_counts[k][0], m.sizes[k]) for k in sorted(m.sizes, key=self._order.get))
         return out
 
+    def _moment(self, phase: str, label: str, total: tuple, categories: dict, sizes: dict) -> Moment:
+        """The Moment of a kept instant as mark took it: the Polys of its copies."""
+        polys = self._polys
+        found = polys.get(id(total))
+        if found is None:  # a dense total: monomials not held yet then are 0
+            found = polys[id(total)] = (total, Poly(dict(zip(self._monos, total))))
+        by_category, monos = {}, self._monos
+        for cat, terms in categories.items():
+            poly = polys.get(id(terms))
+            if poly is None:
+                n = len(terms)  # coordinates first held later are 0 (None) in it
+                poly = polys[id(terms)] = (terms, Poly({monos[i]: terms[i] for i in self._first_held[cat]
+                                                        if i < n and terms[i]}))
+            by_category[cat] = poly[1]
+        return Moment(phase, label, found[1], by_category, sizes)
+
     @property
     def total(self) -> Poly:
         """The live bytes."""
-        self._rebuild()
-        return self._total_poly
+        return Poly(dict(zip(self._monos, self._total)))
 
     @property
     def by_category(self) -> dict[str, Poly]:
         """The live bytes per category, in the order each was first held."""
-        self._rebuild()
-        return dict(self._polys)
+        monos = self._monos
+        return {cat: Poly({monos[i]: vec[i] for i in self._first_held[cat] if vec[i]})
+                for cat, vec in self._by_category.items()}
 
-    def _rebuild(self) -> None:
-        """The Polys of what changed since they were built."""
-        if self._dirty:
-            for c in self._dirty:
-                if c is None:
-                    self._total_poly = Poly(self._total)
-                else:
-                    self._polys[c] = Poly(self._by_category[c])
-            self._dirty.clear()
-
-    def _category(self, cat: str) -> dict:
+    def _category(self, cat: str) -> list:
         """The coefficients of a category, first held now or before."""
         mine = self._by_category.get(cat)
         if mine is None:
-            mine = self._by_category[cat] = {}
-            self._polys[cat] = Poly()
+            mine = self._by_category[cat] = [None] * len(self._monos)
+            self._first_held[cat] = []
+            self._snaps[cat] = ()
         return mine
+
+    def _first_in(self, cat: str, i: int, c: object) -> None:
+        """A coordinate a category holds for the first time: 0 + c (as a dict's get(m, 0) + c)."""
+        self._by_category[cat][i] = 0 + c
+        self._first_held[cat].append(i)
 
     def _size_key(self, size: Poly) -> tuple:
         """The size's terms, sorted (the key of its storages' counts); the Poly is kept, so its
@@ -158,8 +207,177 @@ class Memory:
             found = self._keys[id(size)] = (size, tuple(sorted(size.terms.items())))
         return found[1]
 
+    def _size_info(self, size: Poly, rounded: bool) -> tuple:
+        """`_info` of a size first held, shared by every size of the same terms (a new
+        coordinate for each monomial first held: 0 in every kept moment's dense total); a size
+        bounded for its rounding (not `rounded`) counts in no size_counts entry."""
+        terms = tuple(size.terms.items())
+        # int and Fraction coefficients of equal value are equal keys: the types tell them apart
+        like = (terms, tuple(map(type, size.terms.values())))
+        shared = self._shared.get(like) if rounded else None
+        if shared is None:
+            size_key = tuple(sorted(terms))
+            if not rounded:
+                entry = [size, 0]
+            else:
+                entry = self.size_counts.get(size_key)
+                if entry is None:
+                    entry = self.size_counts[size_key] = [size, 0]
+                    self._order[size_key] = len(self._order)
+            dense = []
+            for mono, c in terms:
+                if mono not in self._monos:
+                    self._monos.append(mono)
+                    self._total.append(0)
+                    for vec in self._by_category.values():
+                        vec.append(None)
+                    for kept in self._dense.values():
+                        kept[:] = [v + (0,) for v in kept]
+                dense.append((self._monos.index(mono), c))
+            shared = (size_key, entry, tuple(dense), tuple((i, c * -1) for i, c in dense))
+            if rounded:
+                self._shared[like] = shared
+        info = self._info[id(size)] = (size,) + shared
+        return info
+
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
+        key = id(st)
+        holds = self.holds
+        if key in holds:
+            holds[key] += 1
+            return
+        holds[key] = 1
+        cat = category or st.category
+        size = st.size
+        if st.count is None:
+            info = self._info.get(id(size))
+            if info is None:
+                info = self._size_info(size, True)
+            size_key, entry = info[1], info[2]
+            n = entry[1] = entry[1] + 1
+            if size_key:  # a moment's `sizes` leave out zero sizes
+                self._live_keys[size_key] = n
+        else:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            info = self._size_info(size, False)
+            size_key = info[1]
+        self.sizes[key] = (st, size, cat, size_key)
+        mine = self._by_category.get(cat)
+        if mine is None:
+            mine = self._category(cat)
+        terms = info[3]
+        if terms:
+            total = self._total
+            for i, c in terms:
+                total[i] += c
+                try:
+                    mine[i] += c
+                except TypeError:  # None: the category's first of this monomial
+                    self._first_in(cat, i, c)
+            dirty = self._dirty
+            dirty.add(None)
+            dirty.add(cat)
+
+    def release(self, st: Storage) -> None:
+        """Drop one reference; free the storage on the last."""
+        key = id(st)
+        holds = self.holds
+        n = holds[key] - 1
+        if n:
+            holds[key] = n
+            return
+        del holds[key]
+        _, size, cat, size_key = self.sizes.pop(key)
+        info = self._info[id(size)]
+        if st.count is None and size_key:
+            entry = info[2]
+            n = entry[1] = entry[1] - 1
+            if n:
+                self._live_keys[size_key] = n
+            else:
+                del self._live_keys[size_key]
+        elif st.count is None:
+            info[2][1] -= 1
+        terms = info[4]
+        if terms:
+            total, mine = self._total, self._by_category[cat]
+            for i, c in terms:
+                total[i] += c
+                mine[i] += c  # held before: never None
+            dirty = self._dirty
+            dirty.add(None)
+            dirty.add(cat)
+
+    def alive(self, st: Storage) -> bool:
+        """Whether the storage is allocated."""
+        return id(st) in self.holds
+
+    def mark(self, label: str) -> None:
+        """Record this instant as a candidate for the peak, unless a kept moment of the same
+        phase is at least as large at every shape. The comparisons run on dense coefficient
+        tuples (keep's test, Poly.dominates); the Moment is made when `moments` reads it."""
+        if self.phase is not self._at:
+            self._enter(self.phase)
+        total, dense, sums = self._total, self._at_dense, self._at_sums
+        t = sum(total)
+        hint = self._at_hint
+        if hint is not None and sums[hint] >= t and all(map(ge, dense[hint], total)):
+            return
+        below = None
+        for i, u in enumerate(dense):
+            at_least = sums[i]
+            if at_least >= t and all(map(ge, u, total)):
+                self._at_hint = i
+                return
+            if t >= at_least and all(map(ge, total, u)):
+                if below is None:
+                    below = [i]
+                else:
+                    below.append(i)
+        frontier = self.frontiers[self._at]
+        if below is not None:
+            for i in reversed(below):
+                del frontier[i], dense[i], sums[i]
+        v = tuple(total)
+        dirty = self._dirty
+        if dirty:
+            snaps = self._snaps
+            for cat in dirty:
+                if cat is None:
+                    self._total_snap = v
+                else:
+                    snaps[cat] = tuple(self._by_category[cat])
+            dirty.clear()
+        frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
+        dense.append(v)
+        sums.append(t)
+        self._at_hint = len(dense) - 1
+        if len(frontier) >= self.PRUNE_AT:
+            kept = prune_convex_dense(dense)
+            frontier[:] = [frontier[i] for i in kept]
+            dense[:] = [dense[i] for i in kept]
+            sums[:] = [sums[i] for i in kept]
+            self._at_hint = None
+
+    def _enter(self, phase: str) -> None:
+        """mark's phase: its kept totals and hint (the last phase's hint put by)."""
+        if self._at is not None:
+            self._hint[self._at] = self._at_hint
+        dense = self._dense.get(phase)
+        if dense is None:
+            self.frontiers[phase], dense, self._hint[phase], self._sums[phase] = [], [], None, []
+            self._dense[phase] = dense
+        self._at, self._at_dense, self._at_hint = phase, dense, self._hint[phase]
+        self._at_sums = self._sums[phase]
+
+
+class RecordedMemory(Memory):
+    """Memory with `record`: every instant logged, as live storages (memcalc.depth), and no
+    running totals; Memory(record=...) makes one."""
+
+    def hold(self, st: Storage, category: str | None = None) -> None:
+        """Memory.hold, recorded: the totals follow from the live storages."""
         key = id(st)
         holds = self.holds
         if key in holds:
@@ -179,49 +397,25 @@ class Memory:
             entry = self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
         entry[1] += 1
-        if self.log is not None:  # the totals follow from the live storages
-            live, both = self.live, (cat, size_key)
-            live[both] = live.get(both, 0) + 1
-            bit = self._bits.get(both)
-            if bit is None:
-                self._category(cat)
-                shift = self.index.get(both)
-                if shift is None:
-                    shift = self.index[both] = self.SLOT * len(self.index)
-                bit = self._bits[both] = 1 << shift
-            self.packed += bit
+        live, both = self.live, (cat, size_key)
+        live[both] = live.get(both, 0) + 1
+        bit = self._bits.get(both)
+        if bit is None:
+            self._category(cat)
+            shift = self.index.get(both)
+            if shift is None:
+                shift = self.index[both] = self.SLOT * len(self.index)
+            bit = self._bits[both] = 1 << shift
+        self.packed += bit
+        if self.packed_total is not None:
+            size_total = self._packed_sizes.get(size_key)
+            if size_total is None:
+                size_total = self._packed_size(size_key)  # may turn packed_total off
             if self.packed_total is not None:
-                size_total = self._packed_sizes.get(size_key)
-                if size_total is None:
-                    size_total = self._packed_size(size_key)  # may turn packed_total off
-                if self.packed_total is not None:
-                    self.packed_total += size_total
-            return
-        if size_key and rounded:  # a moment's `sizes` leave out zero sizes
-            self._live_keys[size_key] = entry[1]
-        self._add(cat, size.terms, 1)
-
-    def _add(self, cat: str, terms: dict, sign: int) -> None:
-        """Add (sign 1) or remove (-1) a storage of `terms` bytes to the running totals."""
-        total, mine = self._total, self._category(cat)
-        for mono, c in terms.items():
-            if mono not in total:
-                self._new_mono(mono)
-            total[mono] += c * sign
-            mine[mono] = mine.get(mono, 0) + c * sign
-        if terms:
-            self._dirty.add(None)
-            self._dirty.add(cat)
-
-    def _new_mono(self, mono: tuple) -> None:
-        """A monomial first held: a new coordinate (0 in every kept moment's dense total)."""
-        self._total[mono] = 0
-        self._monos.append(mono)
-        for dense in self._dense.values():
-            dense[:] = [v + (0,) for v in dense]
+                self.packed_total += size_total
 
     def release(self, st: Storage) -> None:
-        """Drop one reference; free the storage on the last."""
+        """Memory.release, recorded."""
         key = id(st)
         holds = self.holds
         holds[key] -= 1
@@ -231,27 +425,13 @@ class Memory:
             rounded = st.count is None
             entry = self.size_counts[size_key] if rounded else [size, 1]
             entry[1] -= 1
-            if self.log is not None:
-                both = (cat, size_key)
-                live = self.live[both] = self.live[both] - 1
-                if not live:
-                    del self.live[both]
-                self.packed -= self._bits[both]
-                if self.packed_total is not None:
-                    self.packed_total -= self._packed_sizes[size_key]
-                return
-            if not rounded:
-                pass
-            elif entry[1]:
-                if size_key:
-                    self._live_keys[size_key] = entry[1]
-            elif size_key:
-                del self._live_keys[size_key]
-            self._add(cat, size.terms, -1)
-
-    def alive(self, st: Storage) -> bool:
-        """Whether the storage is allocated."""
-        return id(st) in self.holds
+            both = (cat, size_key)
+            live = self.live[both] = self.live[both] - 1
+            if not live:
+                del self.live[both]
+            self.packed -= self._bits[both]
+            if self.packed_total is not None:
+                self.packed_total -= self._packed_sizes[size_key]
 
     def _packed_size(self, size_key: tuple) -> int:
         found = self._packed_sizes.get(size_key)
@@ -267,35 +447,11 @@ class Memory:
         return found
 
     def mark(self, label: str) -> None:
-        """Record this instant as a candidate for the peak, unless a kept moment of the same
-        phase is at least as large at every shape (in record mode: every instant, keyed). The
-        comparisons run on dense coefficient tuples (keep's test, Poly.dominates)."""
-        if self.log is not None:
-            where = (self.phase, self.micro, self.where)
-            n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
-                             self.packed_total))
-            return
-        phase, total = self.phase, self._total
-        frontier = self.frontiers.get(phase)
-        if frontier is None:
-            frontier = self.frontiers[phase] = []
-            self._dense[phase] = []
-        dense = self._dense[phase]
-        v = tuple([total[mono] for mono in self._monos])
-        for u in dense:
-            if all(map(ge, u, v)):
-                return
-        below = {i for i, u in enumerate(dense) if all(map(ge, v, u))}
-        if below:
-            frontier[:] = [m for i, m in enumerate(frontier) if i not in below]
-            dense[:] = [u for i, u in enumerate(dense) if i not in below]
-        frontier.append(Moment(phase, label, self.total, self.by_category, dict(self._live_keys)))
-        dense.append(v)
-        if len(frontier) >= self.PRUNE_AT:
-            kept = prune_convex_dense(dense)
-            frontier[:] = [frontier[i] for i in kept]
-            dense[:] = [dense[i] for i in kept]
+        """Memory.mark, recorded: every instant, keyed (no moment is kept)."""
+        where = (self.phase, self.micro, self.where)
+        n = self._seen[where] = self._seen.get(where, -1) + 1
+        self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
+                         self.packed_total))
 
 
 def keep(frontier: list[Moment], total: Poly) -> bool:
@@ -378,16 +534,36 @@ def prune_convex_dense(vecs: list[tuple]) -> list[int]:
     while i < len(kept):
         v = vecs[kept[i]]
         others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
-        # a mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover
-        # v coefficient by coefficient can hold it below (a bit per coefficient)
-        full = (1 << len(v)) - 1
-        covers = [sum(1 << k for k, (a, c) in enumerate(zip(x, v)) if a >= c) for x in others]
-        if any(covers[j] | covers[k] == full and _below_mix_dense(v, others[j], others[k])
-               for j in range(len(others)) for k in range(j + 1, len(others))):
+        if _below_some_mix(v, others):
             kept.pop(i)
         else:
             i += 1
     return kept
+
+
+def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
+    """Whether v lies under a mix of some pair of `others` (_below_mix_dense(v, x, y), x before
+    y). A mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover v
+    coefficient by coefficient can hold it below (a bit per coefficient): the partners of x
+    are those covering what x does not (the same `need` is looked up once).
+
+    >>> _below_some_mix((5, 5), [(0, 10), (9, 0), (10, 0)]), _below_some_mix((5, 5), [(0, 10), (4, 9)])
+    (True, False)
+    """
+    full = (1 << len(v)) - 1
+    bits = [1 << k for k in range(len(v))]
+    covers = [sum(compress(bits, map(ge, x, v))) for x in others]
+    partners: dict[int, list[int]] = {}
+    for j, cover in enumerate(covers):
+        need = full & ~cover
+        found = partners.get(need)
+        if found is None:
+            found = partners[need] = [k for k, c in enumerate(covers) if c & need == need]
+        x = others[j]
+        for k in found[bisect_right(found, j):]:
+            if _below_mix_dense(v, x, others[k]):
+                return True
+    return False
 
 
 def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
@@ -400,9 +576,13 @@ def _below_mix_dense(v: tuple, v1: tuple, v2: tuple) -> bool:
     for c, c1, c2 in zip(v, v1, v2):
         slope, need = c1 - c2, c - c2  # lam * slope >= need
         if slope > 0:
-            lo = max(lo, need / slope)
+            bound = need / slope
+            if bound > lo:  # lo = max(lo, bound)
+                lo = bound
         elif slope < 0:
-            hi = min(hi, need / slope)
+            bound = need / slope
+            if bound < hi:  # hi = min(hi, bound)
+                hi = bound
         elif need > 0:
             return False
         if lo > hi:
@@ -468,11 +648,13 @@ class StepSimulator:
     def forward(self) -> None:
         """Run the forward program, holding saved tensors (or region inputs)."""
         mem, nodes = self.mem, self.g.nodes
-        holds = mem.holds
+        holds, hold, release, mark = mem.holds, mem.hold, mem.release, mem.mark
+        last_use = self._last_use
         mem.phase = "forward"
         expiring: dict[int, list[Storage]] = {}
         kept = {id(v.storage) for v in self.g.keep + self.g.leaves}
         self._region_inputs: dict[int, list[Storage]] = {}
+        self._region_held: dict[int, set[int]] = {}  # the ids of each region's list
         produced_in: dict[int, int | None] = {}
         fsdp, previous = self.fsdp, "root"
         mem.where = "forward start"
@@ -488,37 +670,50 @@ class StepSimulator:
                 else:
                     fsdp.post_forward(mem, group)
             new = [v.storage for v in node.outputs if id(v.storage) not in holds]  # not mem.alive
+            region = node.region
             for st in new:
-                mem.hold(st)
-                produced_in[id(st)] = node.region
-            mem.mark(node.name)
-            if node.region is None:
+                hold(st)
+                produced_in[id(st)] = region
+            mark(node.name)
+            if region is None:
                 for st in node.saved:
-                    mem.hold(st)
+                    hold(st)
             else:
                 self._hold_region_inputs(node, produced_in)
             for st in new:
                 key = id(st)
                 if key in kept:
                     continue
-                end = self._last_use.get(key, i)
-                expiring.setdefault(max(end, i), []).append(st)
-            for st in expiring.pop(i, []):
-                mem.release(st)
+                end = last_use.get(key, i)
+                end = i if end < i else end
+                found = expiring.get(end)
+                if found is None:
+                    expiring[end] = [st]
+                else:
+                    found.append(st)
+            for st in expiring.pop(i, ()):
+                release(st)
         mem.where = "forward end"
         if fsdp is not None:
             fsdp.root_post_forward(mem)
-        mem.mark("end of forward")
+        mark("end of forward")
 
     def _hold_region_inputs(self, node: Node, produced_in: dict) -> None:
-        held = self._region_inputs.setdefault(node.region, [])
+        region = node.region
+        held = self._region_inputs.get(region)
+        if held is None:
+            held = self._region_inputs[region] = []
+            self._region_held[region] = set()
+        ids, holds = self._region_held[region], self.mem.holds
         for v in node.inputs:
             st = v.storage
-            if v.is_param or produced_in.get(id(st), "outside") == node.region:
+            key = id(st)
+            if v.is_param or produced_in.get(key, "outside") == region:
                 continue
-            if any(st is h for h in held) or not self.mem.alive(st):
+            if key in ids or key not in holds:  # already held for the region, or not mem.alive
                 continue
             held.append(st)
+            ids.add(key)
             self.mem.hold(st)
 
     # ---- backward -------------------------------------------------------------------------
@@ -541,40 +736,33 @@ class StepSimulator:
         for i in range(len(nodes) - 1, -1, -1):
             node = nodes[i]
             mem.where = i
+            region = node.region
             if node.hook is not None:
                 kind, group = node.hook
                 if self.fsdp is not None and kind == "end":
                     self.fsdp.pre_backward(mem, group)
                 elif self.fsdp is not None:
                     self.fsdp.post_backward(mem, group, self.param_grads)
-                if node.region is not None and self._first_of_region(i):
-                    for st in self._region_inputs.get(node.region, []):
-                        mem.release(st)
+                if region is not None and self._first_of_region(i):
+                    self._release_region_inputs(region)
                 continue
-            incoming = [grads.pop(id(v), None) for v in node.outputs]
-            if all(g is None for g in incoming):
+            incoming = [g for g in [grads.pop(id(v), None) for v in node.outputs] if g is not None]
+            if not incoming:
                 # a region whose first op gets no gradient (a frozen q and k under LoRA, at one
                 # sequence with no reshape copy before q @ k^T) still ends here: checkpoint's
                 # frame drops its inputs once the region's saved tensors are released
-                if node.region is not None and self._first_of_region(i):
-                    for st in self._region_inputs.get(node.region, []):
-                        mem.release(st)
+                if region is not None and self._first_of_region(i):
+                    self._release_region_inputs(region)
                 continue
             # checkpoint's unpack hook recomputes at the first saved tensor backward needs:
             # region nodes that saved nothing (adds, casts, scalar muls) run before it (measured)
-            if node.region is not None and node.region not in started_regions and node.saved:
-                started_regions.add(node.region)
-                recomputed = self._recompute(node.region, i)
+            if region is not None and region not in started_regions and node.saved:
+                started_regions.add(region)
+                recomputed = self._recompute(region, i)
                 mem.where = i
-            def release_saved(node: Node=node, recomputed: dict[int, Storage]=recomputed):
-                for st in node.saved:
-                    mem.release(st if node.region is None else recomputed.get(id(st), st))
-
-            self._run_node(node, [g for g in incoming if g is not None], grads,
-                           release_saved)
-            if node.region is not None and self._first_of_region(i):
-                for st in self._region_inputs.get(node.region, []):
-                    mem.release(st)
+            self._run_node(node, incoming, grads, None if region is None else recomputed)
+            if region is not None and self._first_of_region(i):
+                self._release_region_inputs(region)
         mem.where = "backward end"
         for v in self.g.keep + self.g.leaves:
             mem.release(v.storage)
@@ -589,6 +777,10 @@ class StepSimulator:
         nodes = self.g.nodes
         return i == 0 or nodes[i - 1].region != nodes[i].region
 
+    def _release_region_inputs(self, region: int) -> None:
+        for st in self._region_inputs.get(region, ()):
+            self.mem.release(st)
+
     def _recompute(self, region: int, last: int) -> dict[int, Storage]:
         """Re-run the region's forward up to its last saving op (early stop); return
         original -> recomputed storage. The generated autograd code saves an op's inputs before
@@ -602,7 +794,8 @@ class StepSimulator:
         the recompute, the outermost autocast then, whose cache is cleared only when it exits
         (torch/utils/checkpoint.py, torch/amp/autocast_mode.py __exit__; measured: a
         checkpointed GPT-NeoX layer's bias casts, saved by no op, freed together at the stop)."""
-        mem, nodes = self.mem, self.g.nodes
+        mem, nodes, cached_casts = self.mem, self.g.nodes, self.g.cached_casts
+        hold, release, mark = mem.hold, mem.release, mem.mark
         first = trigger = last
         while first > 0 and nodes[first - 1].region == region:
             first -= 1
@@ -615,66 +808,88 @@ class StepSimulator:
                 last_use[id(v.storage)] = j
         copies: dict[int, Storage] = {}
         held: dict[int, int] = {}  # copy key -> index after which Python drops it
+        dropped: dict[int, list[int]] = {}  # index -> the keys of `held` dropped after it, in order
         for j in range(first, stop + 1):
             node = nodes[j]
             mem.where = (trigger, j)
             for v in node.outputs:
-                key = id(v.storage)
-                if key in copies or any(v.storage is u.storage for u in node.inputs):
+                st = v.storage
+                key = id(st)
+                if key in copies or any(st is u.storage for u in node.inputs):
                     continue  # already made, or a view of an input
-                if j == stop and not any(v.storage is st for st in node.saved):
+                if j == stop and not any(st is s for s in node.saved):
                     continue  # the last pack is of an input: the stop comes before the kernel
-                copies[key] = Storage(v.storage.size, "activations", "recomputed", v.storage.count)
-                mem.hold(copies[key])
-                held[key] = last + 1 if key in self.g.cached_casts else last_use.get(key, j)
-            mem.mark(f"recompute {node.name}")
+                copy = copies[key] = Storage(st.size, "activations", "recomputed", st.count)
+                hold(copy)
+                end = held[key] = last + 1 if key in cached_casts else last_use.get(key, j)
+                end = j if end < j else end  # dropped at the first index >= end from here
+                if end in dropped:  # (after `stop` when Python holds it: freed at the stop)
+                    dropped[end].append(key)
+                else:
+                    dropped[end] = [key]
+            mark(f"recompute {node.name}")
             for st in node.saved:
-                mem.hold(copies.get(id(st), st))
-            for key in [k for k, end in held.items() if end <= j]:
-                mem.release(copies[key])
+                hold(copies.get(id(st), st))
+            for key in dropped.pop(j, ()):
+                release(copies[key])
                 del held[key]
         for key in held:
-            mem.release(copies[key])
+            release(copies[key])
         return copies
 
     def _run_node(self, node: Node, incoming: list[Storage], grads: dict,
-                  release_saved: Callable[[], None]) -> None:
+                  recomputed: dict[int, Storage] | None) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
-        node's saved tensors, then deliver the grads (where sums happen)."""
+        node's saved tensors (their `recomputed` copies in a checkpoint region), then deliver
+        the grads (where sums happen)."""
         mem = self.mem
+        hold, mark = mem.hold, mem.mark
         temps: list[Storage] = []
         deliveries: list[tuple[Value, Storage]] = []
+        label = None
         for step in node.backward:
-            if isinstance(step, Temp):
-                st = Storage(step.size, "activation_grads", f"{node.name} temp")
-                mem.hold(st)
-                temps.append(st)
-                mem.mark(f"{node.name} backward")
-            elif isinstance(step, FreeTemps):
-                k = len(temps) if step.first is None else step.first
-                for st in temps[:k]:
-                    mem.release(st)
-                temps = temps[k:]
-            elif isinstance(step, Grad):
+            kind = type(step)
+            if kind is Grad:
                 target = node.inputs[step.index]
                 if not target.requires_grad:
                     continue
                 size = step.size or target.grad_size or target.size
+                count = target.storage.count
                 st = Storage(size, grad_category(target) if target.is_param else "activation_grads",
-                             f"grad {target.label}", _grad_count(target.storage.count, size))
-                mem.hold(st)
-                mem.mark(f"{node.name} backward")
+                             f"grad {target.label}", None if count is None else _grad_count(count, size))
+                hold(st)
+                if label is None:
+                    label = f"{node.name} backward"
+                mark(label)
                 deliveries.append((target, st))
-            elif isinstance(step, Alias):
+            elif kind is Alias:
                 target = node.inputs[step.index]
                 if target.requires_grad and incoming:
-                    mem.hold(incoming[0])
+                    hold(incoming[0])
                     deliveries.append((target, incoming[0]))
+            elif kind is Temp:
+                st = Storage(step.size, "activation_grads", f"{node.name} temp")
+                hold(st)
+                temps.append(st)
+                if label is None:
+                    label = f"{node.name} backward"
+                mark(label)
+            elif kind is FreeTemps:
+                k = len(temps) if step.first is None else step.first
+                for st in temps[:k]:
+                    mem.release(st)
+                temps = temps[k:]
+        release = mem.release
         for st in temps:
-            mem.release(st)
+            release(st)
         for st in incoming:
-            mem.release(st)
-        release_saved()
+            release(st)
+        if recomputed is None:
+            for st in node.saved:
+                release(st)
+        else:
+            for st in node.saved:
+                release(recomputed.get(id(st), st))
         for target, st in deliveries:
             self._deliver(target, st, grads)
 
