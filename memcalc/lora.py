@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -119,6 +118,10 @@ class LoRA(BaseModel):
         except ValidationError as err:
             e = from_pydantic(err, type(self).__name__)
             raise SpecError(f"lora.{e.field}", e.problem, e.fix or "see memcalc.LoRA's fields") from None
+        if self.layers is not None and self.targets == ALL_LINEAR:  # peft LoraConfig.__post_init__
+            raise SpecError("lora.layers", "layers_to_transform cannot be used with target_modules "
+                            "'all-linear' (peft: not when target_modules is a str)",
+                            "list the module names in targets, e.g. q_proj, v_proj")
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -232,9 +235,10 @@ class LoRA(BaseModel):
             raise SpecError("adapter_config.target_modules", "missing (peft would infer it per model)",
                             "list the target modules, e.g. [\"q_proj\", \"v_proj\"]")
         targets = data["target_modules"]
-        if isinstance(targets, str) and targets != ALL_LINEAR and not re.fullmatch(r"[\w.]+", targets):
-            raise NotModelledError("adapter_config.target_modules", f"regex {targets!r} is not modelled",
-                                   "list the module names instead")
+        if isinstance(targets, str) and targets != ALL_LINEAR:  # peft: re.fullmatch on each full name
+            raise NotModelledError("adapter_config.target_modules", f"the string {targets[:60]!r} is a regex "
+                                   "peft matches against each full module name (not a name suffix); not modelled",
+                                   "list the module names instead, e.g. [\"q_proj\", \"v_proj\"]")
         layers = data.get("layers_to_transform")
         return cls(rank=data.get("r", 8), alpha=data.get("lora_alpha", 8),
                    dropout=data.get("lora_dropout", 0.0), targets=targets,

@@ -110,8 +110,8 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
                       rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])))
     if (family, impl) == ("llama", "hf") and draw(st.booleans()):  # SmolLM3's NoPE layers
         fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
-    if impl == "hf" and family in ("llama", *GEMMAS):
-        fields.update(draw(_hf_variant(family, fields)))
+    if impl == "hf" and family in GEMMAS or (impl == "hf" and family == "llama" and "no_rope_layers" not in fields):
+        fields.update(draw(_hf_variant(family, fields)))  # HF SmolLM3 (NoPE) has no q/k norms or windows
     if family == "gpt_oss":  # alternating local/global layers (layer_types), a window always
         fields.update(sliding_window=draw(st.sampled_from([w for w in WINDOWS if w is not None])),
                       sliding_window_pattern=draw(st.integers(1, 3)))
@@ -244,9 +244,11 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
         layers = draw(st.sampled_from([None, "all"] + (["some"] if index_tied else [])))
         layers = {None: None, "all": tuple(range(model.num_layers)),
                   "some": tuple(range(0, model.num_layers, 2))}[layers]
+        targets = draw(st.sampled_from(["all-linear"] + LORA_TARGETS[family]))
+        layers = None if targets == "all-linear" else layers  # peft: no layers_to_transform with a str
         lora = LoRA(rank=draw(st.integers(1, 8)), alpha=draw(st.sampled_from([8, 16])),
                     dropout=draw(st.sampled_from([0.0, 0.1])),
-                    targets=draw(st.sampled_from(["all-linear"] + LORA_TARGETS[family])),
+                    targets=targets,
                     bias=draw(st.sampled_from(["none", "all", "lora_only"])), lora_bias=draw(st.booleans()),
                     layers=layers)
         groups.append({"lora": lora, **({"quantization": draw(st.sampled_from(["nf4", "nf4-double", "fp4"]))}

@@ -311,3 +311,20 @@ def test_lora_on_an_unmeasured_family_is_refused():
     with pytest.raises(NotModelledError) as err:
         estimate_peak(ModelSpec.preset(phi3[0]), _tc(lora=LoRA(targets="all-linear")))
     assert err.value.field == "lora"
+
+
+def test_what_peft_refuses_is_refused():
+    """peft 0.21 LoraConfig: layers_to_transform with a str target_modules raises; a str
+    target_modules is a regex full-matched against each full module name ('q_proj' matches no
+    'model.layers.0.self_attn.q_proj'), not a suffix (found by scripts/fresh_sweep.py: memcalc
+    gave a number for a LoRA step peft refused)."""
+    import pytest
+
+    from memcalc.errors import MemcalcError
+    from memcalc.lora import LoRA
+
+    with pytest.raises(MemcalcError, match="lora.layers"):
+        LoRA(targets="all-linear", layers=[0])
+    with pytest.raises(MemcalcError, match="target_modules"):
+        LoRA.from_peft_config({"r": 8, "target_modules": "q_proj"})
+    assert LoRA(targets=["q_proj"], layers=[0]).layers == (0,)

@@ -198,6 +198,9 @@ def _granite_config(spec) -> dict:
 
 def _smollm3_config(spec) -> dict:
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, spec.mlp_bias, "SmolLM3")
+    if spec.qk_norm or spec.sliding_window is not None:  # no HF class has NoPE layers with either
+        raise MemcalcError("no_rope_layers", "HF SmolLM3 (NoPE layers) is built without q/k norms and "
+                           "sliding windows", "drop qk_norm and sliding_window, or no_rope_layers")
     return dict(_llama_like_config(spec, "smollm3"), attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias,
                 no_rope_layers=[int(i not in spec.no_rope_layers) for i in range(spec.num_layers)],
                 use_sliding_window=False, sliding_window=None)
