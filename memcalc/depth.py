@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import Callable
 from operator import ge
 
 from memcalc.parallel.fsdp import padded_shard_bytes
@@ -46,7 +47,7 @@ from memcalc.tape.finetune_optim import BNB
 from memcalc.moe import is_worst
 from memcalc.param_view import ParamView, param_view  # noqa: F401 (param_view re-exported; memcalc.simulation reads it)
 from memcalc.tape.optimizer import clip_bytes
-from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
+from memcalc.tape.simulate import Memory, Moment, _below_mix_dense, prune_convex_dense
 
 FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
 N1, N2, N3 = 3, 4, 5
@@ -640,8 +641,17 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
     k = sum(1 for key in index or {} if key[0] == "mono")
+    # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
+    # the optimizer's temporaries to one or the other, so neither may stand for the other
+    phases = [(fam.phase, i) if fam.phase == "optimizer" else fam.phase for i, fam in enumerate(families)]
+    kept = None
     if index is not None and all(None not in f.totals for f in families):
-        dense = [_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in (f.totals for f in families)]
+        totals = [f.totals for f in families]
+        lifted = _lifted(totals, k)
+        if lifted is not None:
+            kept = _kept_packed(lifted, totals, k, phases)
+        else:
+            kept = _kept([_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in totals], phases)
     else:
         terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
         lifted = []
@@ -656,15 +666,134 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
         for terms in lifted:
             for key in terms:
                 columns.setdefault(key, len(columns))
-        dense = [tuple(terms.get(key, 0) for key in columns) for terms in lifted]
-    # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
-    # the optimizer's temporaries to one or the other, so neither may stand for the other
-    kept = _kept(dense, [(fam.phase, i) if fam.phase == "optimizer" else fam.phase
-                         for i, fam in enumerate(families)])
+        kept = _kept([tuple(terms.get(key, 0) for key in columns) for terms in lifted], phases)
     out = [fam for i, fam in enumerate(families) if i in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
+
+
+LIFT_BIAS = 180
+"""memcalc.depth._lifted: each coefficient of a lifted total is held as itself + 2**LIFT_BIAS in
+its Memory.TOTAL_SLOT bits, so under 2**LIFT_BIAS in size it leaves the slot's top bits clear
+(a guard bit for comparing all slots with one subtraction, and room for sums of slots)."""
+
+
+def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int], int] | None:
+    """The packed totals (Memory.packed_total) at N1 and N2 units of each family as one
+    integer of 2k slots, the coefficients of its total lifted to (b, s, n) (_unpack_dense(t1, k)
+    + _unpack_dense(t2 - t1, k), what _kept compares) each biased by 2**LIFT_BIAS, so that
+    one integer subtraction compares every coefficient (_kept_packed); with each one's sum of
+    coefficients and the guard bits. None where a coefficient is 2**LIFT_BIAS or more in size
+    (then _kept compares the tuples).
+
+    >>> t1, t2 = 5 - (3 << Memory.TOTAL_SLOT), 7 - (3 << Memory.TOTAL_SLOT)
+    >>> xs, sums, guard = _lifted([(t1, t2)], 2)
+    >>> sums, _unpack_dense(xs[0] - (guard >> (Memory.TOTAL_SLOT - 1 - LIFT_BIAS)), 4)
+    ([4], (5, -3, 2, 0))
+    """
+    slot, width = Memory.TOTAL_SLOT, Memory.TOTAL_SLOT * k
+    if 2 * k >= 1 << (slot - 2 - LIFT_BIAS):
+        return None
+    ones = sum(1 << (slot * i) for i in range(2 * k))  # 1 in every slot
+    bias, guard = ones << LIFT_BIAS, ones << (slot - 1)
+    clear = ones * (((1 << slot) - 1) ^ ((1 << (LIFT_BIAS + 1)) - 1))  # bits LIFT_BIAS+1 .. slot-1
+    low, top, bias_k, modulus = (1 << width) - 1, 1 << (2 * width), bias & ((1 << width) - 1), (1 << slot) - 1
+    xs, sums = [], []
+    for t1, t2 in totals:
+        x = t1 + ((t2 - t1) << width) + bias
+        if not 0 <= x < top or x & clear or (x & low) - bias_k != t1:
+            return None
+        xs.append(x)
+        # the coefficients' sum: t2 = t1 + (t2 - t1) is the sum of digits * 2**(slot * i), and
+        # 2**slot is 1 modulo 2**slot - 1; every digit under 2**LIFT_BIAS, the sum is too small
+        # for the modulus to wrap it (2k slots, k monomials: far under 2**(slot - 2 - LIFT_BIAS))
+        r = t2 % modulus
+        sums.append(r - modulus if r > modulus >> 1 else r)
+    return xs, sums, guard
+
+
+def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[int, int]], k: int,
+                 phases: list) -> set[int]:
+    """_kept on the integers of _lifted: the same order (largest sum first, step order among
+    equal ones), the same dominance test (x >= v in every slot: (x | guard) - v keeps every guard
+    bit, no slot borrowing from the next, each biased coefficient under 2**(slot - 1)) and the
+    same convex pruning (_Pruning, prune_convex_dense's). A new total is never above a kept one
+    without being equal to it (the kept ones' sums are at least its own), so _kept's removal of
+    the kept ones below it has nothing to remove here."""
+    xs, sums, guard = lifted
+    dense: dict[int, tuple] = {}
+
+    def tuple_of(i: int) -> tuple:
+        found = dense.get(i)
+        if found is None:
+            t1, t2 = totals[i]
+            found = dense[i] = _unpack_dense(t1, k) + _unpack_dense(t2 - t1, k)
+        return found
+
+    frontiers: dict[object, _Pruning] = {}
+    guarded: dict[object, list[int]] = {}  # the frontier's integers, guard bits set
+    for i in sorted(range(len(xs)), key=lambda i: -sums[i]):
+        phase, v = phases[i], xs[i]
+        above = guarded.get(phase)
+        if above is None:
+            above = guarded[phase] = []
+            frontiers[phase] = _Pruning(tuple_of)
+        if any((x - v) & guard == guard for x in above):
+            continue
+        frontier = frontiers[phase]
+        frontier.kept.append(i)
+        above.append(v | guard)
+        if len(frontier.kept) >= Memory.PRUNE_AT:
+            frontier.prune()
+            above[:] = [xs[j] | guard for j in frontier.kept]
+    return {i for frontier in frontiers.values() for i in frontier.kept}
+
+
+class _Pruning:
+    """One frontier of _kept_packed and its convex pruning, prune_convex_dense's result (the
+    same test of each kept total, in the same order, against every pair of the others) without
+    repeating what an earlier pruning showed: a total that stayed was under no mix of two
+    others then (each pair failed), those that stayed with it are among them, and a frontier
+    only grows between prunings, so only the pairs with a total added since are tested again."""
+
+    def __init__(self, tuple_of: Callable[[int], tuple]) -> None:
+        self.kept: list[int] = []
+        self.settled: set[int] = set()
+        """The totals left by the last pruning: no pair of these holds one of them below it."""
+        self._tuple = tuple_of
+        self._covers: dict[tuple[int, int], int] = {}
+
+    def _cover(self, x: int, v: int) -> int:
+        """prune_convex_dense's bit mask of the coefficients where total x is at least v."""
+        found = self._covers.get((x, v))
+        if found is None:
+            found = self._covers[x, v] = sum(1 << k for k, (a, c) in enumerate(zip(self._tuple(x), self._tuple(v)))
+                                             if a >= c)
+        return found
+
+    def prune(self) -> None:
+        """prune_convex_dense on the kept totals (in the same order, the same test, the same
+        ones dropped)."""
+        kept, settled, cover = self.kept, self.settled, self._cover
+        full = (1 << len(self._tuple(kept[0]))) - 1
+        tuple_of, i = self._tuple, 0
+        while i < len(kept):
+            b = kept[i]
+            others = kept[:i] + kept[i + 1:]
+            n, covers = len(others), [cover(x, b) for x in others]
+            if b in settled:  # the pairs with a total added since the last pruning
+                fresh = [j for j in range(n) if others[j] not in settled]
+                pairs: object = {(min(j, f), max(j, f)) for f in fresh for j in range(n) if j != f}
+            else:
+                pairs = ((j, m) for j in range(n) for m in range(j + 1, n))
+            v = tuple_of(b)
+            if any(covers[j] | covers[m] == full and _below_mix_dense(v, tuple_of(others[j]), tuple_of(others[m]))
+                   for j, m in pairs):
+                kept.pop(i)
+            else:
+                i += 1
+        self.settled = set(kept)
 
 
 def _kept(dense: list[tuple], phases: list) -> set[int]:
