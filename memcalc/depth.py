@@ -268,27 +268,47 @@ def _label_at(first: str, second: str, n: int) -> str:
     return "".join(out)
 
 
-@dataclass
 class Family:
     """One instant of the step (before the stack, in one of the ENDS units, after it) at every
     depth: its live storages at N1 units and what each unit more adds."""
 
-    phase: str
-    where: object
-    labels: tuple[str, str]
-    cats: tuple[str, ...]
-    """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
-    base: Vec
-    second: Vec
-    """Its live storages at N2 units: `step` is what each unit more adds (computed when first
-    read: most instants fall under others and never need it)."""
-    totals: tuple = (None, None)
-    """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
+    __slots__ = ("phase", "where", "labels", "cats", "_vecs", "totals", "_step_vec", "_numbers")
+
+    def __init__(self, phase: str, where: object, labels: tuple[str, str], cats: tuple[str, ...],
+                 base: Vec | tuple, second: Vec | tuple, totals: tuple = (None, None)) -> None:
+        self.phase, self.where, self.labels = phase, where, labels
+        self.cats = cats
+        """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
+        self._vecs = [base, second]
+        """`base` and `second`, each a Vec or, recorded, (StepRun.live, stamp, packed): read
+        back when first needed (most instants fall under others and never need theirs)."""
+        self.totals = totals
+        """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
+        self._step_vec: Vec | None = None
+        self._numbers: tuple = ()
+
+    def _vec(self, i: int) -> Vec:
+        v = self._vecs[i]
+        if not isinstance(v, dict):
+            read, stamp, packed = v
+            v = self._vecs[i] = read(stamp, packed)
+        return v
+
+    @property
+    def base(self) -> Vec:
+        """Its live storages at N1 units."""
+        return self._vec(0)
+
+    @property
+    def second(self) -> Vec:
+        """Its live storages at N2 units: `step` is what each unit more adds (computed when
+        first read)."""
+        return self._vec(1)
 
     @property
     def step(self) -> Vec:
         """What each unit more adds to its live storages."""
-        found = self.__dict__.get("_step_vec")
+        found = self._step_vec
         if found is None:
             found = self._step_vec = combine(self.second, self.base, 1, -1)
         return found
@@ -299,12 +319,11 @@ class Family:
 
     def expanded(self, sizes: dict) -> None:
         """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
-        self._base = expand(self.base, self.cats, sizes)
-        self._step = expand(self.step, self.cats, sizes)
+        self._numbers = (expand(self.base, self.cats, sizes), expand(self.step, self.cats, sizes))
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
-        (total, cats, counts), (d_total, d_cats, d_counts), x = self._base, self._step, n - N1
+        ((total, cats, counts), (d_total, d_cats, d_counts)), x = self._numbers, n - N1
         live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
         if any(c < 0 for c in live.values()):
             raise NotRepeating("a negative number of storages")
@@ -341,13 +360,15 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
              for i, k in enumerate(keys)]
     if not len(alone[0]) == len(alone[1]) == len(alone[2]):
         raise NotRepeating("storage sizes that do not pair across depths")
+    if alone[0]:  # every mark's live storages read back, its `packed` stale once rewritten
+        for run in runs:
+            run.moments = [entry[:3] + (run.live(*entry[3:5]), None) + entry[5:] for entry in run.moments]
     for i, (k1, k2, k3) in enumerate(zip(*alone)):
         p1, p2, p3 = (run.sizes[k] for run, k in zip(runs, (k1, k2, k3)))
         if (p2 - p1).terms != (p3 - p2).terms:
             raise NotRepeating("a storage whose size is not affine in depth")
         sizes["grow", i], sizes["grow-d", i] = p1, p2 - p1
         for run, k, n in zip(runs, (k1, k2, k3), (N1, N2, N3)):
-            run.moments = [entry[:4] + (None,) + entry[5:] for entry in run.moments]  # stale `packed`
             for _, _, _, live, _, _ in run.moments:
                 for cat, size in [key for key in live if key[1] == k]:
                     c = live.pop((cat, size))
@@ -388,8 +409,9 @@ def _positions(run: StepRun, lay: Layout, n: int):
 
 
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
-    """{family key: {unit or None: (label, categories, live storages)}} of a recorded run, and
-    the (key, unit) step order."""
+    """{family key: {unit or None: (label, categories, live storages, packed, packed total)}}
+    of a recorded run, and the (key, unit) step order; the live storages are a Vec where
+    `packed` is None (_growing), else the mark's stamp (StepRun.live reads them back)."""
     where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
     order = []
@@ -577,6 +599,7 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
     """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
     found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
     (f1, _), (f2, _), (f3, order3) = found
+    read1, read2 = runs[0].live, runs[1].live
     if set(f1) != set(f2) or set(f1) != set(f3):
         raise NotRepeating("different instants at different depths")
     derived: dict[tuple, Family] = {}
@@ -588,8 +611,8 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
             (l1, c1, v1, p1, t1), (l2, c2, v2, p2, t2), (l3, c3, v3, p3, _) = (
                 fams[key][end if end is None else end % n]
                 for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
-            fam = Family(key[0], key[2], (l1, l2), c1, v1, v2)
-            fam.totals = (t1, t2)
+            fam = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
+                         v2 if p2 is None else (read2, v2, p2), (t1, t2))
             if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
                     or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")

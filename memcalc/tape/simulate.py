@@ -16,6 +16,7 @@ A moment is kept unless another moment of the same phase dominates it for every 
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from operator import ge
 from typing import TYPE_CHECKING, Callable
@@ -66,7 +67,7 @@ class Memory:
         storage counts as its size plus the most rounding can add to it (count_slack) and is
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
         self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
+        self.sizes: dict[int, tuple] = {}  # storage, size, category, size terms (record: storage, _recorded_key)
         self._total: dict = {}
         """The live bytes' coefficients {monomial: c}, updated in place (no Poly per hold)."""
         self._by_category: dict[str, dict] = {}
@@ -94,10 +95,19 @@ class Memory:
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
         self.micro = 0
         self.log: list[tuple] | None = [] if record is not False else None
-        """With record: every mark, unpruned, in order, as (key, label, categories seen, live
-        storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
-        {(category, size terms): how many} (every number of a moment is linear in these)."""
+        """With record: every mark, unpruned, in order, as (key, label, categories seen, stamp,
+        `packed`, `packed_total`): key (phase, micro, where, n-th mark there); the live storages
+        {(category, size terms): how many} (every number of a moment is linear in these) are
+        `packed`, which `recorded_live` reads back (the stamp: how many activations before)."""
         self.live: dict[tuple, int] = {}
+        """With record: live storages {(category, size terms): how many}, in the order each
+        became live (of those alive now)."""
+        self._activations: dict[tuple, list[int]] = {}
+        """With record: (category, size terms) -> the stamps at which it became live (0 to 1)."""
+        self._stamp = 0
+        self._cats: tuple[str, ...] = ()  # with record: the categories seen, in order
+        self._recorded: dict[tuple[int, str], tuple] = {}
+        """With record: (id(size Poly), category) -> what holding it changes (_recorded_key)."""
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
@@ -110,6 +120,8 @@ class Memory:
         """The live counts as one integer, count << index[key] summed: linear like them, so
         memcalc.depth compares linear combinations of instants with one integer equality."""
         self._seen: dict[tuple, int] = {}
+        if record is not False:  # the record mode's own hold, release and mark
+            self.hold, self.release, self.mark = self._hold_recorded, self._release_recorded, self._mark_recorded
 
     @property
     def moments(self) -> list[Moment]:
@@ -179,24 +191,6 @@ class Memory:
             entry = self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
         entry[1] += 1
-        if self.log is not None:  # the totals follow from the live storages
-            live, both = self.live, (cat, size_key)
-            live[both] = live.get(both, 0) + 1
-            bit = self._bits.get(both)
-            if bit is None:
-                self._category(cat)
-                shift = self.index.get(both)
-                if shift is None:
-                    shift = self.index[both] = self.SLOT * len(self.index)
-                bit = self._bits[both] = 1 << shift
-            self.packed += bit
-            if self.packed_total is not None:
-                size_total = self._packed_sizes.get(size_key)
-                if size_total is None:
-                    size_total = self._packed_size(size_key)  # may turn packed_total off
-                if self.packed_total is not None:
-                    self.packed_total += size_total
-            return
         if size_key and rounded:  # a moment's `sizes` leave out zero sizes
             self._live_keys[size_key] = entry[1]
         self._add(cat, size.terms, 1)
@@ -231,15 +225,6 @@ class Memory:
             rounded = st.count is None
             entry = self.size_counts[size_key] if rounded else [size, 1]
             entry[1] -= 1
-            if self.log is not None:
-                both = (cat, size_key)
-                live = self.live[both] = self.live[both] - 1
-                if not live:
-                    del self.live[both]
-                self.packed -= self._bits[both]
-                if self.packed_total is not None:
-                    self.packed_total -= self._packed_sizes[size_key]
-                return
             if not rounded:
                 pass
             elif entry[1]:
@@ -270,12 +255,6 @@ class Memory:
         """Record this instant as a candidate for the peak, unless a kept moment of the same
         phase is at least as large at every shape (in record mode: every instant, keyed). The
         comparisons run on dense coefficient tuples (keep's test, Poly.dominates)."""
-        if self.log is not None:
-            where = (self.phase, self.micro, self.where)
-            n = self._seen[where] = self._seen.get(where, -1) + 1
-            self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
-                             self.packed_total))
-            return
         phase, total = self.phase, self._total
         frontier = self.frontiers.get(phase)
         if frontier is None:
@@ -296,6 +275,127 @@ class Memory:
             kept = prune_convex_dense(dense)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
+
+    # ---- record mode (memcalc.depth) ------------------------------------------------------
+    def _recorded_key(self, size: Poly, cat: str, rounded: bool) -> tuple:
+        """(live key, its bit in `packed`, size_counts entry or None, its size terms) of storages
+        of this size Poly and category, first held now: numbered in the shared index, the
+        category seen, the size's packed total made (which may turn packed_total off)."""
+        size_key = self._size_key(size)  # keeps the Poly, so its id is never reused
+        entry = None
+        if rounded:
+            entry = self.size_counts.get(size_key)
+            if entry is None:
+                entry = self.size_counts[size_key] = [size, 0]
+                self._order[size_key] = len(self._order)
+        both = (cat, size_key)
+        bit = self._bits.get(both)
+        if bit is None:
+            self._category(cat)
+            self._cats = tuple(self._by_category)
+            shift = self.index.get(both)
+            if shift is None:
+                shift = self.index[both] = self.SLOT * len(self.index)
+            bit = self._bits[both] = 1 << shift
+        if self.packed_total is not None and size_key not in self._packed_sizes:
+            self._packed_size(size_key)
+        return both, bit, entry, size_key
+
+    def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
+        """hold in record mode: the live storages counted (`live`, `packed`, `packed_total`)."""
+        key = id(st)
+        holds = self.holds
+        if key in holds:
+            holds[key] += 1
+            return
+        cat = category or st.category
+        holds[key] = 1
+        size = st.size
+        if st.count is not None:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            rec = self._recorded_key(size, cat, False)
+        else:
+            rec = self._recorded.get((id(size), cat))
+            if rec is None:
+                rec = self._recorded[id(size), cat] = self._recorded_key(size, cat, True)
+        both, bit, entry, size_key = rec
+        self.sizes[key] = (st, rec)
+        if entry is not None:
+            entry[1] += 1
+        live = self.live
+        c = live.get(both, 0)
+        live[both] = c + 1
+        if not c:
+            self._stamp += 1
+            found = self._activations.get(both)
+            if found is None:
+                self._activations[both] = [self._stamp]
+            else:
+                found.append(self._stamp)
+        self.packed += bit
+        if self.packed_total is not None:
+            size_total = self._packed_sizes.get(size_key)
+            if size_total is None:
+                size_total = self._packed_size(size_key)  # may turn packed_total off
+            if self.packed_total is not None:
+                self.packed_total += size_total
+
+    def _release_recorded(self, st: Storage) -> None:
+        """release in record mode."""
+        key = id(st)
+        holds = self.holds
+        holds[key] -= 1
+        if holds[key] == 0:
+            del holds[key]
+            both, bit, entry, size_key = self.sizes.pop(key)[1]
+            if entry is not None:
+                entry[1] -= 1
+            live = self.live[both] = self.live[both] - 1
+            if not live:
+                del self.live[both]
+            self.packed -= bit
+            if self.packed_total is not None:
+                self.packed_total -= self._packed_sizes[size_key]
+
+    def _mark_recorded(self, label: str) -> None:
+        """mark in record mode: every instant, keyed (Memory.log)."""
+        where = (self.phase, self.micro, self.where)
+        n = self._seen[where] = self._seen.get(where, -1) + 1
+        self.log.append((where + (n,), label, self._cats, self._stamp, self.packed, self.packed_total))
+
+    def recorded_live(self) -> "RecordedLive":
+        """What reads a recorded mark's live storages back from its stamp and `packed`."""
+        return RecordedLive(self.index, self._activations)
+
+
+class RecordedLive:
+    """A recorded mark's live storages {(category, size terms): how many}, read back from its
+    `packed` counts, in the order they had in Memory.live then: by when each became live last
+    (its latest activation up to the mark's stamp).
+
+    >>> from memcalc.tape.graph import Storage
+    >>> a, b = Storage(Poly.bs(2), "activations", "a"), Storage(Poly.const(4), "weights", "w")
+    >>> mem = Memory(record=True)
+    >>> mem.hold(a); mem.hold(b); mem.hold(a); mem.release(a); mem.release(a); mem.mark("x"); mem.hold(a)
+    >>> _, _, cats, stamp, packed, _ = mem.log[0]
+    >>> cats, mem.recorded_live()(stamp, packed)
+    (('activations', 'weights'), {('weights', (((0, 0), 4),)): 1})
+    """
+
+    def __init__(self, index: dict[tuple, int], activations: dict[tuple, list[int]]) -> None:
+        self._slots = [(shift // 8, key) for key, shift in index.items() if key[0] != "mono"]
+        self._activations = activations
+
+    def __call__(self, stamp: int, packed: int) -> dict:
+        data = packed.to_bytes((packed.bit_length() + 7) // 8 + Memory.SLOT // 8, "little")
+        width, found = Memory.SLOT // 8, []
+        for at, key in self._slots:
+            c = int.from_bytes(data[at:at + width], "little")
+            if c:
+                stamps = self._activations[key]
+                found.append((stamps[bisect_right(stamps, stamp) - 1], key, c))
+        found.sort()
+        return {key: c for _, key, c in found}
 
 
 def keep(frontier: list[Moment], total: Poly) -> bool:
