@@ -88,7 +88,7 @@ class Memory:
         """Per phase, the totals of the kept moments (`frontiers`) as tuples over `_monos`."""
         self.frontiers: dict[str, list[Moment]] = {}
         self.phase = "setup"
-        self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it]
+        self.size_counts: dict[tuple, list] = {}  # size terms -> [Poly, live storages of it (0 in record mode)]
         self._keys: dict[int, tuple[Poly, tuple]] = {}  # id(size Poly) -> (it, its size terms)
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
@@ -107,7 +107,8 @@ class Memory:
         self._stamp = 0
         self._cats: tuple[str, ...] = ()  # with record: the categories seen, in order
         self._recorded: dict[tuple[int, str], tuple] = {}
-        """With record: (id(size Poly), category) -> what holding it changes (_recorded_key)."""
+        """With record: (id(size Poly), category) -> what holding a storage of it changes
+        (_recorded_key)."""
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
@@ -277,29 +278,34 @@ class Memory:
             dense[:] = [dense[i] for i in kept]
 
     # ---- record mode (memcalc.depth) ------------------------------------------------------
-    def _recorded_key(self, size: Poly, cat: str, rounded: bool) -> tuple:
-        """(live key, its bit in `packed`, size_counts entry or None, its size terms) of storages
-        of this size Poly and category, first held now: numbered in the shared index, the
-        category seen, the size's packed total made (which may turn packed_total off)."""
-        size_key = self._size_key(size)  # keeps the Poly, so its id is never reused
-        entry = None
-        if rounded:
-            entry = self.size_counts.get(size_key)
-            if entry is None:
-                entry = self.size_counts[size_key] = [size, 0]
-                self._order[size_key] = len(self._order)
+    def _recorded_key(self, size: Poly, cat: str, rounded: bool = True) -> tuple:
+        """(live key, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
+        Poly and category, cached by the Poly's id (_size_key keeps it, so the id is never
+        reused); the key numbered in the shared index, its category seen and its size in
+        size_counts (rounded ones) when first held, in hold's order."""
+        size_key = self._size_key(size)
+        if rounded and size_key not in self.size_counts:  # (record mode keeps no counts there)
+            self.size_counts[size_key] = [size, 0]
+            self._order[size_key] = len(self._order)
         both = (cat, size_key)
         bit = self._bits.get(both)
         if bit is None:
             self._category(cat)
             self._cats = tuple(self._by_category)
+            self._activations[both] = []
             shift = self.index.get(both)
             if shift is None:
                 shift = self.index[both] = self.SLOT * len(self.index)
             bit = self._bits[both] = 1 << shift
-        if self.packed_total is not None and size_key not in self._packed_sizes:
-            self._packed_size(size_key)
-        return both, bit, entry, size_key
+        total = 0
+        if self.packed_total is not None:
+            total = self._packed_sizes.get(size_key)
+            if total is None:
+                total = self._packed_size(size_key)  # may turn packed_total off
+        rec = (both, bit, total)
+        if rounded:
+            self._recorded[id(size), cat] = rec
+        return rec
 
     def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
         """hold in record mode: the live storages counted (`live`, `packed`, `packed_total`)."""
@@ -308,59 +314,54 @@ class Memory:
         if key in holds:
             holds[key] += 1
             return
-        cat = category or st.category
         holds[key] = 1
         size = st.size
-        if st.count is not None:  # one expert's, in a 'worst' bound: its rounding at its most
-            size = size + Poly.const(count_slack(size, st.count, self.granularity))
-            rec = self._recorded_key(size, cat, False)
-        else:
-            rec = self._recorded.get((id(size), cat))
+        if st.count is None:
+            rec = self._recorded.get((id(size), category or st.category))
             if rec is None:
-                rec = self._recorded[id(size), cat] = self._recorded_key(size, cat, True)
-        both, bit, entry, size_key = rec
+                rec = self._recorded_key(size, category or st.category)
+        else:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            rec = self._recorded_key(size, category or st.category, False)
         self.sizes[key] = (st, rec)
-        if entry is not None:
-            entry[1] += 1
+        both, bit, total = rec
         live = self.live
-        c = live.get(both, 0)
-        live[both] = c + 1
-        if not c:
-            self._stamp += 1
-            found = self._activations.get(both)
-            if found is None:
-                self._activations[both] = [self._stamp]
-            else:
-                found.append(self._stamp)
+        c = live.get(both)
+        if c is None:
+            live[both] = 1
+            self._stamp = stamp = self._stamp + 1
+            self._activations[both].append(stamp)
+        else:
+            live[both] = c + 1
         self.packed += bit
         if self.packed_total is not None:
-            size_total = self._packed_sizes.get(size_key)
-            if size_total is None:
-                size_total = self._packed_size(size_key)  # may turn packed_total off
-            if self.packed_total is not None:
-                self.packed_total += size_total
+            self.packed_total += total
 
     def _release_recorded(self, st: Storage) -> None:
         """release in record mode."""
         key = id(st)
         holds = self.holds
-        holds[key] -= 1
-        if holds[key] == 0:
-            del holds[key]
-            both, bit, entry, size_key = self.sizes.pop(key)[1]
-            if entry is not None:
-                entry[1] -= 1
-            live = self.live[both] = self.live[both] - 1
-            if not live:
-                del self.live[both]
-            self.packed -= bit
-            if self.packed_total is not None:
-                self.packed_total -= self._packed_sizes[size_key]
+        c = holds[key] - 1
+        if c:
+            holds[key] = c
+            return
+        del holds[key]
+        both, bit, total = self.sizes.pop(key)[1]
+        live = self.live
+        c = live[both] - 1
+        if c:
+            live[both] = c
+        else:
+            del live[both]
+        self.packed -= bit
+        if self.packed_total is not None:
+            self.packed_total -= total
 
     def _mark_recorded(self, label: str) -> None:
         """mark in record mode: every instant, keyed (Memory.log)."""
-        where = (self.phase, self.micro, self.where)
-        n = self._seen[where] = self._seen.get(where, -1) + 1
+        where, seen = (self.phase, self.micro, self.where), self._seen
+        n = seen.get(where, -1) + 1
+        seen[where] = n
         self.log.append((where + (n,), label, self._cats, self._stamp, self.packed, self.packed_total))
 
     def recorded_live(self) -> "RecordedLive":
