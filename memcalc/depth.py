@@ -409,13 +409,15 @@ def _positions(run: StepRun, lay: Layout, n: int):
 
 
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
-    """{family key: {unit or None: (label, categories, live storages, packed, packed total)}}
-    of a recorded run, and the (key, unit) step order; the live storages are a Vec where
-    `packed` is None (_growing), else the mark's stamp (StepRun.live reads them back)."""
+    """{family key: {unit or None: its mark}} of a recorded run (Memory.log's entries: key,
+    label, categories, live storages, packed, packed total; the live storages a Vec where
+    `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
+    (key, unit) step order."""
     where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
     order = []
-    for (phase, micro, w, count), label, cats, live, packed, total in run.moments:
+    for entry in run.moments:
+        phase, micro, w, count = entry[0]
         found = cache.get(w)
         if found is None:  # each mark's place is looked up once per node (forward, backward)
             found = cache[w] = where(w)
@@ -426,10 +428,10 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
             members = out[key] = {}
         elif j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = (label, cats, live, packed, total)
+        members[j] = entry
         order.append((key, j))
     for key, members in out.items():
-        if None not in members and any(j not in members for j in range(2, n - 2)):
+        if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
     return out, order
 
@@ -600,25 +602,32 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
     found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
     (f1, _), (f2, _), (f3, order3) = found
     read1, read2 = runs[0].live, runs[1].live
-    if set(f1) != set(f2) or set(f1) != set(f3):
+    if f1.keys() != f2.keys() or f1.keys() != f3.keys():
         raise NotRepeating("different instants at different depths")
     derived: dict[tuple, Family] = {}
+    every = tuple(zip(ENDS, *([e % n for e in ENDS] for n in (N1, N2, N3))))
     for key, members in f1.items():
-        absent = frozenset() if None in members else _absent(members, N1)
-        if None not in members and not absent == _absent(f2[key], N2) == _absent(f3[key], N3):
-            raise NotRepeating(f"instant {key} in different units at different depths")
-        for end in [None] if None in members else [e for e in ENDS if e not in absent]:
-            (l1, c1, v1, p1, t1), (l2, c2, v2, p2, t2), (l3, c3, v3, p3, _) = (
-                fams[key][end if end is None else end % n]
-                for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
-            fam = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
-                         v2 if p2 is None else (read2, v2, p2), (t1, t2))
-            if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
-                    or not c1 == c2 == c3:
+        m2, m3 = f2[key], f3[key]
+        if None in members:
+            ends: object = ((None, None, None, None),)
+        elif len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
+            ends = every
+        else:
+            absent = _absent(members, N1)
+            if not absent == _absent(m2, N2) == _absent(m3, N3):
+                raise NotRepeating(f"instant {key} in different units at different depths")
+            ends = [e for e in every if e[0] not in absent]
+        for end, j1, j2, j3 in ends:
+            (_, l1, c1, v1, p1, t1), (_, l2, c2, v2, p2, t2), (_, l3, c3, v3, p3, _) = members[j1], m2[j2], m3[j3]
+            if p1 is not None and p2 is not None and p3 is not None:
+                on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
+            else:
+                on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
+            if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
-            derived[key, end] = fam
-    for (fams, _), n in zip(found, (N1, N2, N3)):
-        _check_middle(fams, n)
+            derived[key, end] = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
+                                       v2 if p2 is None else (read2, v2, p2), (t1, t2))
+    _check_middle(f3, N3)  # (N1 and N2 units have no middle unit between the second and second-last)
     ends = {end % N3: end for end in ENDS}
     return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
 
@@ -856,16 +865,21 @@ def _on_line(u: tuple, v: tuple, w: tuple, x: int, y: int, z: int) -> bool:
 def _check_middle(fams: dict, n: int) -> None:
     """Every middle unit's instant is the interpolation of the second and the second-last
     unit's: (n-3) * M_j == (n-2-j) * M_1 + (j-1) * M_(n-2), so the largest is at an end."""
+    if n <= 4:
+        return
     for key, members in fams.items():
         if None in members:
             continue
-        if n <= 4:
-            continue
         if 1 not in members or n - 2 not in members:
             raise NotRepeating(f"instant {key} in the middle units only")
-        first, last = members[1][2:4], members[n - 2][2:4]
+        first, last = members[1], members[n - 2]
         for j in range(2, n - 2):
-            if not _on_line(first, members[j][2:4], last, n - 2 - j, j - 1, n - 3):
+            mid = members[j]
+            if first[4] is not None and mid[4] is not None and last[4] is not None:  # _on_line's test
+                on_line = (n - 2 - j) * first[4] + (j - 1) * last[4] == (n - 3) * mid[4]
+            else:
+                on_line = _on_line(first[3:5], mid[3:5], last[3:5], n - 2 - j, j - 1, n - 3)
+            if not on_line:
                 raise NotRepeating(f"instant {key} not affine across units")
 
 
