@@ -770,7 +770,7 @@ def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[in
         above = guarded.get(phase)
         if above is None:
             above = guarded[phase] = []
-            frontiers[phase] = _Pruning(tuple_of)
+            frontiers[phase] = _Pruning(xs, guard, tuple_of)
         if any((x - v) & guard == guard for x in above):
             continue
         frontier = frontiers[phase]
@@ -787,40 +787,33 @@ class _Pruning:
     same test of each kept total, in the same order, against every pair of the others) without
     repeating what an earlier pruning showed: a total that stayed was under no mix of two
     others then (each pair failed), those that stayed with it are among them, and a frontier
-    only grows between prunings, so only the pairs with a total added since are tested again."""
+    only grows between prunings, so only the pairs with a total added since are tested again.
+    prune_convex_dense's masks of the coefficients where one total is at least another are the
+    guard bits of _kept_packed's subtraction (one bit per coefficient, in other places)."""
 
-    def __init__(self, tuple_of: Callable[[int], tuple]) -> None:
+    def __init__(self, xs: list[int], guard: int, tuple_of: Callable[[int], tuple]) -> None:
         self.kept: list[int] = []
         self.settled: set[int] = set()
         """The totals left by the last pruning: no pair of these holds one of them below it."""
-        self._tuple = tuple_of
-        self._covers: dict[tuple[int, int], int] = {}
-
-    def _cover(self, x: int, v: int) -> int:
-        """prune_convex_dense's bit mask of the coefficients where total x is at least v."""
-        found = self._covers.get((x, v))
-        if found is None:
-            found = self._covers[x, v] = sum(1 << k for k, (a, c) in enumerate(zip(self._tuple(x), self._tuple(v)))
-                                             if a >= c)
-        return found
+        self._xs, self._guard, self._tuple = xs, guard, tuple_of
 
     def prune(self) -> None:
         """prune_convex_dense on the kept totals (in the same order, the same test, the same
         ones dropped)."""
-        kept, settled, cover = self.kept, self.settled, self._cover
-        full = (1 << len(self._tuple(kept[0]))) - 1
-        tuple_of, i = self._tuple, 0
+        kept, settled, xs, full, tuple_of = self.kept, self.settled, self._xs, self._guard, self._tuple
+        i = 0
         while i < len(kept):
             b = kept[i]
             others = kept[:i] + kept[i + 1:]
-            n, covers = len(others), [cover(x, b) for x in others]
+            v = xs[b]
+            n, covers = len(others), [((xs[x] | full) - v) & full for x in others]
             if b in settled:  # the pairs with a total added since the last pruning
                 fresh = [j for j in range(n) if others[j] not in settled]
                 pairs: object = {(min(j, f), max(j, f)) for f in fresh for j in range(n) if j != f}
             else:
                 pairs = ((j, m) for j in range(n) for m in range(j + 1, n))
-            v = tuple_of(b)
-            if any(covers[j] | covers[m] == full and _below_mix_dense(v, tuple_of(others[j]), tuple_of(others[m]))
+            dense = tuple_of(b)
+            if any(covers[j] | covers[m] == full and _below_mix_dense(dense, tuple_of(others[j]), tuple_of(others[m]))
                    for j, m in pairs):
                 kept.pop(i)
             else:
