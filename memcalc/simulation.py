@@ -123,7 +123,7 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
 
         states: dict = {}
         for st in getattr(out, "state_storages", ()):
-            key = (st.category, tuple(sorted(st.size.terms.items())))  # Memory.live's key
+            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.simulate.RecordedLive)
             states[key] = states.get(key, 0) + 1
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
                        {k: p for k, (p, _) in out.size_counts.items()},

@@ -99,11 +99,12 @@ class Memory:
         `packed`, `packed_total`): key (phase, micro, where, n-th mark there); the live storages
         {(category, size terms): how many} (every number of a moment is linear in these) are
         `packed`, which `recorded_live` reads back (the stamp: how many activations before)."""
-        self.live: dict[tuple, int] = {}
-        """With record: live storages {(category, size terms): how many}, in the order each
-        became live (of those alive now)."""
-        self._activations: dict[tuple, list[int]] = {}
-        """With record: (category, size terms) -> the stamps at which it became live (0 to 1)."""
+        self._live_keys_seen: list[tuple] = []
+        """With record: the (category, size terms) held so far, by local number (_recorded_key)."""
+        self._counts: list[int] = []
+        """With record: live storages of each, by local number."""
+        self._activations: list[list[int]] = []
+        """With record: the stamps at which each became live (0 to 1), by local number."""
         self._stamp = 0
         self._cats: tuple[str, ...] = ()  # with record: the categories seen, in order
         self._recorded: dict[tuple[int, str], tuple] = {}
@@ -112,7 +113,7 @@ class Memory:
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
-        self._bits: dict[tuple, int] = {}  # (category, size terms) -> 1 << its offset
+        self._bits: dict[tuple, tuple[int, int]] = {}  # (category, size terms) -> (local number, 1 << offset)
         self.packed = 0
         self.packed_total: int | None = 0
         """The total's coefficients as one integer, monomial ("mono", m) at index[("mono", m)]
@@ -279,7 +280,7 @@ class Memory:
 
     # ---- record mode (memcalc.depth) ------------------------------------------------------
     def _recorded_key(self, size: Poly, cat: str, rounded: bool = True) -> tuple:
-        """(live key, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
+        """(local number, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
         Poly and category, cached by the Poly's id (_size_key keeps it, so the id is never
         reused); the key numbered in the shared index, its category seen and its size in
         size_counts (rounded ones) when first held, in hold's order."""
@@ -288,21 +289,23 @@ class Memory:
             self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
         both = (cat, size_key)
-        bit = self._bits.get(both)
-        if bit is None:
+        local = self._bits.get(both)
+        if local is None:
             self._category(cat)
             self._cats = tuple(self._by_category)
-            self._activations[both] = []
             shift = self.index.get(both)
             if shift is None:
                 shift = self.index[both] = self.SLOT * len(self.index)
-            bit = self._bits[both] = 1 << shift
+            local = self._bits[both] = (len(self._counts), 1 << shift)
+            self._live_keys_seen.append(both)
+            self._counts.append(0)
+            self._activations.append([])
         total = 0
         if self.packed_total is not None:
             total = self._packed_sizes.get(size_key)
             if total is None:
                 total = self._packed_size(size_key)  # may turn packed_total off
-        rec = (both, bit, total)
+        rec = (local[0], local[1], total)
         if rounded:
             self._recorded[id(size), cat] = rec
         return rec
@@ -324,15 +327,13 @@ class Memory:
             size = size + Poly.const(count_slack(size, st.count, self.granularity))
             rec = self._recorded_key(size, category or st.category, False)
         self.sizes[key] = (st, rec)
-        both, bit, total = rec
-        live = self.live
-        c = live.get(both)
-        if c is None:
-            live[both] = 1
+        local, bit, total = rec
+        counts = self._counts
+        c = counts[local]
+        counts[local] = c + 1
+        if not c:
             self._stamp = stamp = self._stamp + 1
-            self._activations[both].append(stamp)
-        else:
-            live[both] = c + 1
+            self._activations[local].append(stamp)
         self.packed += bit
         if self.packed_total is not None:
             self.packed_total += total
@@ -346,13 +347,8 @@ class Memory:
             holds[key] = c
             return
         del holds[key]
-        both, bit, total = self.sizes.pop(key)[1]
-        live = self.live
-        c = live[both] - 1
-        if c:
-            live[both] = c
-        else:
-            del live[both]
+        local, bit, total = self.sizes.pop(key)[1]
+        self._counts[local] -= 1
         self.packed -= bit
         if self.packed_total is not None:
             self.packed_total -= total
@@ -366,13 +362,13 @@ class Memory:
 
     def recorded_live(self) -> "RecordedLive":
         """What reads a recorded mark's live storages back from its stamp and `packed`."""
-        return RecordedLive(self.index, self._activations)
+        return RecordedLive([(self.index[k], k) for k in self._live_keys_seen], self._activations)
 
 
 class RecordedLive:
     """A recorded mark's live storages {(category, size terms): how many}, read back from its
-    `packed` counts, in the order they had in Memory.live then: by when each became live last
-    (its latest activation up to the mark's stamp).
+    `packed` counts, in the order they became live (the last time, up to the mark's stamp), the
+    order a dict of them kept up by hold and release would have.
 
     >>> from memcalc.tape.graph import Storage
     >>> a, b = Storage(Poly.bs(2), "activations", "a"), Storage(Poly.const(4), "weights", "w")
@@ -383,17 +379,18 @@ class RecordedLive:
     (('activations', 'weights'), {('weights', (((0, 0), 4),)): 1})
     """
 
-    def __init__(self, index: dict[tuple, int], activations: dict[tuple, list[int]]) -> None:
-        self._slots = [(shift // 8, key) for key, shift in index.items() if key[0] != "mono"]
-        self._activations = activations
+    def __init__(self, slots: list[tuple[int, tuple]], activations: list[list[int]]) -> None:
+        """`slots`: (bit offset in `packed`, live key) by local number; `activations`: the
+        stamps at which each became live."""
+        self._slots = [(shift // 8, key, stamps) for (shift, key), stamps in zip(slots, activations)]
 
     def __call__(self, stamp: int, packed: int) -> dict:
-        data = packed.to_bytes((packed.bit_length() + 7) // 8 + Memory.SLOT // 8, "little")
-        width, found = Memory.SLOT // 8, []
-        for at, key in self._slots:
+        width = Memory.SLOT // 8
+        data = packed.to_bytes((packed.bit_length() + 7) // 8 + width, "little")
+        found = []
+        for at, key, stamps in self._slots:
             c = int.from_bytes(data[at:at + width], "little")
             if c:
-                stamps = self._activations[key]
                 found.append((stamps[bisect_right(stamps, stamp) - 1], key, c))
         found.sort()
         return {key: c for _, key, c in found}
