@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 from operator import ge
 
@@ -323,16 +323,28 @@ class Family:
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
-        ((total, cats, counts), (d_total, d_cats, d_counts)), x = self._numbers, n - N1
-        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
-        if any(c < 0 for c in live.values()):
-            raise NotRepeating("a negative number of storages")
+        ((total, cats, _), (d_total, d_cats, _)), x = self._numbers, n - N1
         m = Moment(self.phase, _label_at(*self.labels, n), total + d_total * x,
                    {c: p + d_cats[c] * x for c, p in cats.items()},
-                   _storages(live, sizes, x))
+                   _storages(self._live(x), sizes, x))
         if slope:
             m.per_unit = Moment(self.phase, m.label, d_total, d_cats)
         return m
+
+    def _live(self, x: int) -> dict:
+        """Its live storages per size x units past N1; NotRepeating where a count would be
+        negative."""
+        counts, d_counts = self._numbers[0][2], self._numbers[1][2]
+        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
+        if any(c < 0 for c in live.values()):
+            raise NotRepeating("a negative number of storages")
+        return live
+
+    def total(self, n: int) -> Poly:
+        """Its total at n units (`moment`'s, without the moment: the same NotRepeating)."""
+        (total, _, _), (d_total, _, _) = self._numbers
+        self._live(n - N1)
+        return total + d_total * (n - N1)
 
 
 def _storages(live: dict, sizes: dict, x: int) -> tuple:
@@ -462,6 +474,8 @@ class Derivation:
     sizes: dict[tuple, Poly]
     params: tuple[list, list, list]
     """ParamViews before the units, of one unit (repeated), and after."""
+    _outsides: dict = field(default_factory=dict, repr=False, compare=False)
+    """_outside by number of units, the last few asked (at(n) reads n and n + 1)."""
 
     def at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         """(steady moments, first-step moments, parameter shapes) at n units, in step order; the
@@ -469,7 +483,7 @@ class Derivation:
         optimizer's temporaries) follow the parameters, so each steady moment's `per_unit` gets
         their growth to n+1."""
         steady, first, shapes = self._at(n)
-        here, deeper = self._outside(self._graph(n)), self._outside(self._graph(n + 1))
+        here, deeper = self._outside_at(n), self._outside_at(n + 1)
         for m in steady:
             for kind in getattr(m, "outside", ()):
                 grow = deeper[kind][1] - here[kind][1]
@@ -479,6 +493,48 @@ class Derivation:
                     m.per_unit.by_category = {**m.per_unit.by_category,
                                               category: m.per_unit.by_category.get(category, Poly()) + d}
         return steady, first, shapes
+
+    def steady_totals(self, n: int) -> list[Poly]:
+        """The totals of the steady moments at n units, at(n)[0]'s, without building the
+        moments (memcalc.engine._checked_form).
+
+        >>> from memcalc.training import TrainingConfig
+        >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, max_grad_norm=1.0))
+        >>> d = derive(ModelSpec.preset("gpt2"), layout(ModelSpec.preset("gpt2"), regime))
+        >>> [t.terms for t in d.steady_totals(13)] == [m.total.terms for m in d.at(13)[0]]
+        True
+        """
+        outside = self._outside_at(n)
+        out = []
+        for f in self.steady:
+            total = f.total(n)
+            for parts in self._variants(f, outside, True):
+                extra = sum(outside[kind][1] for kind in parts if kind in ("buckets", "sharded", "temp", "clip"))
+                out.append(total + Poly.const(extra) if extra else total)
+        return out
+
+    def _outside_at(self, n: int) -> dict[str, tuple[str, int]]:
+        found = self._outsides.get(n)
+        if found is None:
+            if len(self._outsides) > 8:
+                self._outsides.clear()
+            found = self._outsides[n] = self._outside(self._graph(n))
+        return found
+
+    def _variants(self, f: Family, outside: dict, slope: bool) -> list[list[str]]:
+        """The moments an instant gives at one depth, each as the storages the recorded runs
+        left out that it holds ('first': the first step's states come one by one, 'freed': a
+        temporary freed, its category at 0)."""
+        regime = self.layout.regime
+        kinds = [k for k in ("buckets", "sharded") if outside[k][1]]
+        if f.where != "optimizer":
+            return [kinds]
+        if f.labels[0] == "clip_grad_norm_":
+            return [kinds + ["clip"]]
+        if not slope and regime.optimizer in FINETUNE_OPTIMIZERS and regime.data_parallel == 1:
+            return [kinds + ["first"]]  # the first step's states come one by one
+        temp, clip = outside["temp"][1], outside["clip"][1]  # memcalc.tape.step: temporaries held, then freed
+        return ([kinds + ["temp"]] if temp else []) + [kinds + (["freed"] if temp or clip else [])]
 
     def _graph(self, n: int) -> _Params:
         before, one, after = self.params
@@ -531,25 +587,13 @@ class Derivation:
 
     def _at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         graph = self._graph(n)
-        outside = self._outside(graph)
-        buckets, sharded = outside["buckets"][1], outside["sharded"][1]
-        temp, clip = outside["temp"][1], outside["clip"][1]
-        finetune = self.layout.regime.optimizer in FINETUNE_OPTIMIZERS and self.layout.regime.data_parallel == 1
+        outside = self._outside_at(n)
+        clip = outside["clip"][1]
         out = []
         for families, slope in ((self.steady, True), (self.first, False)):
             moments = []
             for f in families:
-                label = f.labels[0]
-                kinds = [k for k, on in (("buckets", buckets), ("sharded", sharded)) if on]
-                if f.where != "optimizer":
-                    variants = [kinds]
-                elif label == "clip_grad_norm_":
-                    variants = [kinds + ["clip"]]
-                elif not slope and finetune:  # the first step's states come one by one
-                    variants = [kinds + ["first"]]
-                else:  # memcalc.tape.step: temporaries held, then freed
-                    variants = ([kinds + ["temp"]] if temp else []) + [kinds + (["freed"] if temp or clip else [])]
-                for parts in variants:
+                for parts in self._variants(f, outside, slope):
                     m = f.moment(n, self.sizes, slope)
                     for kind in parts:
                         if kind in ("buckets", "sharded", "temp", "clip"):
