@@ -241,10 +241,13 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, 
     by_cat: dict[str, dict] = {c: {} for c in cats}
     counts: dict[tuple, int] = {}
     for (cat, size), n in v.items():
-        terms = by_cat.setdefault(cat, {})
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
         for mono, c in sizes[size].terms.items():
-            total[mono] = total.get(mono, 0) + n * c
-            terms[mono] = terms.get(mono, 0) + n * c
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
         counts[size] = counts.get(size, 0) + n
     return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, counts
 
@@ -960,8 +963,9 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         kept = _frontier(_derive_moments(steady, lay), sizes, index)
         first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
         for fam in first:  # forward and backward one holds the same states, and the frontier is
-            # blind to a common term
-            fam.expanded(sizes)
+            # blind to a common term; the others are the steady state's own, expanded already
+            if not fam._numbers:
+                fam.expanded(sizes)
         return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:
         return None

@@ -107,6 +107,8 @@ class Memory:
         """With record: the stamps at which each became live (0 to 1), by local number."""
         self._stamp = 0
         self._cats: tuple[str, ...] = ()  # with record: the categories seen, in order
+        self._by_value: dict[tuple, tuple] = {}  # with record: (category, *size terms) -> _recorded_key
+        self._sizes_seen: list[Poly] = []  # with record: the size Polys _recorded holds by id
         self._recorded: dict[tuple[int, str], tuple] = {}
         """With record: (id(size Poly), category) -> what holding a storage of it changes
         (_recorded_key)."""
@@ -284,6 +286,13 @@ class Memory:
         Poly and category, cached by the Poly's id (_size_key keeps it, so the id is never
         reused); the key numbered in the shared index, its category seen and its size in
         size_counts (rounded ones) when first held, in hold's order."""
+        value = (cat, *size.terms.items())  # most sizes are new Polys of sizes held before
+        if rounded:
+            rec = self._by_value.get(value)
+            if rec is not None:
+                self._sizes_seen.append(size)  # kept, so its id is never reused
+                self._recorded[id(size), cat] = rec
+                return rec
         size_key = self._size_key(size)
         if rounded and size_key not in self.size_counts:  # (record mode keeps no counts there)
             self.size_counts[size_key] = [size, 0]
@@ -307,7 +316,7 @@ class Memory:
                 total = self._packed_size(size_key)  # may turn packed_total off
         rec = (local[0], local[1], total)
         if rounded:
-            self._recorded[id(size), cat] = rec
+            self._recorded[id(size), cat] = self._by_value[value] = rec
         return rec
 
     def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
@@ -383,8 +392,15 @@ class RecordedLive:
         """`slots`: (bit offset in `packed`, live key) by local number; `activations`: the
         stamps at which each became live."""
         self._slots = [(shift // 8, key, stamps) for (shift, key), stamps in zip(slots, activations)]
+        self._read: dict[tuple[int, int], dict] = {}  # (stamp, packed) -> live storages
 
     def __call__(self, stamp: int, packed: int) -> dict:
+        found = self._read.get((stamp, packed))
+        if found is None:
+            found = self._read[stamp, packed] = self._live(stamp, packed)
+        return dict(found)  # (a copy: callers may rewrite theirs, memcalc.depth._growing)
+
+    def _live(self, stamp: int, packed: int) -> dict:
         width = Memory.SLOT // 8
         data = packed.to_bytes((packed.bit_length() + 7) // 8 + width, "little")
         found = []
