@@ -327,8 +327,8 @@ class Family:
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
         ((total, cats, _), (d_total, d_cats, _)), x = self._numbers, n - N1
-        m = Moment(self.phase, _label_at(*self.labels, n), total + d_total * x,
-                   {c: p + d_cats[c] * x for c, p in cats.items()},
+        m = Moment(self.phase, _label_at(*self.labels, n), _affine(total, d_total, x),
+                   {c: _affine(p, d_cats[c], x) for c, p in cats.items()},
                    _storages(self._live(x), sizes, x))
         if slope:
             m.per_unit = Moment(self.phase, m.label, d_total, d_cats)
@@ -338,7 +338,7 @@ class Family:
         """Its live storages per size x units past N1; NotRepeating where a count would be
         negative."""
         counts, d_counts = self._numbers[0][2], self._numbers[1][2]
-        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
+        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}} if x else counts
         if any(c < 0 for c in live.values()):
             raise NotRepeating("a negative number of storages")
         return live
@@ -347,19 +347,34 @@ class Family:
         """Its total at n units (`moment`'s, without the moment: the same NotRepeating)."""
         (total, _, _), (d_total, _, _) = self._numbers
         self._live(n - N1)
-        return total + d_total * (n - N1)
+        return _affine(total, d_total, n - N1)
+
+
+def _affine(p: Poly, d: Poly, x: int) -> Poly:
+    """p + d * x (p itself where d * x is zero: a Poly is never changed in place).
+
+    >>> _affine(Poly.const(3), Poly.bs(2), 2), _affine(Poly.const(3), Poly(), 2)
+    (Poly(3 + 4*b*s), Poly(3))
+    """
+    if not x or not d.terms:
+        return p
+    out = dict(p.terms)
+    for mono, c in d.terms.items():
+        out[mono] = out.get(mono, 0) + c * x
+    return Poly(out)
 
 
 def _storages(live: dict, sizes: dict, x: int) -> tuple:
     """(size, live storages of it) for the allocator's rounding: a growing storage (one whose
     size grows with depth, _growing) at its size x units past N1; its growth key is no storage."""
     out = []
-    for k, c in live.items():
+    for k, c in live.items():  # k: size terms (pairs), ("grow", i) or ("grow-d", i)
         if not c or not k:
             continue
-        if isinstance(k, tuple) and k[:1] == ("grow",):
+        head = k[0]
+        if head == "grow":
             out.append((sizes[k] + sizes["grow-d", k[1]] * x, c))
-        elif not (isinstance(k, tuple) and k[:1] == ("grow-d",)):
+        elif head != "grow-d":
             out.append((sizes[k], c))
     return tuple(out)
 
