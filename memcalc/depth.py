@@ -827,20 +827,28 @@ def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[in
 
     frontiers: dict[object, _Pruning] = {}
     guarded: dict[object, list[int]] = {}  # the frontier's integers, guard bits set
+    last: dict[object, int] = {}  # the kept one found above the one before (tried first)
     for i in sorted(range(len(xs)), key=lambda i: -sums[i]):
         phase, v = phases[i], xs[i]
         above = guarded.get(phase)
         if above is None:
             above = guarded[phase] = []
             frontiers[phase] = _Pruning(xs, guard, tuple_of)
-        if any((x - v) & guard == guard for x in above):
+        x = last.get(phase)
+        if x is not None and (x - v) & guard == guard:
             continue
-        frontier = frontiers[phase]
-        frontier.kept.append(i)
-        above.append(v | guard)
-        if len(frontier.kept) >= Memory.PRUNE_AT:
-            frontier.prune()
-            above[:] = [xs[j] | guard for j in frontier.kept]
+        for x in above:
+            if (x - v) & guard == guard:
+                last[phase] = x
+                break
+        else:
+            frontier = frontiers[phase]
+            frontier.kept.append(i)
+            above.append(v | guard)
+            if len(frontier.kept) >= Memory.PRUNE_AT:
+                frontier.prune()
+                above[:] = [xs[j] | guard for j in frontier.kept]
+                last.pop(phase, None)  # (it may be gone)
     return {i for frontier in frontiers.values() for i in frontier.kept}
 
 
