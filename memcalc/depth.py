@@ -445,7 +445,8 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     (key, unit) step order."""
     where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
-    order = []
+    order: list = []
+    add = order.append
     for entry in run.moments:
         phase, micro, w, count = entry[0]
         found = cache.get(w)
@@ -455,11 +456,12 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
         key = (phase, micro, pos, count)
         members = out.get(key)
         if members is None:
-            members = out[key] = {}
+            out[key] = {j: entry}
         elif j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = entry
-        order.append((key, j))
+        else:
+            members[j] = entry
+        add((key, j))
     for key, members in out.items():
         if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
@@ -870,25 +872,37 @@ class _Pruning:
     def prune(self) -> None:
         """prune_convex_dense on the kept totals (in the same order, the same test, the same
         ones dropped)."""
-        kept, settled, xs, full, tuple_of = self.kept, self.settled, self._xs, self._guard, self._tuple
+        kept, xs, full = self.kept, self._xs, self._guard
         i = 0
         while i < len(kept):
             b = kept[i]
             others = kept[:i] + kept[i + 1:]
             v = xs[b]
-            n, covers = len(others), [((xs[x] | full) - v) & full for x in others]
-            if b in settled:  # the pairs with a total added since the last pruning
-                fresh = [j for j in range(n) if others[j] not in settled]
-                pairs: object = {(min(j, f), max(j, f)) for f in fresh for j in range(n) if j != f}
-            else:
-                pairs = ((j, m) for j in range(n) for m in range(j + 1, n))
-            dense = tuple_of(b)
-            if any(covers[j] | covers[m] == full and _below_mix_dense(dense, tuple_of(others[j]), tuple_of(others[m]))
-                   for j, m in pairs):
+            if self._below_a_mix(b, others, [((xs[x] | full) - v) & full for x in others]):
                 kept.pop(i)
             else:
                 i += 1
         self.settled = set(kept)
+
+    def _below_a_mix(self, b: int, others: list[int], covers: list[int]) -> bool:
+        """Whether total b is under a mix of two of `others` (`covers`: where each is at least
+        b), as prune_convex_dense tests it: the pairs that cover b together, by _below_mix_dense
+        (for one left by the last pruning, only those with a total added since)."""
+        settled, full, tuple_of, n = self.settled, self._guard, self._tuple, len(others)
+        fresh = [j for j in range(n) if others[j] not in settled] if b in settled else None
+        dense = tuple_of(b)
+        for j in range(n):
+            cj = covers[j]
+            if fresh is not None and others[j] in settled:  # (the pairs of two settled ones failed)
+                ms = [m for m in fresh if m > j and cj | covers[m] == full]
+            else:
+                ms = [m for m in range(j + 1, n) if cj | covers[m] == full]
+            if ms:
+                tj = tuple_of(others[j])
+                for m in ms:
+                    if _below_mix_dense(dense, tj, tuple_of(others[m])):
+                        return True
+        return False
 
 
 def _kept(dense: list[tuple], phases: list) -> set[int]:
