@@ -16,6 +16,7 @@ A moment is kept unless another moment of the same phase dominates it for every 
 """
 from __future__ import annotations
 
+import struct
 from bisect import bisect_right
 from dataclasses import dataclass
 from operator import ge
@@ -391,7 +392,16 @@ class RecordedLive:
     def __init__(self, slots: list[tuple[int, tuple]], activations: list[list[int]]) -> None:
         """`slots`: (bit offset in `packed`, live key) by local number; `activations`: the
         stamps at which each became live."""
-        self._slots = [(shift // 8, key, stamps) for (shift, key), stamps in zip(slots, activations)]
+        width = Memory.SLOT // 8  # (a whole number of bytes: 4 low, 1 high, SLOT = 40)
+        order = sorted(zip(slots, activations), key=lambda item: item[0][0])
+        fmt, at = "<", 0
+        for (shift, _), _ in order:
+            fmt += f"{shift // 8 - at}xIB" if shift // 8 > at else "IB"
+            at = shift // 8 + width
+        self._counts = struct.Struct(fmt)
+        """Every slot's count, as (low 32 bits, high 8 bits), in one unpacking."""
+        self._size = at
+        self._keys = [(key, stamps) for (_, key), stamps in order]
         self._read: dict[tuple[int, int], dict] = {}  # (stamp, packed) -> live storages
 
     def __call__(self, stamp: int, packed: int) -> dict:
@@ -401,13 +411,12 @@ class RecordedLive:
         return dict(found)  # (a copy: callers may rewrite theirs, memcalc.depth._growing)
 
     def _live(self, stamp: int, packed: int) -> dict:
-        width = Memory.SLOT // 8
-        data = packed.to_bytes((packed.bit_length() + 7) // 8 + width, "little")
+        data = packed.to_bytes(max(self._size, (packed.bit_length() + 7) // 8), "little")
+        parts = self._counts.unpack_from(data)
         found = []
-        for at, key, stamps in self._slots:
-            c = int.from_bytes(data[at:at + width], "little")
-            if c:
-                found.append((stamps[bisect_right(stamps, stamp) - 1], key, c))
+        for (key, stamps), low, high in zip(self._keys, parts[::2], parts[1::2]):
+            if low or high:
+                found.append((stamps[bisect_right(stamps, stamp) - 1], key, low | high << 32))
         found.sort()
         return {key: c for _, key, c in found}
 
