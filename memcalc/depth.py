@@ -740,7 +740,6 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
     # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
     # the optimizer's temporaries to one or the other, so neither may stand for the other
     phases = [(fam.phase, i) if fam.phase == "optimizer" else fam.phase for i, fam in enumerate(families)]
-    kept = None
     if index is not None and all(None not in f.totals for f in families):
         totals = [f.totals for f in families]
         lifted = _lifted(totals, k)

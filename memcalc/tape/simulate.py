@@ -125,8 +125,10 @@ class Memory:
         """The live counts as one integer, count << index[key] summed: linear like them, so
         memcalc.depth compares linear combinations of instants with one integer equality."""
         self._seen: dict[tuple, int] = {}
-        if record is not False:  # the record mode's own hold, release and mark
-            self.hold, self.release, self.mark = self._hold_recorded, self._release_recorded, self._mark_recorded
+
+    def __new__(cls, record: bool | dict = False, granularity: int = 1) -> "Memory":  # noqa: ARG004 (__init__ reads it)
+        """With record, a RecordingMemory (record mode's own hold, release and mark)."""
+        return super().__new__(RecordingMemory if record is not False and cls is Memory else cls)
 
     @property
     def moments(self) -> list[Moment]:
@@ -281,7 +283,11 @@ class Memory:
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
 
-    # ---- record mode (memcalc.depth) ------------------------------------------------------
+
+class RecordingMemory(Memory):
+    """Memory in record mode (Memory(record=...) makes one): every mark logged, the live
+    storages counted per (category, size terms) and packed into one integer (memcalc.depth)."""
+
     def _recorded_key(self, size: Poly, cat: str, rounded: bool = True) -> tuple:
         """(local number, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
         Poly and category, cached by the Poly's id (_size_key keeps it, so the id is never
@@ -320,8 +326,9 @@ class Memory:
             self._recorded[id(size), cat] = self._by_value[value] = rec
         return rec
 
-    def _hold_recorded(self, st: Storage, category: str | None = None) -> None:
-        """hold in record mode: the live storages counted (`live`, `packed`, `packed_total`)."""
+    def hold(self, st: Storage, category: str | None = None) -> None:
+        """Add one reference to a storage, counted on the first in its live key, `packed` and
+        `packed_total`."""
         key = id(st)
         holds = self.holds
         if key in holds:
@@ -348,8 +355,8 @@ class Memory:
         if self.packed_total is not None:
             self.packed_total += total
 
-    def _release_recorded(self, st: Storage) -> None:
-        """release in record mode."""
+    def release(self, st: Storage) -> None:
+        """Drop one reference; uncount the storage on the last."""
         key = id(st)
         holds = self.holds
         c = holds[key] - 1
@@ -363,8 +370,8 @@ class Memory:
         if self.packed_total is not None:
             self.packed_total -= total
 
-    def _mark_recorded(self, label: str) -> None:
-        """mark in record mode: every instant, keyed (Memory.log)."""
+    def mark(self, label: str) -> None:
+        """Log this instant, keyed (Memory.log)."""
         where, seen = (self.phase, self.micro, self.where), self._seen
         n = seen.get(where, -1) + 1
         seen[where] = n
