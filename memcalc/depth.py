@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 from operator import ge
 
 from memcalc.parallel.fsdp import padded_shard_bytes
@@ -46,7 +47,7 @@ from memcalc.tape.finetune_optim import BNB
 from memcalc.moe import is_worst
 from memcalc.param_view import ParamView, param_view  # noqa: F401 (param_view re-exported; memcalc.simulation reads it)
 from memcalc.tape.optimizer import clip_bytes
-from memcalc.tape.simulate import Memory, Moment, prune_convex_dense
+from memcalc.tape.simulate import Memory, Moment, _below_mix_dense, prune_convex_dense
 
 FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
 N1, N2, N3 = 3, 4, 5
@@ -240,10 +241,13 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, 
     by_cat: dict[str, dict] = {c: {} for c in cats}
     counts: dict[tuple, int] = {}
     for (cat, size), n in v.items():
-        terms = by_cat.setdefault(cat, {})
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
         for mono, c in sizes[size].terms.items():
-            total[mono] = total.get(mono, 0) + n * c
-            terms[mono] = terms.get(mono, 0) + n * c
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
         counts[size] = counts.get(size, 0) + n
     return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, counts
 
@@ -267,27 +271,47 @@ def _label_at(first: str, second: str, n: int) -> str:
     return "".join(out)
 
 
-@dataclass
 class Family:
     """One instant of the step (before the stack, in one of the ENDS units, after it) at every
     depth: its live storages at N1 units and what each unit more adds."""
 
-    phase: str
-    where: object
-    labels: tuple[str, str]
-    cats: tuple[str, ...]
-    """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
-    base: Vec
-    second: Vec
-    """Its live storages at N2 units: `step` is what each unit more adds (computed when first
-    read: most instants fall under others and never need it)."""
-    totals: tuple = (None, None)
-    """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
+    __slots__ = ("phase", "where", "labels", "cats", "_vecs", "totals", "_step_vec", "_numbers")
+
+    def __init__(self, phase: str, where: object, labels: tuple[str, str], cats: tuple[str, ...],
+                 base: Vec | tuple, second: Vec | tuple, totals: tuple = (None, None)) -> None:
+        self.phase, self.where, self.labels = phase, where, labels
+        self.cats = cats
+        """The categories seen so far, in the order they were first held (a freed one stays at 0)."""
+        self._vecs = [base, second]
+        """`base` and `second`, each a Vec or, recorded, (StepRun.live, stamp, packed): read
+        back when first needed (most instants fall under others and never need theirs)."""
+        self.totals = totals
+        """Packed totals at N1 and N2 units (Memory.packed_total), when every size is integral."""
+        self._step_vec: Vec | None = None
+        self._numbers: tuple = ()
+
+    def _vec(self, i: int) -> Vec:
+        v = self._vecs[i]
+        if not isinstance(v, dict):
+            read, stamp, packed = v
+            v = self._vecs[i] = read(stamp, packed)
+        return v
+
+    @property
+    def base(self) -> Vec:
+        """Its live storages at N1 units."""
+        return self._vec(0)
+
+    @property
+    def second(self) -> Vec:
+        """Its live storages at N2 units: `step` is what each unit more adds (computed when
+        first read)."""
+        return self._vec(1)
 
     @property
     def step(self) -> Vec:
         """What each unit more adds to its live storages."""
-        found = self.__dict__.get("_step_vec")
+        found = self._step_vec
         if found is None:
             found = self._step_vec = combine(self.second, self.base, 1, -1)
         return found
@@ -298,33 +322,59 @@ class Family:
 
     def expanded(self, sizes: dict) -> None:
         """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
-        self._base = expand(self.base, self.cats, sizes)
-        self._step = expand(self.step, self.cats, sizes)
+        self._numbers = (expand(self.base, self.cats, sizes), expand(self.step, self.cats, sizes))
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
-        (total, cats, counts), (d_total, d_cats, d_counts), x = self._base, self._step, n - N1
-        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}}
-        if any(c < 0 for c in live.values()):
-            raise NotRepeating("a negative number of storages")
-        m = Moment(self.phase, _label_at(*self.labels, n), total + d_total * x,
-                   {c: p + d_cats[c] * x for c, p in cats.items()},
-                   _storages(live, sizes, x))
+        ((total, cats, _), (d_total, d_cats, _)), x = self._numbers, n - N1
+        m = Moment(self.phase, _label_at(*self.labels, n), _affine(total, d_total, x),
+                   {c: _affine(p, d_cats[c], x) for c, p in cats.items()},
+                   _storages(self._live(x), sizes, x))
         if slope:
             m.per_unit = Moment(self.phase, m.label, d_total, d_cats)
         return m
+
+    def _live(self, x: int) -> dict:
+        """Its live storages per size x units past N1; NotRepeating where a count would be
+        negative."""
+        counts, d_counts = self._numbers[0][2], self._numbers[1][2]
+        live = {k: counts.get(k, 0) + x * d_counts.get(k, 0) for k in {**counts, **d_counts}} if x else counts
+        if any(c < 0 for c in live.values()):
+            raise NotRepeating("a negative number of storages")
+        return live
+
+    def total(self, n: int) -> Poly:
+        """Its total at n units (`moment`'s, without the moment: the same NotRepeating)."""
+        (total, _, _), (d_total, _, _) = self._numbers
+        self._live(n - N1)
+        return _affine(total, d_total, n - N1)
+
+
+def _affine(p: Poly, d: Poly, x: int) -> Poly:
+    """p + d * x (p itself where d * x is zero: a Poly is never changed in place).
+
+    >>> _affine(Poly.const(3), Poly.bs(2), 2), _affine(Poly.const(3), Poly(), 2)
+    (Poly(3 + 4*b*s), Poly(3))
+    """
+    if not x or not d.terms:
+        return p
+    out = dict(p.terms)
+    for mono, c in d.terms.items():
+        out[mono] = out.get(mono, 0) + c * x
+    return Poly(out)
 
 
 def _storages(live: dict, sizes: dict, x: int) -> tuple:
     """(size, live storages of it) for the allocator's rounding: a growing storage (one whose
     size grows with depth, _growing) at its size x units past N1; its growth key is no storage."""
     out = []
-    for k, c in live.items():
+    for k, c in live.items():  # k: size terms (pairs), ("grow", i) or ("grow-d", i)
         if not c or not k:
             continue
-        if isinstance(k, tuple) and k[:1] == ("grow",):
+        head = k[0]
+        if head == "grow":
             out.append((sizes[k] + sizes["grow-d", k[1]] * x, c))
-        elif not (isinstance(k, tuple) and k[:1] == ("grow-d",)):
+        elif head != "grow-d":
             out.append((sizes[k], c))
     return tuple(out)
 
@@ -340,13 +390,15 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
              for i, k in enumerate(keys)]
     if not len(alone[0]) == len(alone[1]) == len(alone[2]):
         raise NotRepeating("storage sizes that do not pair across depths")
+    if alone[0]:  # every mark's live storages read back, its `packed` stale once rewritten
+        for run in runs:
+            run.moments = [entry[:3] + (run.live(*entry[3:5]), None) + entry[5:] for entry in run.moments]
     for i, (k1, k2, k3) in enumerate(zip(*alone)):
         p1, p2, p3 = (run.sizes[k] for run, k in zip(runs, (k1, k2, k3)))
         if (p2 - p1).terms != (p3 - p2).terms:
             raise NotRepeating("a storage whose size is not affine in depth")
         sizes["grow", i], sizes["grow-d", i] = p1, p2 - p1
         for run, k, n in zip(runs, (k1, k2, k3), (N1, N2, N3)):
-            run.moments = [entry[:4] + (None,) + entry[5:] for entry in run.moments]  # stale `packed`
             for _, _, _, live, _, _ in run.moments:
                 for cat, size in [key for key in live if key[1] == k]:
                     c = live.pop((cat, size))
@@ -387,12 +439,16 @@ def _positions(run: StepRun, lay: Layout, n: int):
 
 
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
-    """{family key: {unit or None: (label, categories, live storages)}} of a recorded run, and
-    the (key, unit) step order."""
+    """{family key: {unit or None: its mark}} of a recorded run (Memory.log's entries: key,
+    label, categories, live storages, packed, packed total; the live storages a Vec where
+    `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
+    (key, unit) step order."""
     where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
-    order = []
-    for (phase, micro, w, count), label, cats, live, packed, total in run.moments:
+    order: list = []
+    add = order.append
+    for entry in run.moments:
+        phase, micro, w, count = entry[0]
         found = cache.get(w)
         if found is None:  # each mark's place is looked up once per node (forward, backward)
             found = cache[w] = where(w)
@@ -400,13 +456,14 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
         key = (phase, micro, pos, count)
         members = out.get(key)
         if members is None:
-            members = out[key] = {}
+            out[key] = {j: entry}
         elif j in members:
             raise NotRepeating(f"two instants at {key}")
-        members[j] = (label, cats, live, packed, total)
-        order.append((key, j))
+        else:
+            members[j] = entry
+        add((key, j))
     for key, members in out.items():
-        if None not in members and any(j not in members for j in range(2, n - 2)):
+        if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
     return out, order
 
@@ -437,6 +494,8 @@ class Derivation:
     sizes: dict[tuple, Poly]
     params: tuple[list, list, list]
     """ParamViews before the units, of one unit (repeated), and after."""
+    _outsides: dict = field(default_factory=dict, repr=False, compare=False)
+    """_outside by number of units, the last few asked (at(n) reads n and n + 1)."""
 
     def at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         """(steady moments, first-step moments, parameter shapes) at n units, in step order; the
@@ -444,7 +503,7 @@ class Derivation:
         optimizer's temporaries) follow the parameters, so each steady moment's `per_unit` gets
         their growth to n+1."""
         steady, first, shapes = self._at(n)
-        here, deeper = self._outside(self._graph(n)), self._outside(self._graph(n + 1))
+        here, deeper = self._outside_at(n), self._outside_at(n + 1)
         for m in steady:
             for kind in getattr(m, "outside", ()):
                 grow = deeper[kind][1] - here[kind][1]
@@ -454,6 +513,48 @@ class Derivation:
                     m.per_unit.by_category = {**m.per_unit.by_category,
                                               category: m.per_unit.by_category.get(category, Poly()) + d}
         return steady, first, shapes
+
+    def steady_totals(self, n: int) -> list[Poly]:
+        """The totals of the steady moments at n units, at(n)[0]'s, without building the
+        moments (memcalc.engine._checked_form).
+
+        >>> from memcalc.training import TrainingConfig
+        >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, max_grad_norm=1.0))
+        >>> d = derive(ModelSpec.preset("gpt2"), layout(ModelSpec.preset("gpt2"), regime))
+        >>> [t.terms for t in d.steady_totals(13)] == [m.total.terms for m in d.at(13)[0]]
+        True
+        """
+        outside = self._outside_at(n)
+        out = []
+        for f in self.steady:
+            total = f.total(n)
+            for parts in self._variants(f, outside, True):
+                extra = sum(outside[kind][1] for kind in parts if kind in ("buckets", "sharded", "temp", "clip"))
+                out.append(total + Poly.const(extra) if extra else total)
+        return out
+
+    def _outside_at(self, n: int) -> dict[str, tuple[str, int]]:
+        found = self._outsides.get(n)
+        if found is None:
+            if len(self._outsides) > 8:
+                self._outsides.clear()
+            found = self._outsides[n] = self._outside(self._graph(n))
+        return found
+
+    def _variants(self, f: Family, outside: dict, slope: bool) -> list[list[str]]:
+        """The moments an instant gives at one depth, each as the storages the recorded runs
+        left out that it holds ('first': the first step's states come one by one, 'freed': a
+        temporary freed, its category at 0)."""
+        regime = self.layout.regime
+        kinds = [k for k in ("buckets", "sharded") if outside[k][1]]
+        if f.where != "optimizer":
+            return [kinds]
+        if f.labels[0] == "clip_grad_norm_":
+            return [kinds + ["clip"]]
+        if not slope and regime.optimizer in FINETUNE_OPTIMIZERS and regime.data_parallel == 1:
+            return [kinds + ["first"]]  # the first step's states come one by one
+        temp, clip = outside["temp"][1], outside["clip"][1]  # memcalc.tape.step: temporaries held, then freed
+        return ([kinds + ["temp"]] if temp else []) + [kinds + (["freed"] if temp or clip else [])]
 
     def _graph(self, n: int) -> _Params:
         before, one, after = self.params
@@ -506,25 +607,13 @@ class Derivation:
 
     def _at(self, n: int) -> tuple[list[Moment], list[Moment], list[tuple[int, int]]]:
         graph = self._graph(n)
-        outside = self._outside(graph)
-        buckets, sharded = outside["buckets"][1], outside["sharded"][1]
-        temp, clip = outside["temp"][1], outside["clip"][1]
-        finetune = self.layout.regime.optimizer in FINETUNE_OPTIMIZERS and self.layout.regime.data_parallel == 1
+        outside = self._outside_at(n)
+        clip = outside["clip"][1]
         out = []
         for families, slope in ((self.steady, True), (self.first, False)):
             moments = []
             for f in families:
-                label = f.labels[0]
-                kinds = [k for k, on in (("buckets", buckets), ("sharded", sharded)) if on]
-                if f.where != "optimizer":
-                    variants = [kinds]
-                elif label == "clip_grad_norm_":
-                    variants = [kinds + ["clip"]]
-                elif not slope and finetune:  # the first step's states come one by one
-                    variants = [kinds + ["first"]]
-                else:  # memcalc.tape.step: temporaries held, then freed
-                    variants = ([kinds + ["temp"]] if temp else []) + [kinds + (["freed"] if temp or clip else [])]
-                for parts in variants:
+                for parts in self._variants(f, outside, slope):
                     m = f.moment(n, self.sizes, slope)
                     for kind in parts:
                         if kind in ("buckets", "sharded", "temp", "clip"):
@@ -576,25 +665,33 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
     """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
     found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
     (f1, _), (f2, _), (f3, order3) = found
-    if set(f1) != set(f2) or set(f1) != set(f3):
+    read1, read2 = runs[0].live, runs[1].live
+    if f1.keys() != f2.keys() or f1.keys() != f3.keys():
         raise NotRepeating("different instants at different depths")
     derived: dict[tuple, Family] = {}
+    every = tuple(zip(ENDS, *([e % n for e in ENDS] for n in (N1, N2, N3))))
     for key, members in f1.items():
-        absent = frozenset() if None in members else _absent(members, N1)
-        if None not in members and not absent == _absent(f2[key], N2) == _absent(f3[key], N3):
-            raise NotRepeating(f"instant {key} in different units at different depths")
-        for end in [None] if None in members else [e for e in ENDS if e not in absent]:
-            (l1, c1, v1, p1, t1), (l2, c2, v2, p2, t2), (l3, c3, v3, p3, _) = (
-                fams[key][end if end is None else end % n]
-                for fams, n in ((f1, N1), (f2, N2), (f3, N3)))
-            fam = Family(key[0], key[2], (l1, l2), c1, v1, v2)
-            fam.totals = (t1, t2)
-            if not _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2) or _label_at(l1, l2, N3) != l3 \
-                    or not c1 == c2 == c3:
+        m2, m3 = f2[key], f3[key]
+        if None in members:
+            ends: object = ((None, None, None, None),)
+        elif len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
+            ends = every
+        else:
+            absent = _absent(members, N1)
+            if not absent == _absent(m2, N2) == _absent(m3, N3):
+                raise NotRepeating(f"instant {key} in different units at different depths")
+            ends = [e for e in every if e[0] not in absent]
+        for end, j1, j2, j3 in ends:
+            (_, l1, c1, v1, p1, t1), (_, l2, c2, v2, p2, t2), (_, l3, c3, v3, p3, _) = members[j1], m2[j2], m3[j3]
+            if p1 is not None and p2 is not None and p3 is not None:
+                on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
+            else:
+                on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
+            if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
                 raise NotRepeating(f"instant {key} not affine in depth")
-            derived[key, end] = fam
-    for (fams, _), n in zip(found, (N1, N2, N3)):
-        _check_middle(fams, n)
+            derived[key, end] = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
+                                       v2 if p2 is None else (read2, v2, p2), (t1, t2))
+    _check_middle(f3, N3)  # (N1 and N2 units have no middle unit between the second and second-last)
     ends = {end % N3: end for end in ENDS}
     return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
 
@@ -640,8 +737,16 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
     their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
     multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
     k = sum(1 for key in index or {} if key[0] == "mono")
+    # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
+    # the optimizer's temporaries to one or the other, so neither may stand for the other
+    phases = [(fam.phase, i) if fam.phase == "optimizer" else fam.phase for i, fam in enumerate(families)]
     if index is not None and all(None not in f.totals for f in families):
-        dense = [_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in (f.totals for f in families)]
+        totals = [f.totals for f in families]
+        lifted = _lifted(totals, k)
+        if lifted is not None:
+            kept = _kept_packed(lifted, totals, k, phases)
+        else:
+            kept = _kept([_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in totals], phases)
     else:
         terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
         lifted = []
@@ -656,15 +761,147 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
         for terms in lifted:
             for key in terms:
                 columns.setdefault(key, len(columns))
-        dense = [tuple(terms.get(key, 0) for key in columns) for terms in lifted]
-    # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
-    # the optimizer's temporaries to one or the other, so neither may stand for the other
-    kept = _kept(dense, [(fam.phase, i) if fam.phase == "optimizer" else fam.phase
-                         for i, fam in enumerate(families)])
+        kept = _kept([tuple(terms.get(key, 0) for key in columns) for terms in lifted], phases)
     out = [fam for i, fam in enumerate(families) if i in kept]
     for fam in out:
         fam.expanded(sizes)
     return out
+
+
+LIFT_BIAS = 180
+"""memcalc.depth._lifted: each coefficient of a lifted total is held as itself + 2**LIFT_BIAS in
+its Memory.TOTAL_SLOT bits, so under 2**LIFT_BIAS in size it leaves the slot's top bits clear
+(a guard bit for comparing all slots with one subtraction, and room for sums of slots)."""
+
+
+def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int], int] | None:
+    """The packed totals (Memory.packed_total) at N1 and N2 units of each family as one
+    integer of 2k slots, the coefficients of its total lifted to (b, s, n) (_unpack_dense(t1, k)
+    + _unpack_dense(t2 - t1, k), what _kept compares) each biased by 2**LIFT_BIAS, so that
+    one integer subtraction compares every coefficient (_kept_packed); with each one's sum of
+    coefficients and the guard bits. None where a coefficient is 2**LIFT_BIAS or more in size
+    (then _kept compares the tuples).
+
+    >>> t1, t2 = 5 - (3 << Memory.TOTAL_SLOT), 7 - (3 << Memory.TOTAL_SLOT)
+    >>> xs, sums, guard = _lifted([(t1, t2)], 2)
+    >>> sums, _unpack_dense(xs[0] - (guard >> (Memory.TOTAL_SLOT - 1 - LIFT_BIAS)), 4)
+    ([4], (5, -3, 2, 0))
+    """
+    slot, width = Memory.TOTAL_SLOT, Memory.TOTAL_SLOT * k
+    if 2 * k >= 1 << (slot - 2 - LIFT_BIAS):
+        return None
+    ones = sum(1 << (slot * i) for i in range(2 * k))  # 1 in every slot
+    bias, guard = ones << LIFT_BIAS, ones << (slot - 1)
+    clear = ones * (((1 << slot) - 1) ^ ((1 << (LIFT_BIAS + 1)) - 1))  # bits LIFT_BIAS+1 .. slot-1
+    low, top, bias_k, modulus = (1 << width) - 1, 1 << (2 * width), bias & ((1 << width) - 1), (1 << slot) - 1
+    xs, sums = [], []
+    for t1, t2 in totals:
+        x = t1 + ((t2 - t1) << width) + bias
+        if not 0 <= x < top or x & clear or (x & low) - bias_k != t1:
+            return None
+        xs.append(x)
+        # the coefficients' sum: t2 = t1 + (t2 - t1) is the sum of digits * 2**(slot * i), and
+        # 2**slot is 1 modulo 2**slot - 1; every digit under 2**LIFT_BIAS, the sum is too small
+        # for the modulus to wrap it (2k slots, k monomials: far under 2**(slot - 2 - LIFT_BIAS))
+        r = t2 % modulus
+        sums.append(r - modulus if r > modulus >> 1 else r)
+    return xs, sums, guard
+
+
+def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[int, int]], k: int,
+                 phases: list) -> set[int]:
+    """_kept on the integers of _lifted: the same order (largest sum first, step order among
+    equal ones), the same dominance test (x >= v in every slot: (x | guard) - v keeps every guard
+    bit, no slot borrowing from the next, each biased coefficient under 2**(slot - 1)) and the
+    same convex pruning (_Pruning, prune_convex_dense's). A new total is never above a kept one
+    without being equal to it (the kept ones' sums are at least its own), so _kept's removal of
+    the kept ones below it has nothing to remove here."""
+    xs, sums, guard = lifted
+    dense: dict[int, tuple] = {}
+
+    def tuple_of(i: int) -> tuple:
+        found = dense.get(i)
+        if found is None:
+            t1, t2 = totals[i]
+            found = dense[i] = _unpack_dense(t1, k) + _unpack_dense(t2 - t1, k)
+        return found
+
+    frontiers: dict[object, _Pruning] = {}
+    guarded: dict[object, list[int]] = {}  # the frontier's integers, guard bits set
+    last: dict[object, int] = {}  # the kept one found above the one before (tried first)
+    for i in sorted(range(len(xs)), key=lambda i: -sums[i]):
+        phase, v = phases[i], xs[i]
+        above = guarded.get(phase)
+        if above is None:
+            above = guarded[phase] = []
+            frontiers[phase] = _Pruning(xs, guard, tuple_of)
+        x = last.get(phase)
+        if x is not None and (x - v) & guard == guard:
+            continue
+        for x in above:
+            if (x - v) & guard == guard:
+                last[phase] = x
+                break
+        else:
+            frontier = frontiers[phase]
+            frontier.kept.append(i)
+            above.append(v | guard)
+            if len(frontier.kept) >= Memory.PRUNE_AT:
+                frontier.prune()
+                above[:] = [xs[j] | guard for j in frontier.kept]
+                last.pop(phase, None)  # (it may be gone)
+    return {i for frontier in frontiers.values() for i in frontier.kept}
+
+
+class _Pruning:
+    """One frontier of _kept_packed and its convex pruning, prune_convex_dense's result (the
+    same test of each kept total, in the same order, against every pair of the others) without
+    repeating what an earlier pruning showed: a total that stayed was under no mix of two
+    others then (each pair failed), those that stayed with it are among them, and a frontier
+    only grows between prunings, so only the pairs with a total added since are tested again.
+    prune_convex_dense's masks of the coefficients where one total is at least another are the
+    guard bits of _kept_packed's subtraction (one bit per coefficient, in other places)."""
+
+    def __init__(self, xs: list[int], guard: int, tuple_of: Callable[[int], tuple]) -> None:
+        self.kept: list[int] = []
+        self.settled: set[int] = set()
+        """The totals left by the last pruning: no pair of these holds one of them below it."""
+        self._xs, self._guard, self._tuple = xs, guard, tuple_of
+
+    def prune(self) -> None:
+        """prune_convex_dense on the kept totals (in the same order, the same test, the same
+        ones dropped)."""
+        kept, xs, full = self.kept, self._xs, self._guard
+        i = 0
+        while i < len(kept):
+            b = kept[i]
+            others = kept[:i] + kept[i + 1:]
+            v = xs[b]
+            if self._below_a_mix(b, others, [((xs[x] | full) - v) & full for x in others]):
+                kept.pop(i)
+            else:
+                i += 1
+        self.settled = set(kept)
+
+    def _below_a_mix(self, b: int, others: list[int], covers: list[int]) -> bool:
+        """Whether total b is under a mix of two of `others` (`covers`: where each is at least
+        b), as prune_convex_dense tests it: the pairs that cover b together, by _below_mix_dense
+        (for one left by the last pruning, only those with a total added since)."""
+        settled, full, tuple_of, n = self.settled, self._guard, self._tuple, len(others)
+        fresh = [j for j in range(n) if others[j] not in settled] if b in settled else None
+        dense = tuple_of(b)
+        for j in range(n):
+            cj = covers[j]
+            if fresh is not None and others[j] in settled:  # (the pairs of two settled ones failed)
+                ms = [m for m in fresh if m > j and cj | covers[m] == full]
+            else:
+                ms = [m for m in range(j + 1, n) if cj | covers[m] == full]
+            if ms:
+                tj = tuple_of(others[j])
+                for m in ms:
+                    if _below_mix_dense(dense, tj, tuple_of(others[m])):
+                        return True
+        return False
 
 
 def _kept(dense: list[tuple], phases: list) -> set[int]:
@@ -704,16 +941,21 @@ def _on_line(u: tuple, v: tuple, w: tuple, x: int, y: int, z: int) -> bool:
 def _check_middle(fams: dict, n: int) -> None:
     """Every middle unit's instant is the interpolation of the second and the second-last
     unit's: (n-3) * M_j == (n-2-j) * M_1 + (j-1) * M_(n-2), so the largest is at an end."""
+    if n <= 4:
+        return
     for key, members in fams.items():
         if None in members:
             continue
-        if n <= 4:
-            continue
         if 1 not in members or n - 2 not in members:
             raise NotRepeating(f"instant {key} in the middle units only")
-        first, last = members[1][2:4], members[n - 2][2:4]
+        first, last = members[1], members[n - 2]
         for j in range(2, n - 2):
-            if not _on_line(first, members[j][2:4], last, n - 2 - j, j - 1, n - 3):
+            mid = members[j]
+            if first[4] is not None and mid[4] is not None and last[4] is not None:  # _on_line's test
+                on_line = (n - 2 - j) * first[4] + (j - 1) * last[4] == (n - 3) * mid[4]
+            else:
+                on_line = _on_line(first[3:5], mid[3:5], last[3:5], n - 2 - j, j - 1, n - 3)
+            if not on_line:
                 raise NotRepeating(f"instant {key} not affine across units")
 
 
@@ -757,8 +999,9 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         kept = _frontier(_derive_moments(steady, lay), sizes, index)
         first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
         for fam in first:  # forward and backward one holds the same states, and the frontier is
-            # blind to a common term
-            fam.expanded(sizes)
+            # blind to a common term; the others are the steady state's own, expanded already
+            if not fam._numbers:
+                fam.expanded(sizes)
         return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:
         return None

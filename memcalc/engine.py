@@ -365,9 +365,9 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
     units = form.layout.units
     terms = form.terms()
     for extra in (1, 2):
-        deeper = derivation.at(units + extra)[0]
+        deeper = derivation.steady_totals(units + extra)  # at(units + extra)'s steady totals
         for b, s in _FORM_SHAPES:
-            if max(v.eval(b, s) + extra * d.eval(b, s) for v, d in terms) != max(m.total.eval(b, s) for m in deeper):
+            if max(v.eval(b, s) + extra * d.eval(b, s) for v, d in terms) != max(t.eval(b, s) for t in deeper):
                 return None
     return form
 

@@ -5,6 +5,7 @@ model's own depth or, through memcalc.depth, at a few small depths from which an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from memcalc.allocator import device_constants
 from memcalc.errors import SpecError
@@ -60,6 +61,9 @@ class StepRun:
     states: dict = field(default_factory=dict)
     """With record=True: the optimizer states the steady state holds from the start, as live
     storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
+    live: Callable[[int, int], dict] | None = None
+    """With record=True: a mark's live storages {(category, size terms): how many} from its
+    stamp and packed counts (memcalc.tape.simulate.RecordedLive)."""
 
 
 def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
@@ -119,9 +123,9 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
 
         states: dict = {}
         for st in getattr(out, "state_storages", ()):
-            key = (st.category, tuple(sorted(st.size.terms.items())))  # Memory.live's key
+            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.simulate.RecordedLive)
             states[key] = states.get(key, 0) + 1
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
                        {k: p for k, (p, _) in out.size_counts.items()},
-                       [param_view(v) for v in graph.params], states)
+                       [param_view(v) for v in graph.params], states, out.recorded_live())
     return StepRun(out, shapes, sizes, graph.layer_starts, {})

@@ -16,6 +16,7 @@ A moment is kept unless another moment of the same phase dominates it for every 
 """
 from __future__ import annotations
 
+import struct
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import compress
@@ -67,8 +68,8 @@ class Memory:
     """Bits per monomial in `packed_total` (no byte count comes near 2**190)."""
 
     def __new__(cls, record: bool | dict = False, granularity: int = 1) -> "Memory":  # noqa: ARG004
-        """A RecordedMemory when `record` is given (its hold, release and mark record)."""
-        return object.__new__(RecordedMemory if record is not False and cls is Memory else cls)
+        """A RecordingMemory when `record` is given (record mode's own hold, release and mark)."""
+        return object.__new__(RecordingMemory if record is not False and cls is Memory else cls)
 
     def __init__(self, record: bool | dict = False, granularity: int = 1) -> None:
         self.granularity = granularity
@@ -127,14 +128,27 @@ class Memory:
         and the phase, the structural key of a recorded mark (memcalc.depth)."""
         self.micro = 0
         self.log: list[tuple] | None = [] if record is not False else None
-        """With record: every mark, unpruned, in order, as (key, label, categories seen, live
-        storages, `packed`): key (phase, micro, where, n-th mark there), live storages as
-        {(category, size terms): how many} (every number of a moment is linear in these)."""
-        self.live: dict[tuple, int] = {}
+        """With record: every mark, unpruned, in order, as (key, label, categories seen, stamp,
+        `packed`, `packed_total`): key (phase, micro, where, n-th mark there); the live storages
+        {(category, size terms): how many} (every number of a moment is linear in these) are
+        `packed`, which `recorded_live` reads back (the stamp: how many activations before)."""
+        self._live_keys_seen: list[tuple] = []
+        """With record: the (category, size terms) held so far, by local number (_recorded_key)."""
+        self._counts: list[int] = []
+        """With record: live storages of each, by local number."""
+        self._activations: list[list[int]] = []
+        """With record: the stamps at which each became live (0 to 1), by local number."""
+        self._stamp = 0
+        self._cats: tuple[str, ...] = ()  # with record: the categories seen, in order
+        self._by_value: dict[tuple, tuple] = {}  # with record: (category, *size terms) -> _recorded_key
+        self._sizes_seen: list[Poly] = []  # with record: the size Polys _recorded holds by id
+        self._recorded: dict[tuple[int, str], tuple] = {}
+        """With record: (id(size Poly), category) -> what holding a storage of it changes
+        (_recorded_key)."""
         self.index: dict[tuple, int] = record if isinstance(record, dict) else {}
         """(category, size terms) -> bit offset in `packed`; pass a dict as `record` to share
         the numbering between runs."""
-        self._bits: dict[tuple, int] = {}  # (category, size terms) -> 1 << its offset
+        self._bits: dict[tuple, tuple[int, int]] = {}  # (category, size terms) -> (local number, 1 << offset)
         self.packed = 0
         self.packed_total: int | None = 0
         """The total's coefficients as one integer, monomial ("mono", m) at index[("mono", m)]
@@ -372,66 +386,47 @@ class Memory:
         self._at_sums = self._sums[phase]
 
 
-class RecordedMemory(Memory):
-    """Memory with `record`: every instant logged, as live storages (memcalc.depth), and no
-    running totals; Memory(record=...) makes one."""
+class RecordingMemory(Memory):
+    """Memory in record mode (Memory(record=...) makes one): every mark logged, the live
+    storages counted per (category, size terms) and packed into one integer (memcalc.depth)."""
 
-    def hold(self, st: Storage, category: str | None = None) -> None:
-        """Memory.hold, recorded: the totals follow from the live storages."""
-        key = id(st)
-        holds = self.holds
-        if key in holds:
-            holds[key] += 1
-            return
-        cat = category or st.category
-        holds[key] = 1
-        size = st.size
-        rounded = st.count is None
-        if not rounded:  # one expert's, in a 'worst' bound: its rounding at its most
-            size = size + Poly.const(count_slack(size, st.count, self.granularity))
-        found = self._keys.get(id(size))
-        size_key = self._size_key(size) if found is None else found[1]
-        self.sizes[key] = (st, size, cat, size_key)
-        entry = self.size_counts.get(size_key) if rounded else [size, 0]
-        if entry is None:
-            entry = self.size_counts[size_key] = [size, 0]
+    def _recorded_key(self, size: Poly, cat: str, rounded: bool = True) -> tuple:
+        """(local number, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
+        Poly and category, cached by the Poly's id (_size_key keeps it, so the id is never
+        reused); the key numbered in the shared index, its category seen and its size in
+        size_counts (rounded ones) when first held, in hold's order."""
+        value = (cat, *size.terms.items())  # most sizes are new Polys of sizes held before
+        if rounded:
+            rec = self._by_value.get(value)
+            if rec is not None:
+                self._sizes_seen.append(size)  # kept, so its id is never reused
+                self._recorded[id(size), cat] = rec
+                return rec
+        size_key = self._size_key(size)
+        if rounded and size_key not in self.size_counts:  # (record mode keeps no counts there)
+            self.size_counts[size_key] = [size, 0]
             self._order[size_key] = len(self._order)
-        entry[1] += 1
-        live, both = self.live, (cat, size_key)
-        live[both] = live.get(both, 0) + 1
-        bit = self._bits.get(both)
-        if bit is None:
+        both = (cat, size_key)
+        local = self._bits.get(both)
+        if local is None:
             self._category(cat)
+            self._cats = tuple(self._by_category)
             shift = self.index.get(both)
             if shift is None:
                 shift = self.index[both] = self.SLOT * len(self.index)
-            bit = self._bits[both] = 1 << shift
-        self.packed += bit
+            local = self._bits[both] = (len(self._counts), 1 << shift)
+            self._live_keys_seen.append(both)
+            self._counts.append(0)
+            self._activations.append([])
+        total = 0
         if self.packed_total is not None:
-            size_total = self._packed_sizes.get(size_key)
-            if size_total is None:
-                size_total = self._packed_size(size_key)  # may turn packed_total off
-            if self.packed_total is not None:
-                self.packed_total += size_total
-
-    def release(self, st: Storage) -> None:
-        """Memory.release, recorded."""
-        key = id(st)
-        holds = self.holds
-        holds[key] -= 1
-        if holds[key] == 0:
-            del holds[key]
-            _, size, cat, size_key = self.sizes.pop(key)
-            rounded = st.count is None
-            entry = self.size_counts[size_key] if rounded else [size, 1]
-            entry[1] -= 1
-            both = (cat, size_key)
-            live = self.live[both] = self.live[both] - 1
-            if not live:
-                del self.live[both]
-            self.packed -= self._bits[both]
-            if self.packed_total is not None:
-                self.packed_total -= self._packed_sizes[size_key]
+            total = self._packed_sizes.get(size_key)
+            if total is None:
+                total = self._packed_size(size_key)  # may turn packed_total off
+        rec = (local[0], local[1], total)
+        if rounded:
+            self._recorded[id(size), cat] = self._by_value[value] = rec
+        return rec
 
     def _packed_size(self, size_key: tuple) -> int:
         found = self._packed_sizes.get(size_key)
@@ -446,12 +441,106 @@ class RecordedMemory(Memory):
             self._packed_sizes[size_key] = found
         return found
 
+    def hold(self, st: Storage, category: str | None = None) -> None:
+        """Add one reference to a storage, counted on the first in its live key, `packed` and
+        `packed_total`."""
+        key = id(st)
+        holds = self.holds
+        if key in holds:
+            holds[key] += 1
+            return
+        holds[key] = 1
+        size = st.size
+        if st.count is None:
+            rec = self._recorded.get((id(size), category or st.category))
+            if rec is None:
+                rec = self._recorded_key(size, category or st.category)
+        else:  # one expert's, in a 'worst' bound: its rounding at its most
+            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            rec = self._recorded_key(size, category or st.category, False)
+        self.sizes[key] = (st, rec)
+        local, bit, total = rec
+        counts = self._counts
+        c = counts[local]
+        counts[local] = c + 1
+        if not c:
+            self._stamp = stamp = self._stamp + 1
+            self._activations[local].append(stamp)
+        self.packed += bit
+        if self.packed_total is not None:
+            self.packed_total += total
+
+    def release(self, st: Storage) -> None:
+        """Drop one reference; uncount the storage on the last."""
+        key = id(st)
+        holds = self.holds
+        c = holds[key] - 1
+        if c:
+            holds[key] = c
+            return
+        del holds[key]
+        local, bit, total = self.sizes.pop(key)[1]
+        self._counts[local] -= 1
+        self.packed -= bit
+        if self.packed_total is not None:
+            self.packed_total -= total
+
     def mark(self, label: str) -> None:
-        """Memory.mark, recorded: every instant, keyed (no moment is kept)."""
-        where = (self.phase, self.micro, self.where)
-        n = self._seen[where] = self._seen.get(where, -1) + 1
-        self.log.append((where + (n,), label, tuple(self._by_category), dict(self.live), self.packed,
-                         self.packed_total))
+        """Log this instant, keyed (Memory.log)."""
+        where, seen = (self.phase, self.micro, self.where), self._seen
+        n = seen.get(where, -1) + 1
+        seen[where] = n
+        self.log.append((where + (n,), label, self._cats, self._stamp, self.packed, self.packed_total))
+
+    def recorded_live(self) -> "RecordedLive":
+        """What reads a recorded mark's live storages back from its stamp and `packed`."""
+        return RecordedLive([(self.index[k], k) for k in self._live_keys_seen], self._activations)
+
+
+class RecordedLive:
+    """A recorded mark's live storages {(category, size terms): how many}, read back from its
+    `packed` counts, in the order they became live (the last time, up to the mark's stamp), the
+    order a dict of them kept up by hold and release would have.
+
+    >>> from memcalc.tape.graph import Storage
+    >>> a, b = Storage(Poly.bs(2), "activations", "a"), Storage(Poly.const(4), "weights", "w")
+    >>> mem = Memory(record=True)
+    >>> mem.hold(a); mem.hold(b); mem.hold(a); mem.release(a); mem.release(a); mem.mark("x"); mem.hold(a)
+    >>> _, _, cats, stamp, packed, _ = mem.log[0]
+    >>> cats, mem.recorded_live()(stamp, packed)
+    (('activations', 'weights'), {('weights', (((0, 0), 4),)): 1})
+    """
+
+    def __init__(self, slots: list[tuple[int, tuple]], activations: list[list[int]]) -> None:
+        """`slots`: (bit offset in `packed`, live key) by local number; `activations`: the
+        stamps at which each became live."""
+        width = Memory.SLOT // 8  # (a whole number of bytes: 4 low, 1 high, SLOT = 40)
+        order = sorted(zip(slots, activations), key=lambda item: item[0][0])
+        fmt, at = "<", 0
+        for (shift, _), _ in order:
+            fmt += f"{shift // 8 - at}xIB" if shift // 8 > at else "IB"
+            at = shift // 8 + width
+        self._counts = struct.Struct(fmt)
+        """Every slot's count, as (low 32 bits, high 8 bits), in one unpacking."""
+        self._size = at
+        self._keys = [(key, stamps) for (_, key), stamps in order]
+        self._read: dict[tuple[int, int], dict] = {}  # (stamp, packed) -> live storages
+
+    def __call__(self, stamp: int, packed: int) -> dict:
+        found = self._read.get((stamp, packed))
+        if found is None:
+            found = self._read[stamp, packed] = self._live(stamp, packed)
+        return dict(found)  # (a copy: callers may rewrite theirs, memcalc.depth._growing)
+
+    def _live(self, stamp: int, packed: int) -> dict:
+        data = packed.to_bytes(max(self._size, (packed.bit_length() + 7) // 8), "little")
+        parts = self._counts.unpack_from(data)
+        found = []
+        for (key, stamps), low, high in zip(self._keys, parts[::2], parts[1::2]):
+            if low or high:
+                found.append((stamps[bisect_right(stamps, stamp) - 1], key, low | high << 32))
+        found.sort()
+        return {key: c for _, key, c in found}
 
 
 def keep(frontier: list[Moment], total: Poly) -> bool:
