@@ -179,7 +179,11 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     q, k, v), the C++ locals `query` (q scaled), `attn` (the dropped probabilities) and, from
     half inputs, the upcasts, the output before its cast, and the attention weights cast back to
     the input dtype (the second output, dropped by scaled_dot_product_attention when the math
-    function returns)."""
+    function returns). With enable_gqa (kv < heads), pre_process_group_query_attention_input
+    repeats k and v before k is scaled; `key_expanded`, `value_expanded` and, from half inputs,
+    `value_acc` live until the function returns, and the scaled transpose of the contiguous
+    repeated k reaches bmm uncopied (measured: pure bf16 Llama GQA and bf16/fp16-amp Gemma MQA
+    under checkpointing, validate/ci_gqa_math.py)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
