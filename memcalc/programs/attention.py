@@ -179,7 +179,11 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     q, k, v), the C++ locals `query` (q scaled), `attn` (the dropped probabilities) and, from
     half inputs, the upcasts, the output before its cast, and the attention weights cast back to
     the input dtype (the second output, dropped by scaled_dot_product_attention when the math
-    function returns)."""
+    function returns). With enable_gqa (kv < heads), pre_process_group_query_attention_input
+    repeats k and v before k is scaled; `key_expanded`, `value_expanded` and, from half inputs,
+    `value_acc` live until the function returns, and the scaled transpose of the contiguous
+    repeated k reaches bmm uncopied (measured: pure bf16 Llama GQA and bf16/fp16-amp Gemma MQA
+    under checkpointing, validate/ci_gqa_math.py)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
@@ -200,14 +204,20 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     built = mask is None
     if built:
         mask = g.op("causal float mask", [], size("s s", elt), requires_grad=False, elt=elt)
-    ks = ops.scale(k, "k * sqrt(scale)")
     full = size("b s a d", elt, a=a, d=d)
-    if kv < a:
-        ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
+    repeated = []
+    if kv < a:  # pre_process_group_query_attention_input: `key_expanded` / `value_expanded`,
+        # repeated before k is scaled and held until the function returns (measured, pure bf16
+        # Llama GQA under per-layer checkpointing: both live at the dropout, as do the upcasts)
+        k = g.op("repeat_interleave k", [k], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
+        repeated = [k, v]
+    ks = ops.scale(k, "k * sqrt(scale)")  # key_expanded.transpose(-2, -1) * scaling_factor
     views = ops.regime.single_sequence  # (1, heads, ...) merges a size-1 dimension: no copy
     qc = qs if contiguous_q or views else head_copy(ops, spec, qs, "q reshape copy")
-    k_copy = k_layout == "projection" and not contiguous and not contiguous_q and not views
+    # the repeated k is contiguous (b, heads, s, d): its scaled transpose needs no copy for bmm
+    k_copy = (k_layout == "projection" and kv == a and not contiguous and not contiguous_q
+              and not views)
     kc = head_copy(ops, spec, ks, "k^T reshape copy") if k_copy else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
@@ -220,7 +230,9 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     vc = head_copy(ops, spec, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []) + [qs, p] + weights + args)
+    # the C++ locals query_acc, key_acc, value_acc (the upcasts, repeated or not) and the output
+    ops.scope_end(([mask] if built else []) + ([*upcast, y] if origin != elt else []) + repeated + [qs, p]
+                  + weights + args)
     if a == 1:  # head_copy: the transpose of one head is contiguous
         return out
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
