@@ -200,14 +200,17 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     built = mask is None
     if built:
         mask = g.op("causal float mask", [], size("s s", elt), requires_grad=False, elt=elt)
-    ks = ops.scale(k, "k * sqrt(scale)")
     full = size("b s a d", elt, a=a, d=d)
+    expanded = []  # GQA_EXPAND: the locals key_expanded / value_expanded, held to the return
     if kv < a:
-        ks = g.op("repeat_interleave k", [ks], full, backward=[Grad(0)], elt=elt)
+        k = g.op("repeat_interleave k", [k], full, backward=[Grad(0)], elt=elt)
         v = g.op("repeat_interleave v", [v], full, backward=[Grad(0)], elt=elt)
+        expanded = [k, v]
+    ks = ops.scale(k, "k^T * sqrt(scale)")  # a temporary of the matmul's full-expression
     views = ops.regime.single_sequence  # (1, heads, ...) merges a size-1 dimension: no copy
     qc = qs if contiguous_q or views else head_copy(ops, spec, qs, "q reshape copy")
-    k_copy = k_layout == "projection" and not contiguous and not contiguous_q and not views
+    # repeat_interleave's output is contiguous (b, heads, s, d): its scaled transpose is a bmm view
+    k_copy = k_layout == "projection" and kv == a and not contiguous and not contiguous_q and not views
     kc = head_copy(ops, spec, ks, "k^T reshape copy") if k_copy else ks
     raw = scores_matmul(ops, qc, kc, a)
     scores = g.op("+ mask", [raw, mask], raw.size, backward=[Alias(0)], elt=elt)
@@ -220,7 +223,8 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     vc = head_copy(ops, spec, v, "v reshape copy") if needs_copy else v
     y = g.op("p@v", [p, vc], full, saves=product_saves(p, vc), backward=[Grad(1), Grad(0)], elt=elt)
     out = ops.to(y, origin, "math output .to(origin)")
-    ops.scope_end(([mask] if built else []) + ([q, k, v, y] if origin != elt else []) + [qs, p] + weights + args)
+    ops.scope_end(([mask] if built else []) + (upcast + [y] if origin != elt else []) + expanded + [qs, p]
+                  + weights + args)
     if a == 1:  # head_copy: the transpose of one head is contiguous
         return out
     return g.op("transpose(1,2).contiguous()", [out], out.size, backward=[Grad(0)], elt=origin)
