@@ -163,7 +163,14 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         y = rebind("current_hidden_states", ops.linear(mul, w2, None, n, h, "expert down"))
         w = g.op("top_k_weights[token_idx, top_k_pos]", [weights, where], n * weights.elt, saves=[where],
                  backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
-        scaled = ops.mul(y, w, "* routing weights") if y.elt >= w.elt else \
+        # MulBackward0 (self's formula first): grad * w is y's gradient; grad * y, a temporary of
+        # y's size, is summed to w's (n, 1) gradient by the engine's sum_to (validate_outputs).
+        # Measured (tracker, Qwen3-MoE/Mixtral/OLMoE fp32 every-k, b=7, s=103): mul, mul (+n*h*4
+        # each: the peak), then sum.dim_IntList with live bytes down by the temporary: the (n, 1)
+        # gradient is counted after the temporary is gone. memcalc had no temporary (-2.0%).
+        scaled = g.op("* routing weights", [y, w], n * (h * y.elt), saves=product_saves(y, w),
+                      backward=[Grad(0), Temp(n * (h * y.elt)), FreeTemps(), Grad(1)], elt=y.elt) \
+            if y.elt >= w.elt else \
             g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w], backward=[Grad(0), Grad(1)],
                  elt=w.elt)
         rebind("current_hidden_states", scaled)
