@@ -51,7 +51,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     the fine-tuning optimizers (validate.ci_optim), the call paths and the Trainer
     (validate.ci_callpath, ci_trainer), LoRA/QLoRA (validate.ci_finetune) and MoE (validate.ci_moe).
 
-    >>> cases = ci_matrix(); 200 < len(cases) < 300
+    >>> cases = ci_matrix(); 300 < len(cases) < 400
     True
     """
     from validate.ci_families import families_cases
