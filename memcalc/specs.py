@@ -168,6 +168,11 @@ class ModelSpec(FrozenModel):
                              "make them equal")
         if self.family == "gpt_oss":
             _check_gpt_oss(self)
+        if self.family == "mixtral" and self.moe is not None and not self.moe.norm_topk_prob:
+            # MixtralTopKRouter.forward divides router_top_value by its sum whatever the config
+            # (modeling_mixtral.py; Mixtral has no norm_topk_prob key)
+            raise ValueError("mixtral's router always renormalises the top-k weights; set "
+                             "moe.norm_topk_prob=True")
         if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
             raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
                              "make qkv_bias equal out_bias")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.programs.attention import attention_core, llama_eager, sdpa_attention
-from memcalc.programs.call_path import cache_kv, causal_mask
+from memcalc.programs.call_path import cache_kv, causal_mask, zero_window_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
 from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
@@ -162,6 +162,8 @@ class HFLlama(DecoderProgram):
         pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
             masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
+            if spec.family == "qwen2_moe":  # and a window-0 one no layer reads (call_path)
+                masks["sliding"] = zero_window_mask(ops, regime, x.elt)
         else:
             masks = build_masks(ops, spec, regime, x.elt)
         cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))

@@ -34,8 +34,8 @@ from memcalc.programs.base import TOKENS
 from memcalc.programs.moe_ops import INDEX, inplace  # re-exported (memcalc.programs.hf_gpt_oss)
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value
-from memcalc.tape.ops import Ops
+from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value, product_saves
+from memcalc.tape.ops import Ops, numel
 
 
 def router(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> tuple[Value, Value, Value]:
@@ -163,7 +163,14 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         y = rebind("current_hidden_states", ops.linear(mul, w2, None, n, h, "expert down"))
         w = g.op("top_k_weights[token_idx, top_k_pos]", [weights, where], n * weights.elt, saves=[where],
                  backward=[Temp(weights.size), Grad(0), FreeTemps()], elt=weights.elt)
-        scaled = ops.mul(y, w, "* routing weights") if y.elt >= w.elt else \
+        # MulBackward0 (self's formula first): grad * w is y's gradient; grad * y, a temporary of
+        # y's size, is summed to w's (n, 1) gradient by the engine's sum_to (validate_outputs).
+        # Measured (tracker, Qwen3-MoE/Mixtral/OLMoE fp32 every-k, b=7, s=103): mul, mul (+n*h*4
+        # each: the peak), then sum.dim_IntList with live bytes down by the temporary: the (n, 1)
+        # gradient is counted after the temporary is gone. memcalc had no temporary (-2.0%).
+        scaled = g.op("* routing weights", [y, w], n * (h * y.elt), saves=product_saves(y, w),
+                      backward=[Grad(0), Temp(n * (h * y.elt)), FreeTemps(), Grad(1)], elt=y.elt) \
+            if y.elt >= w.elt else \
             g.op("* routing weights", [y, w], n * (h * w.elt), saves=[y, w], backward=[Grad(0), Grad(1)],
                  elt=w.elt)
         rebind("current_hidden_states", scaled)
@@ -216,13 +223,31 @@ def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer:
         out = eager_experts(ops, spec, regime, x, weights, indices, layer, p)
     else:
         out = grouped_mm_experts(ops, spec, x, weights, indices, p)
-    ops.scope_end([logits, weights, indices])
     if shared is None:
+        ops.scope_end([logits, weights, indices])
         return out
     gate = ops.linear(x, p("mlp.shared_expert_gate.weight", spec.hidden_size, 1), None, TOKENS, 1,
                       "shared_expert_gate")
-    scaled = ops.mul(ops.unary_saving_output("sigmoid", gate), shared, "sigmoid * shared")
-    return ops.add(out, scaled, "experts + shared")
+    scaled = _gate_times_shared(ops, ops.unary_saving_output("sigmoid", gate), shared)
+    out = ops.add(out, scaled, "experts + shared")
+    # `_, routing_weights, selected_experts = self.gate(...)`: Qwen2MoeSparseMoeBlock.forward's
+    # locals until it returns, through the shared expert's gate (measured: the router's logits
+    # and weights, 2 * N * 2 B under bf16-amp, alive at `expert_output + shared_expert_output`)
+    ops.scope_end([logits, weights, indices])
+    return out
+
+
+def _gate_times_shared(ops: Ops, gate: Value, shared: Value) -> Value:
+    """`F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output`
+    (modeling_qwen2_moe.Qwen2MoeSparseMoeBlock): an (N, 1) gate broadcast over the (N, h) shared
+    output, so the product is (N, h) (measured: +b*s*h*2 B at that mul under bf16-amp, where
+    memcalc held an (N, 1) product). Backward (MulBackward0, self's formula first): grad * shared
+    at full size, the shared output's grad, then the engine's sum_to reduces the first to (N, 1)
+    (torch/csrc/autograd/engine.cpp validate_outputs), freeing the full one."""
+    elt = max(gate.elt, shared.elt)
+    full = numel(shared) * elt
+    return ops.g.op("sigmoid * shared", [gate, shared], full, saves=product_saves(gate, shared),
+                    backward=[Temp(full), Grad(1), Grad(0), FreeTemps()], elt=elt)
 
 
 def _shared_expert(ops: Ops, spec: ModelSpec, x: Value, p: Callable[..., Value]) -> Value:
