@@ -1,5 +1,5 @@
-"""transformers' side of an HF config, shared by the tests that check memcalc's parameter counts
-against transformers' own."""
+"""The real libraries' side of what tests compare memcalc with: transformers' parameter count of an
+HF config, and the optimizer states a real torch / bitsandbytes / transformers optimizer holds."""
 from __future__ import annotations
 
 import pytest
@@ -17,3 +17,21 @@ def meta_num_parameters(hf_config: dict) -> int:
     model_type, cfg = _make_config(hf_config)
     with torch.device("meta"):
         return getattr(transformers, CLASSES[model_type])._from_config(cfg).num_parameters()
+
+
+def live_optimizer_state_bytes(torch, optimizer: str, params: list) -> int:
+    """Bytes of the distinct state storages the real optimizer (validate.step.optimizer_class)
+    holds after one step on `params` with all-ones gradients."""
+    from validate.step import optimizer_class
+
+    opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    seen, live = set(), 0
+    for p in params:
+        for v in opt.state[p].values():
+            if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
+                seen.add(v.untyped_storage().data_ptr())
+                live += v.untyped_storage().nbytes()
+    return live

@@ -36,19 +36,9 @@ def test_state_bytes_match_the_live_optimizer(optimizer, dtype):
     """Sum of the distinct state storages the real optimizer holds after one step."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
-    from validate.step import optimizer_class
+    from tests.configs import live_optimizer_state_bytes
 
-    params = _params(torch, getattr(torch, dtype))
-    opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
-    for p in params:
-        p.grad = torch.ones_like(p)
-    opt.step()
-    seen, live = set(), 0
-    for p in params:
-        for v in opt.state[p].values():
-            if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
-                seen.add(v.untyped_storage().data_ptr())
-                live += v.untyped_storage().nbytes()
+    live = live_optimizer_state_bytes(torch, optimizer, _params(torch, getattr(torch, dtype)))
     shapes = [_flat(s) for s in SHAPES]
     predicted = sum(sum(ft.state_allocations(optimizer, n, rows, "cpu")) for n, rows in shapes)
     predicted += sum(ft.shared_allocations(optimizer, [n for n, _ in shapes], "cpu"))
