@@ -35,3 +35,25 @@ def live_optimizer_state_bytes(torch, optimizer: str, params: list) -> int:
                 seen.add(v.untyped_storage().data_ptr())
                 live += v.untyped_storage().nbytes()
     return live
+
+
+def measured_step_temporaries(optimizer: str, make_params) -> int:
+    """The peak above the live bytes before optimizer.step() of the real optimizer's second step
+    (the steady state), under the validator's live-tensor tracker; `make_params()` builds the
+    parameters inside it."""
+    import torch
+    from validate.step import optimizer_class
+    from validate.tracker import LiveTensorTracker
+
+    optimizer_class(optimizer)  # import outside the tracker
+    with LiveTensorTracker() as tr:
+        params = make_params()
+        opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
+        for _ in range(2):
+            for p in params:
+                p.grad = torch.ones_like(p)
+            before = tr.live
+            tr.reset_peak()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return tr.peak - before

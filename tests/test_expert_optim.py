@@ -49,22 +49,11 @@ def test_expert_step_temporaries_match_the_tracker(optimizer, dtype):
     """Steady-state step: the peak above the live bytes before optimizer.step()."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
-    from validate.step import optimizer_class
-    from validate.tracker import LiveTensorTracker
+    from tests.configs import measured_step_temporaries
 
-    optimizer_class(optimizer)  # import outside the tracker
-    with LiveTensorTracker() as tr:
-        params = _params(torch, getattr(torch, dtype))
-        opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
-        for _ in range(2):
-            for p in params:
-                p.grad = torch.ones_like(p)
-            before = tr.live
-            tr.reset_peak()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    measured = measured_step_temporaries(optimizer, lambda: _params(torch, getattr(torch, dtype)))
     elt = 2 if dtype == "bfloat16" else 4
-    assert tr.peak - before == max(ft.step_temporaries(optimizer, [_shape(s) for s in SHAPES], elt, "cpu", 1))
+    assert measured == max(ft.step_temporaries(optimizer, [_shape(s) for s in SHAPES], elt, "cpu", 1))
 
 
 @given(cases())
