@@ -276,6 +276,14 @@ def min_world_size(model: ModelSpec, training: TrainingConfig, budget: int | flo
     with it under zero1..3; under DDP it does not). With tensor_parallel t, `value` counts every
     GPU (data-parallel groups x t). `value` is 0 when `cap` groups do not fit.
 
+    The fall is not monotone everywhere: FSDP pads every parameter's dim 0 to a multiple of the
+    rank count (memcalc.parallel.fsdp), so counts that divide the model's dims fit sooner
+    (Llama-2-70B, zero2, pure bf16 on an H200: 128 ranks fit, 127 and 129 do not, nor any count
+    from 16 to 127; measured with estimate()). Doubling tries the powers of two first; the
+    answer w fits and w - 1 does not, but a count between the bracket's ends that was not
+    tried may fit too. (Tried instead: a 1/w extrapolation from two counts, fewer simulations,
+    answered 175 there: kept the doubling.)
+
     >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=1024, precision="bf16-amp", sharding="zero3")
     >>> min_world_size(ModelSpec.preset("gpt2-xl"), t, "16GiB").value

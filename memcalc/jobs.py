@@ -29,12 +29,25 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
     available CPUs). One job, one task, or a platform without fork: in this process. Tasks are
     handed out one at a time as workers free up, so list the longest first.
 
+    Python's cyclic collector is held off while the tasks run: memcalc's tasks make no cyclic
+    garbage worth collecting (reference counting frees a simulation's objects), while each
+    pass walks every candidate cached so far (memcalc.engine's cache). Held off here, a forked
+    worker (which inherits the collector's state) never runs one, and this process runs one at
+    the end.
+
     >>> run_all([(pow, (2, 3)), (pow, (3, 2))], jobs=2)
     [8, 9]
     """
     jobs = min(available_cpus() if jobs is None else jobs, len(tasks))
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [fn(*args) for fn, args in tasks]
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        pending = [pool.apply_async(fn, args) for fn, args in tasks]
-        return [p.get() for p in pending]
+    with _collector_off():
+        if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            return [fn(*args) for fn, args in tasks]
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            pending = [pool.apply_async(fn, args) for fn, args in tasks]
+            return [p.get() for p in pending]
+
+
+def _collector_off():
+    from memcalc.engine import _gc_paused
+
+    return _gc_paused()

@@ -30,8 +30,9 @@ def standard_seq_len(preset: str) -> int:
     return 1024 if preset.startswith("gpt2") else 4096
 
 
-def configs(presets: list[str]=None):
-    """(preset, regime, checkpointing, ModelSpec, TrainingConfig) of every table row, in order."""
+def configs(presets: list[str]=None, regimes: list[str]=None):
+    """(preset, regime, checkpointing, ModelSpec, TrainingConfig) of every table row, in order
+    (only `regimes`, names of REGIMES, when given)."""
     from memcalc.presets import PRESETS
     from memcalc.specs import ModelSpec
     from memcalc.step_checks import NO_SDPA
@@ -41,6 +42,8 @@ def configs(presets: list[str]=None):
         model = ModelSpec.preset(name)
         attention = "eager" if model.family in NO_SDPA else "sdpa"  # what its class can run
         for regime, fields in REGIMES.items():
+            if regimes and regime not in regimes:
+                continue
             for mode in CHECKPOINTING:
                 yield name, regime, mode, model, TrainingConfig(
                     micro_batch=1, seq_len=standard_seq_len(name), checkpointing=mode, attention=attention,
@@ -70,11 +73,11 @@ def _breakdown_row(name: str, regime: str, mode: str, model: object, training: o
     return head + [_gib(r.peak_bytes), r.peak_phase] + [_gib(v) for v in comps.values()]
 
 
-def both_rows(presets: list[str]=None) -> tuple[list[list[str]], list[list[str]]]:
+def both_rows(presets: list[str]=None, regimes: list[str]=None) -> tuple[list[list[str]], list[list[str]]]:
     """(breakdown_rows, capacity_rows) in one pass over the configurations, so that each
     configuration's simulation (memcalc.engine's cache, bounded) serves both of its rows."""
     b_rows, c_rows = [], []
-    for config in configs(presets):
+    for config in configs(presets, regimes):
         b_rows.append(_breakdown_row(*config))
         c_rows.append(_capacity_row(*config))
     return b_rows, c_rows
@@ -189,32 +192,41 @@ def render(presets: list[str]=None, jobs: int | None = None) -> dict[str, str]:
 
 
 def _tasks(presets: list[str] | None) -> list[tuple]:
-    """The tasks of render: each multi-GPU preset's rows, then each preset's breakdown and
-    capacity rows, deepest and eager-attention models first (the longest: memcalc.jobs hands
-    tasks out in order)."""
+    """The tasks of render: each multi-GPU preset's rows, then the breakdown and capacity rows
+    of each (preset, regime), deepest and eager-attention models first (the longest:
+    memcalc.jobs hands tasks out in order, and tasks a third of a preset's keep the last ones
+    short, so the processes end together). Every program the tasks run is imported here, once,
+    before memcalc.jobs forks the workers."""
+    from memcalc.programs import program_for
     from memcalc.specs import ModelSpec
     from memcalc.step_checks import NO_SDPA
 
+    import memcalc.capacity  # noqa: F401 (the tasks' modules, imported before the fork)
+    import memcalc.gpus  # noqa: F401
+
     def cost(name: str) -> tuple:
         model = ModelSpec.preset(name)
+        program_for(model)
         return (model.family in NO_SDPA, model.num_layers)
 
     multi = [(_multi_gpu_preset, (name,)) for name in MULTI_GPU_PRESETS if not presets or name in presets]
     names = sorted(_preset_names(presets), key=cost, reverse=True)
-    return multi + [(_preset_rows, (name,)) for name in names]
+    return multi + [(_preset_rows, (name, regime)) for name in names for regime in REGIMES]
 
 
 def _assemble(presets: list[str] | None, tasks: list[tuple], results: list) -> dict[str, str]:
     """The files of render from its tasks' results, rows in the order of configs()."""
-    b_rows, c_rows, m_rows, by_preset = [], [], [], {}
+    b_rows, c_rows, m_rows, by_config = [], [], [], {}
     for (fn, args), result in zip(tasks, results):
         if fn is _multi_gpu_preset:
             m_rows += result
         elif fn is _preset_rows:
-            by_preset[args[0]] = result
-    for name in [name for name in _preset_names(presets) if name in by_preset]:
-        b_rows += by_preset[name][0]
-        c_rows += by_preset[name][1]
+            by_config[args] = result
+    for name in _preset_names(presets):
+        for regime in REGIMES:
+            if (name, regime) in by_config:
+                b_rows += by_config[name, regime][0]
+                c_rows += by_config[name, regime][1]
     return _files(b_rows, c_rows, m_rows)
 
 
@@ -224,24 +236,15 @@ def _preset_names(presets: list[str] | None) -> list[str]:
     return list(presets or PRESETS)
 
 
-def _preset_rows(name: str) -> tuple[list[list[str]], list[list[str]]]:
-    """The breakdown and capacity rows of one preset (one task of render), with the garbage
-    collector held off for the task (memcalc.engine pauses it per simulation; its deferred
-    passes, once per simulation, cost about a twentieth of the tables: measured 20.4 s -> 19.4
-    s CPU serial, the same peak RSS, so the tables make no cyclic garbage worth collecting)."""
-    from memcalc.engine import _gc_paused
-
-    with _gc_paused():
-        return both_rows([name])
+def _preset_rows(name: str, regime: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The breakdown and capacity rows of one preset under one regime (one task of render;
+    memcalc.jobs holds the garbage collector off while tasks run)."""
+    return both_rows([name], [regime])
 
 
 def _multi_gpu_preset(name: str) -> list[list[str]]:
-    """The multi-GPU rows of one preset (one task of render), the collector held off as in
-    _preset_rows."""
-    from memcalc.engine import _gc_paused
-
-    with _gc_paused():
-        return multi_gpu_rows([name])
+    """The multi-GPU rows of one preset (one task of render)."""
+    return multi_gpu_rows([name])
 
 
 def _files(b_rows: list, c_rows: list, m_rows: list) -> dict[str, str]:
