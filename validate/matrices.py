@@ -28,6 +28,7 @@ from validate.ci_optim import ci_optim_matrix
 from validate.ci_dropout import ci_dropout_cases
 from validate.ci_gqa_math import ci_gqa_math_cases
 from validate.ci_sweep3 import ci_sweep3_cases
+from validate.ci_sweep4 import ci_sweep4_cases
 from validate.ci_rows import CI_SHAPES, _case, _model, qwen2_config  # noqa: F401 (re-exported)
 from validate.dist_matrices import dist_ci_matrix
 from validate.pairwise import TRAINING_AXES, pairwise, pairwise_case  # noqa: F401 (pairwise, pairwise_case re-exported)
@@ -70,6 +71,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     cases += ci_dropout_cases(device)  # eager attention dropout, llama families (validate/ci_dropout.py)
     cases += ci_gqa_math_cases(device)  # SDPA math with enable_gqa (validate/ci_gqa_math.py)
     cases += ci_sweep3_cases(device)  # SDPA math GQA, Qwen2-MoE, eager experts (validate/ci_sweep3.py)
+    cases += ci_sweep4_cases(device)  # one kv head at b=1, top_k 1 grouped experts (validate/ci_sweep4.py)
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/ci_optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/ci_callpath.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/ci_trainer.py)

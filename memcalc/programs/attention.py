@@ -270,14 +270,15 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     `contiguous_qk`: q and k arrive contiguous (b, heads, s, d) (Phi-3's and GPT-NeoX's rotary
     cat), so bmm's reshape copies neither. With `softcap` (Gemma-2's eager_attention_forward):
     scores / cap (a new tensor), tanh (saves its result), * cap, before the mask. The
-    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy. With one sequence
+    DynamicCache's contiguous k and v (`contiguous`) need no reshape copy. With one kv head
+    repeat_kv is a view at any batch size (KV_EXPAND_VIEW). With one sequence
     (Regime.single_sequence) no reshape copies: merging the size-1 batch dimension with the heads
     is a view whatever the layout (measured: no clone before either bmm at b=1, torch 2.13)."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     query_elt = q.elt
     repeated = []
     reshape_copies = not ops.regime.single_sequence and a > 1  # head_copy: views at one head
-    expanded = kv == 1 < a and reshape_copies  # one kv head: repeat_kv is a view (KV_EXPAND_VIEW)
+    expanded = kv == 1 < a  # one kv head: repeat_kv is a view (KV_EXPAND_VIEW), at any batch size
     if expanded:
         k = g.view("repeat_kv k (expand view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
         v = g.view("repeat_kv v (expand view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
@@ -288,14 +289,14 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         repeated = [k, v]  # key_states / value_states: locals until the function returns
     # v, a transposed view (kv == heads) or the expanded one, is copied by p @ v's reshape, after
     # the softmax (measured: aten.clone of v after _softmax, Llama bf16 eager every-k)
-    v_copy = expanded or (kv == a and not contiguous and reshape_copies)
+    v_copy = reshape_copies and (expanded or (kv == a and not contiguous))
     k_view = k
     q, k = ops.matmul_operand(q), ops.matmul_operand(k)
     if not contiguous_qk and reshape_copies:
         q = copy(ops, q, "q reshape copy")
     if kv == a and not contiguous_qk and not contiguous and reshape_copies:
         k = copy(ops, k, "k^T reshape copy")
-    if expanded and k is k_view:  # not materialised by an autocast cast: bmm's reshape copies it
+    if expanded and k is k_view and reshape_copies:  # not cast by autocast: bmm's reshape copies it
         k = copy(ops, k, "k^T reshape copy (expanded)")
     scores = ops.scale(scores_matmul(ops, q, k, a), "* scale")
     if softcap:
@@ -325,7 +326,11 @@ copy; torch _to_copy of an overlapping tensor) or else by bmm's reshape of k^T, 
 reshape of v (after the softmax and dropout). Its backward (expand's sum) allocates the kv-sized
 gradient, as the copy's did. Measured (validate tracker, Llama/Gemma-3 fp16-amp and fp32 eager,
 b=2-3): no tensor at repeat_kv; memcalc held a (b, heads, s, d) k copy (and v early) and was over
-by it in the forward phase (+1.9% at b=2, s=256, h=64). One sequence (b=1) is left as it was."""
+by it in the forward phase (+1.9% at b=2, s=256, h=64). With one sequence (b=1) nothing copies the
+expansion but autocast's cast: bmm's reshapes merge the size-1 batch dimension too, so q @ k^T and
+p @ v save the stride-0 views, which keep the kv-sized rotated k and the fused projection (Phi-3's
+qkv, v a view of it) alive until their backward (measured, Phi-3 two heads one kv head, pure bf16,
+eager, sqrt checkpointing, b=1: forward +4.9%, backward -0.81% with the copies; validate/ci_sweep4.py)."""
 
 
 def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, copies: tuple[bool, bool, bool]) -> Value:

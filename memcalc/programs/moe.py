@@ -117,8 +117,11 @@ def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Va
     # index backward: new_zeros (S, h) and index_put's result
     unperm = g.op("weighted_out[inv_perm]", [weighted, inv], weighted.size, saves=[inv],
                   backward=[Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
-    # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape)
-    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=[Grad(0)], elt=elt)
+    # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape).
+    # With top_k 1 the expanded dimension has size 1 and the reshape is a view: no copy (measured,
+    # GPT-OSS top_k 1: one (N, h) gradient alive where memcalc held two; top_k 4: the copy)
+    back = [Alias(0)] if spec.moe.top_k == 1 else [Grad(0)]
+    out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=back, elt=elt)
     # locals of grouped_mm_experts_forward until it returns
     ops.scope_end([*held, y, inv, unperm])
     return ops.to(out, x.elt, "experts out .to(hidden dtype)")

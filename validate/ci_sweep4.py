@@ -1,0 +1,62 @@
+"""Rows from the last fresh sweep's misses (scripts/fresh_sweep.py --n 50 --seed 6), named
+sweep4NN, each with neighbours that isolate its class:
+
+- One kv head of several, one sequence, eager attention (Phi-3 pure bf16 sqrt, fresh6-042:
+  forward +4.9%, backward -0.81% before): repeat_kv's expand + reshape merges a size-1 kv
+  dimension, a view at any batch size, and at b=1 bmm's reshapes merge the size-1 batch
+  dimension too, so nothing copies the expansion but an autocast cast; q @ k^T and p @ v save
+  the stride-0 views, which keep the rotated k and the fused projection alive
+  (memcalc.programs.attention.llama_eager, KV_EXPAND_VIEW).
+- GPT-OSS with top_k 1 on the grouped_mm experts path (one head, per-layer, bf16-amp,
+  fresh6-029: +1.03% before): `weighted_out.view(N, 1, h).sum(dim=1)`'s backward expands the
+  gradient over a size-1 dimension and reshapes it as a view: no (S, h) copy
+  (memcalc.programs.moe.grouped_combine). Mixtral shares the code (its peak, in the experts'
+  backward, comes after the copy is freed: the row checks it stays put).
+"""
+from __future__ import annotations
+
+from memcalc.specs import ModelSpec
+from memcalc.training import TrainingConfig
+from validate.case import Case
+
+_PHI3 = dict(family="phi3", implementation="hf", vocab_size=16, hidden_size=64, num_layers=2, num_heads=2,
+             num_kv_heads=1, intermediate_size=64, qkv_bias=False, out_bias=False, mlp_bias=False,
+             activation="silu", attn_dropout=0.1, resid_dropout=0.1, rotary_fraction=0.5,
+             max_position_embeddings=1024)
+_ONE_SEQ = dict(micro_batch=1, seq_len=84, precision="bf16", optimizer="sgd-momentum", optimizer_impl="fused",
+                checkpointing="sqrt", attention="eager")
+_LLAMA = dict(family="llama", implementation="hf", vocab_size=96, hidden_size=64, num_layers=2, num_heads=4,
+              num_kv_heads=1, intermediate_size=128, qkv_bias=False, out_bias=False, mlp_bias=False,
+              activation="silu", attn_dropout=0.1, max_position_embeddings=1024)
+_GPT_OSS = dict(family="gpt_oss", implementation="hf", vocab_size=223, hidden_size=32, num_layers=2,
+                num_heads=1, num_kv_heads=1, intermediate_size=192, tie_embeddings=False, activation="silu",
+                sliding_window=32, sliding_window_pattern=1, max_position_embeddings=1024,
+                moe=dict(num_experts=6, top_k=1, expert_ffn_size=96))
+_GROUPED = dict(micro_batch=2, seq_len=94, grad_accum=3, precision="bf16-amp", optimizer="sgd",
+                optimizer_impl="foreach", checkpointing="per-layer", attention="eager",
+                experts_implementation="grouped_mm", moe_routing="balanced")
+_TOP1 = dict(implementation="hf", vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+             intermediate_size=64, qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu",
+             max_position_embeddings=1024, moe=dict(num_experts=4, top_k=1, expert_ffn_size=128))
+ROWS = (  # (model fields, training fields)
+    (_PHI3, _ONE_SEQ),  # the sweep's miss (fresh6-042)
+    (_LLAMA, dict(_ONE_SEQ, seq_len=64, precision="bf16-amp", optimizer="sgd")),  # autocast casts the views
+    (dict(_LLAMA, attn_dropout=0.0), dict(_ONE_SEQ, seq_len=64, precision="fp32", optimizer="adamw",
+                                          optimizer_impl="foreach", checkpointing="per-layer")),
+    (dict(_LLAMA, num_layers=1), dict(_ONE_SEQ, seq_len=48, precision="fp16-amp", checkpointing="none")),
+    (dict(_TOP1, family="mixtral", num_kv_heads=1), dict(_ONE_SEQ, seq_len=40, checkpointing="none",
+                                                         experts_implementation="grouped_mm")),
+    (_GPT_OSS, _GROUPED),  # the sweep's miss (fresh6-029)
+    (dict(_TOP1, family="mixtral"), dict(_GROUPED, seq_len=64, grad_accum=1, precision="fp32")),  # peak elsewhere
+    (dict(_GPT_OSS, num_heads=4, num_kv_heads=2), dict(_GROUPED, seq_len=64, grad_accum=1, precision="bf16")),
+)
+
+
+def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
+    """The sweep4 rows.
+
+    >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family
+    (8, 'phi3', 'gpt_oss')
+    """
+    return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
+            for i, (model, training) in enumerate(ROWS)]
