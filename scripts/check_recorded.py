@@ -49,13 +49,15 @@ def row_device(row: dict) -> str | None:
 
 def _predict(estimate, spec, training, row: dict) -> int:
     """The row's prediction as the validator made it: a MoE row that recorded each steady step's
-    routing (extra.moe.routing_counts, validate/moe_routing.py) with those counts, the largest
-    over the steps; any other row with its own TrainingConfig."""
+    routing (extra.moe.routing_counts, validate/moe_routing.py) with those counts, each micro-step
+    with its own (validate.routed_steps), the largest over the steps; any other row with its own
+    TrainingConfig."""
     routings = ((row.get("extra") or {}).get("moe") or {}).get("routing_counts")
     if not routings:
         return estimate(spec, training).peak_bytes
-    return max(estimate(spec, training.with_(moe_routing=tuple(tuple(layer) for layer in counts))).peak_bytes
-               for counts in routings)
+    from validate.routed_steps import predict_steps  # each micro-step with its own routing
+
+    return max(r.peak_bytes for r in predict_steps(estimate, spec, training, routings))
 
 
 def recheck(row: dict, tolerance: float, allow_unpredicted: bool = False) -> dict:

@@ -54,16 +54,18 @@ def install(model) -> RouterRecorder | None:
 
 
 def predict_routed(spec, training, passes: list, steps: int):
-    """(report, extra): the prediction with each steady step's measured routing (the largest
-    over steps >= 2 and their micro-steps), and the predictions under 'worst' and 'balanced'."""
+    """(prediction, extra): the largest over the steady steps (>= 2) of each step predicted with the
+    routing each of its micro-steps measured (validate.routed_steps.predict_step), and the
+    predictions under each pass's routing alone, 'worst' and 'balanced'."""
     import memcalc
+    from validate.routed_steps import predict_steps
 
     micro = training.grad_accum
     steady = passes[micro:micro * steps]
-    reports = [memcalc.estimate(spec, training.with_(moe_routing=tuple(counts))) for counts in steady]
-    best = max(reports, key=lambda r: r.peak_bytes)
+    best = max(predict_steps(memcalc.estimate, spec, training, steady), key=lambda r: r.peak_bytes)
     extra = {"routing_counts": steady,
-             "routed_peaks": [r.peak_bytes for r in reports],
+             "routed_peaks": [memcalc.estimate(spec, training.with_(moe_routing=tuple(counts))).peak_bytes
+                              for counts in steady],
              **{f"{r}_peak_bytes": memcalc.estimate(spec, training.with_(moe_routing=r)).peak_bytes
                 for r in ("worst", "balanced")}}
     return best, extra
