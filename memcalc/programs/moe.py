@@ -122,9 +122,12 @@ def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Va
     # GPT-OSS top_k 1: one (N, h) gradient alive where memcalc held two; top_k 4: the copy)
     back = [Alias(0)] if spec.moe.top_k == 1 else [Grad(0)]
     out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=back, elt=elt)
-    # locals of grouped_mm_experts_forward until it returns
-    ops.scope_end([*held, y, inv, unperm])
-    return ops.to(out, x.elt, "experts out .to(hidden dtype)")
+    # `return final_hidden_states.to(hidden_states.dtype)`: cast while the function's locals live
+    # (measured, Mixtral pure bf16, whose fp32 routing weights promote the product: the forward
+    # phase peaks at this cast, with the sorted ids and histc alive)
+    cast = ops.to(out, x.elt, "experts out .to(hidden dtype)")
+    ops.scope_end([*held, y, inv, unperm] + ([out] if cast is not out else []))
+    return cast
 
 
 def _gated(ops: Ops, up: Value, rows: Poly, f: int) -> tuple[Value, Value]:
