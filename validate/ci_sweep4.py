@@ -28,7 +28,7 @@ _PHI3 = dict(family="phi3", implementation="hf", vocab_size=16, hidden_size=64, 
              activation="silu", attn_dropout=0.1, resid_dropout=0.1, rotary_fraction=0.5,
              max_position_embeddings=1024)
 _ONE_SEQ = dict(micro_batch=1, seq_len=84, precision="bf16", optimizer="sgd-momentum", optimizer_impl="fused",
-                checkpointing="sqrt", attention="eager")
+                checkpointing="sqrt", attention="eager", experts_implementation="eager", moe_routing="balanced")
 _LLAMA = dict(family="llama", implementation="hf", vocab_size=96, hidden_size=64, num_layers=2, num_heads=4,
               num_kv_heads=1, intermediate_size=128, qkv_bias=False, out_bias=False, mlp_bias=False,
               activation="silu", attn_dropout=0.1, max_position_embeddings=1024)
@@ -48,7 +48,8 @@ _QWEN2_MOE = dict(family="qwen2_moe", implementation="hf", vocab_size=45, hidden
                   moe=dict(num_experts=4, top_k=1, expert_ffn_size=32, shared_expert_ffn_size=64,
                            output_router_logits=True))
 _ACCUM = dict(micro_batch=1, seq_len=11, grad_accum=2, precision="fp16-amp", optimizer="sgd",
-              checkpointing="every-k", checkpoint_every=2, attention="sdpa", experts_implementation="eager")
+              checkpointing="every-k", checkpoint_every=2, attention="sdpa", experts_implementation="eager",
+              moe_routing="balanced")
 ROWS = (  # (model fields, training fields)
     (_PHI3, _ONE_SEQ),  # the sweep's miss (fresh6-042)
     (_LLAMA, dict(_ONE_SEQ, seq_len=64, precision="bf16-amp", optimizer="sgd")),  # autocast casts the views
