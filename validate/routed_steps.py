@@ -75,16 +75,29 @@ def predict_step(estimate: Callable, spec, training, passes: list) -> StepPredic
     """
     routings = [routing(p) for p in passes]
     later = [estimate(spec, training.with_(moe_routing=r)) for r in dict.fromkeys(routings[1:] or routings)]
-    if len(set(routings)) == 1 or training.hf_trainer:
+    first = None
+    if len(set(routings)) > 1 and not training.hf_trainer:
+        first = _one_micro_step(estimate, spec, training.with_(moe_routing=routings[0]))
+    if first is None:
         reports = later + ([] if len(set(routings)) == 1 else
                            [estimate(spec, training.with_(moe_routing=routings[0]))])
         best = max(reports, key=lambda r: r.peak_bytes)
         return _of(best, dict(best.phases), best.first_step_peak_bytes)
-    first = estimate(spec, training.with_(grad_accum=1, moe_routing=routings[0]))
     phases = {p: max(r.phases[p] for r in later + ([first] if p != "optimizer" else [])) for p in PHASES}
     top = max(phases, key=phases.get)
     source = max(later + ([first] if top != "optimizer" else []), key=lambda r: r.phases[top])
     return _of(source, phases, max(r.first_step_peak_bytes for r in later), top)
+
+
+def _one_micro_step(estimate: Callable, spec, training):
+    """The estimate of the same step with one micro-step, or None where that step is refused
+    (then the step is predicted as before: each routing for every micro-step, a bound)."""
+    from memcalc.errors import MemcalcError
+
+    try:
+        return estimate(spec, training.with_(grad_accum=1))
+    except (MemcalcError, ValueError):
+        return None
 
 
 def _of(report, phases: dict[str, int], first_step: int, phase: str | None = None) -> StepPrediction:
