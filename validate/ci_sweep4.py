@@ -16,6 +16,10 @@ sweep4NN, each with neighbours that isolate its class:
   fp16-amp every-k, grad_accum 2, attention dropout, fresh6-037: +1.58% before): not an engine
   miss; the validator predicted the step with one micro-step's routing for all of them, now each
   micro-step with its own (validate.routed_steps).
+- Found measuring a snapshot sample the first fix changed: foreach Adam with weight decay deletes
+  its `grads + wd * params` copy before the sqrt's copy (torch/optim/adam.py `del device_grads`),
+  so one parameter-sized copy, not two, is alive at once (memcalc.tape.optimizer.transient_bytes;
+  pure bf16 and fp32: the step's peak, in the optimizer, +20% before).
 """
 from __future__ import annotations
 
@@ -50,6 +54,9 @@ _QWEN2_MOE = dict(family="qwen2_moe", implementation="hf", vocab_size=45, hidden
 _ACCUM = dict(micro_batch=1, seq_len=11, grad_accum=2, precision="fp16-amp", optimizer="sgd",
               checkpointing="every-k", checkpoint_every=2, attention="sdpa", experts_implementation="eager",
               moe_routing="balanced")
+_SAMPLE = dict(family="llama", implementation="hf", vocab_size=700, hidden_size=64, num_layers=5, num_heads=4,
+               num_kv_heads=1, intermediate_size=160, max_position_embeddings=512, attn_dropout=0.1,
+               qkv_bias=True, out_bias=False, mlp_bias=False, activation="silu")
 ROWS = (  # (model fields, training fields)
     (_PHI3, _ONE_SEQ),  # the sweep's miss (fresh6-042)
     (_LLAMA, dict(_ONE_SEQ, seq_len=64, precision="bf16-amp", optimizer="sgd")),  # autocast casts the views
@@ -65,6 +72,10 @@ ROWS = (  # (model fields, training fields)
     (dict(_TOP1, family="qwen3_moe", vocab_size=45, hidden_size=64, attn_dropout=0.1,
           moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)),  # the first micro-step's routing: +0.34% before
      dict(_ACCUM, seq_len=6, precision="fp32", checkpointing="per-layer", checkpoint_every=None, attention="eager")),
+    (_SAMPLE, dict(_ONE_SEQ, seq_len=100, optimizer="adam", optimizer_impl="foreach", weight_decay=0.1,
+                   checkpointing="per-layer")),  # scripts/snapshot_predictions.py's sample 86, on CPU
+    (_SAMPLE, dict(_ONE_SEQ, micro_batch=2, seq_len=100, precision="fp32", optimizer="adam",
+                   optimizer_impl="foreach", weight_decay=0.1, checkpointing="per-layer")),
 )
 
 
@@ -72,7 +83,7 @@ def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
     """The sweep4 rows.
 
     >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[8].spec.family
-    (10, 'phi3', 'gpt_oss', 'qwen2_moe')
+    (12, 'phi3', 'gpt_oss', 'qwen2_moe')
     """
     return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
             for i, (model, training) in enumerate(ROWS)]
