@@ -442,7 +442,7 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     """{family key: {unit or None: its mark}} of a recorded run (Memory.log's entries: key,
     label, categories, live storages, packed, packed total; the live storages a Vec where
     `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
-    (key, unit) step order."""
+    (key, unit, mark) step order."""
     where, cache = _positions(run, lay, n), {}
     out: dict[tuple, dict] = {}
     order: list = []
@@ -461,7 +461,7 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
             raise NotRepeating(f"two instants at {key}")
         else:
             members[j] = entry
-        add((key, j))
+        add((key, j, entry))
     for key, members in out.items():
         if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
@@ -661,39 +661,52 @@ def _add(m: Moment, category: str, nbytes: int) -> None:
         m.sizes = m.sizes + ((const, 1),)
 
 
-def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
-    """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
-    found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
-    (f1, _), (f2, _), (f3, order3) = found
-    read1, read2 = runs[0].live, runs[1].live
+def _derive_moments(runs: list[StepRun], lay: Layout) -> list[tuple]:
+    """The instants of three recorded runs (N1, N2, N3 units), checked; in step order, each as
+    (family key, its mark at N1 units, at N2 units) (Memory.log's entries, _families), which
+    _family makes a Family of (most instants fall under others and never need one)."""
+    (f1, _), (f2, _), (f3, order3) = (_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3)))
     if f1.keys() != f2.keys() or f1.keys() != f3.keys():
         raise NotRepeating("different instants at different depths")
-    derived: dict[tuple, Family] = {}
-    every = tuple(zip(ENDS, *([e % n for e in ENDS] for n in (N1, N2, N3))))
-    for key, members in f1.items():
-        m2, m3 = f2[key], f3[key]
+    for key, members in f1.items():  # each instant in the same ENDS units at every depth
         if None in members:
-            ends: object = ((None, None, None, None),)
-        elif len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
-            ends = every
+            continue
+        m2, m3 = f2[key], f3[key]
+        if len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
+            continue
+        if not _absent(members, N1) == _absent(m2, N2) == _absent(m3, N3):
+            raise NotRepeating(f"instant {key} in different units at different depths")
+    units = {end % N3: (end % N1, end % N2) for end in ENDS}  # its unit at N3 -> at N1 and N2
+    out = []
+    add = out.append
+    for key, j, (_, l3, c3, v3, p3, _) in order3:  # each kept instant of ENDS units once
+        if j is None:
+            j1 = j2 = None
         else:
-            absent = _absent(members, N1)
-            if not absent == _absent(m2, N2) == _absent(m3, N3):
-                raise NotRepeating(f"instant {key} in different units at different depths")
-            ends = [e for e in every if e[0] not in absent]
-        for end, j1, j2, j3 in ends:
-            (_, l1, c1, v1, p1, t1), (_, l2, c2, v2, p2, t2), (_, l3, c3, v3, p3, _) = members[j1], m2[j2], m3[j3]
-            if p1 is not None and p2 is not None and p3 is not None:
-                on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
-            else:
-                on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
-            if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
-                raise NotRepeating(f"instant {key} not affine in depth")
-            derived[key, end] = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
-                                       v2 if p2 is None else (read2, v2, p2), (t1, t2))
+            found = units.get(j)
+            if found is None:  # a middle unit's (_check_middle)
+                continue
+            j1, j2 = found
+        e1, e2 = f1[key][j1], f2[key][j2]
+        _, l1, c1, v1, p1, _ = e1
+        _, l2, c2, v2, p2, _ = e2
+        if p1 is not None and p2 is not None and p3 is not None:
+            on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
+        else:
+            on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
+        if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
+            raise NotRepeating(f"instant {key} not affine in depth")
+        add((key, e1, e2))
     _check_middle(f3, N3)  # (N1 and N2 units have no middle unit between the second and second-last)
-    ends = {end % N3: end for end in ENDS}
-    return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
+    return out
+
+
+def _family(instant: tuple, read1: Callable, read2: Callable) -> Family:
+    """The Family of one of _derive_moments' instants (`read1`, `read2`: the runs' StepRun.live
+    at N1 and N2 units)."""
+    key, (_, l1, c1, v1, p1, t1), (_, l2, _, v2, p2, t2) = instant
+    return Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
+                  v2 if p2 is None else (read2, v2, p2), (t1, t2))
 
 
 def _first_step(steady: list[Family], states: tuple[Vec, Vec]) -> list[Family]:
@@ -732,16 +745,18 @@ def _unpack_dense(x: int, k: int) -> tuple:
     return tuple(out)
 
 
-def _frontier(families: list[Family], sizes: dict, index: dict | None = None) -> list[Family]:
-    """The families Memory.mark would keep at every depth of N1 units or more: compared on
-    their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
-    multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
+def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tuple) -> list[Family]:
+    """The families Memory.mark would keep at every depth of N1 units or more, of
+    _derive_moments' instants (`reads`: the runs' StepRun.live at N1 and N2 units, _family):
+    compared on their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which
+    n - N1 >= 0 multiplies), so a dropped one is below a kept one (or a mix of two) at every
+    depth."""
     k = sum(1 for key in index or {} if key[0] == "mono")
     # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
     # the optimizer's temporaries to one or the other, so neither may stand for the other
-    phases = [(fam.phase, i) if fam.phase == "optimizer" else fam.phase for i, fam in enumerate(families)]
-    if index is not None and all(None not in f.totals for f in families):
-        totals = [f.totals for f in families]
+    phases = [(key[0], i) if key[0] == "optimizer" else key[0] for i, (key, _, _) in enumerate(instants)]
+    totals = [(e1[5], e2[5]) for _, e1, e2 in instants]
+    if index is not None and all(t1 is not None and t2 is not None for t1, t2 in totals):
         lifted = _lifted(totals, k)
         if lifted is not None:
             kept = _kept_packed(lifted, totals, k, phases)
@@ -749,6 +764,7 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
             kept = _kept([_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in totals], phases)
     else:
         terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
+        families = [_family(instant, *reads) for instant in instants]
         lifted = []
         for fam in families:
             terms: dict = {}
@@ -762,7 +778,12 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
             for key in terms:
                 columns.setdefault(key, len(columns))
         kept = _kept([tuple(terms.get(key, 0) for key in columns) for terms in lifted], phases)
-    out = [fam for i, fam in enumerate(families) if i in kept]
+        return _expanded([fam for i, fam in enumerate(families) if i in kept], sizes)
+    return _expanded([_family(instants[i], *reads) for i in sorted(kept)], sizes)
+
+
+def _expanded(out: list[Family], sizes: dict) -> list[Family]:
+    """`out`, each family's numbers precomputed (Family.expanded)."""
     for fam in out:
         fam.expanded(sizes)
     return out
@@ -996,7 +1017,7 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         v1, v2, v3 = (run.states for run in steady)
         if not _on_line((v1, None), (v2, None), (v3, None), 1, 1, 2):
             raise NotRepeating("optimizer states that do not repeat")
-        kept = _frontier(_derive_moments(steady, lay), sizes, index)
+        kept = _frontier(_derive_moments(steady, lay), sizes, index, (steady[0].live, steady[1].live))
         first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
         for fam in first:  # forward and backward one holds the same states, and the frontier is
             # blind to a common term; the others are the steady state's own, expanded already
