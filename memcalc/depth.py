@@ -231,12 +231,16 @@ def combine(u: Vec, v: Vec, x: int, y: int) -> Vec:
     return {k: c for k, c in out.items() if c}
 
 
-def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, Poly], dict]:
-    """(total, bytes per category in `cats` order, {size terms: storages}) of live storages.
+def expand(v: Vec, cats: tuple[str, ...], sizes: dict,
+           terms_of: dict | None = None) -> tuple[Poly, dict[str, Poly], dict]:
+    """(total, bytes per category in `cats` order, {size terms: storages}) of live storages
+    (`terms_of`: each size's terms as pairs, _size_terms(sizes), when already made).
 
     >>> expand({("activations", ((1, 1),)): 3}, ("weights", "activations"), {((1, 1),): Poly.bs(2)})
     (Poly(6*b*s), {'weights': Poly(0), 'activations': Poly(6*b*s)}, {((1, 1),): 3})
     """
+    if terms_of is None:
+        terms_of = _size_terms(sizes)
     total: dict = {}
     by_cat: dict[str, dict] = {c: {} for c in cats}
     counts: dict[tuple, int] = {}
@@ -244,12 +248,22 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, 
         terms = by_cat.get(cat)
         if terms is None:
             terms = by_cat[cat] = {}
-        for mono, c in sizes[size].terms.items():
+        for mono, c in terms_of[size]:
             c *= n
             total[mono] = total.get(mono, 0) + c
             terms[mono] = terms.get(mono, 0) + c
         counts[size] = counts.get(size, 0) + n
-    return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, counts
+    return _poly(total), {c: _poly(terms) for c, terms in by_cat.items()}, counts
+
+
+def _size_terms(sizes: dict) -> dict:
+    """Each size's terms as (monomial, coefficient) pairs, by its key in `sizes` (expand)."""
+    return {k: tuple(p.terms.items()) for k, p in sizes.items()}
+
+
+def _poly(terms: dict) -> Poly:
+    """Poly(terms), taken as is where no coefficient is 0 (Poly._of)."""
+    return Poly(terms) if 0 in terms.values() else Poly._of(terms)
 
 
 def _label_at(first: str, second: str, n: int) -> str:
@@ -320,9 +334,12 @@ class Family:
         """Its live storages at n units."""
         return combine(self.base, self.step, 1, n - N1)
 
-    def expanded(self, sizes: dict) -> None:
-        """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
-        self._numbers = (expand(self.base, self.cats, sizes), expand(self.step, self.cats, sizes))
+    def expanded(self, sizes: dict, terms_of: dict | None = None) -> None:
+        """Precompute the numbers of `base` and `step` (what `moment` adds up; `terms_of`:
+        _size_terms(sizes), when already made)."""
+        if terms_of is None:
+            terms_of = _size_terms(sizes)
+        self._numbers = (expand(self.base, self.cats, sizes, terms_of), expand(self.step, self.cats, sizes, terms_of))
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
@@ -408,8 +425,9 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
 
 
 # ---- the structure of one simulated depth ------------------------------------------------------
-def _positions(run: StepRun, lay: Layout, n: int):
-    """A function from a mark's `where` to (position key, unit index or None)."""
+def _positions(run: StepRun, lay: Layout, n: int) -> tuple[Callable, dict]:
+    """A function from a mark's `where` to (position key, unit index or None), and its values
+    at the nodes before and in the units (each node is marked in forward), by node index."""
     starts = run.layer_starts
     if len(starts) != lay.depth(n) + 1:
         raise NotRepeating("the program does not mark its layers")
@@ -435,7 +453,11 @@ def _positions(run: StepRun, lay: Layout, n: int):
             return (ka, kb), ja
         return w, None
 
-    return where
+    first = edges[0]
+    known = {i: (("pre", i), None) for i in range(first)}
+    places = [("unit", r) for r in range(width)]  # (node's values, each key made once)
+    known.update(zip(range(first, edges[-1]), ((pos, j) for j in range(n) for pos in places)))
+    return where, known
 
 
 def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
@@ -443,7 +465,7 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
     label, categories, live storages, packed, packed total; the live storages a Vec where
     `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
     (key, unit, mark) step order."""
-    where, cache = _positions(run, lay, n), {}
+    where, cache = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order: list = []
     add = order.append
@@ -745,7 +767,8 @@ def _unpack_dense(x: int, k: int) -> tuple:
     return tuple(out)
 
 
-def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tuple) -> list[Family]:
+def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tuple,
+              terms_of: dict | None = None) -> list[Family]:
     """The families Memory.mark would keep at every depth of N1 units or more, of
     _derive_moments' instants (`reads`: the runs' StepRun.live at N1 and N2 units, _family):
     compared on their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which
@@ -778,14 +801,16 @@ def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tup
             for key in terms:
                 columns.setdefault(key, len(columns))
         kept = _kept([tuple(terms.get(key, 0) for key in columns) for terms in lifted], phases)
-        return _expanded([fam for i, fam in enumerate(families) if i in kept], sizes)
-    return _expanded([_family(instants[i], *reads) for i in sorted(kept)], sizes)
+        return _expanded([fam for i, fam in enumerate(families) if i in kept], sizes, terms_of)
+    return _expanded([_family(instants[i], *reads) for i in sorted(kept)], sizes, terms_of)
 
 
-def _expanded(out: list[Family], sizes: dict) -> list[Family]:
-    """`out`, each family's numbers precomputed (Family.expanded)."""
+def _expanded(out: list[Family], sizes: dict, terms_of: dict | None = None) -> list[Family]:
+    """`out`, each family's numbers precomputed (Family.expanded; `terms_of`: _size_terms(sizes))."""
+    if terms_of is None:
+        terms_of = _size_terms(sizes)
     for fam in out:
-        fam.expanded(sizes)
+        fam.expanded(sizes, terms_of)
     return out
 
 
@@ -1017,12 +1042,13 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         v1, v2, v3 = (run.states for run in steady)
         if not _on_line((v1, None), (v2, None), (v3, None), 1, 1, 2):
             raise NotRepeating("optimizer states that do not repeat")
-        kept = _frontier(_derive_moments(steady, lay), sizes, index, (steady[0].live, steady[1].live))
+        terms_of = _size_terms(sizes)
+        kept = _frontier(_derive_moments(steady, lay), sizes, index, (steady[0].live, steady[1].live), terms_of)
         first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
         for fam in first:  # forward and backward one holds the same states, and the frontier is
             # blind to a common term; the others are the steady state's own, expanded already
             if not fam._numbers:
-                fam.expanded(sizes)
+                fam.expanded(sizes, terms_of)
         return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:
         return None
