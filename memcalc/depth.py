@@ -840,6 +840,7 @@ def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]
     bias, guard = ones << LIFT_BIAS, ones << (slot - 1)
     clear = ones * (((1 << slot) - 1) ^ ((1 << (LIFT_BIAS + 1)) - 1))  # bits LIFT_BIAS+1 .. slot-1
     low, top, bias_k, modulus = (1 << width) - 1, 1 << (2 * width), bias & ((1 << width) - 1), (1 << slot) - 1
+    half = modulus >> 1
     xs, sums = [], []
     for t1, t2 in totals:
         x = t1 + ((t2 - t1) << width) + bias
@@ -850,7 +851,7 @@ def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]
         # 2**slot is 1 modulo 2**slot - 1; every digit under 2**LIFT_BIAS, the sum is too small
         # for the modulus to wrap it (2k slots, k monomials: far under 2**(slot - 2 - LIFT_BIAS))
         r = t2 % modulus
-        sums.append(r - modulus if r > modulus >> 1 else r)
+        sums.append(r - modulus if r > half else r)
     return xs, sums, guard
 
 
@@ -875,7 +876,7 @@ def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[in
     frontiers: dict[object, _Pruning] = {}
     guarded: dict[object, list[int]] = {}  # the frontier's integers, guard bits set
     last: dict[object, int] = {}  # the kept one found above the one before (tried first)
-    for i in sorted(range(len(xs)), key=lambda i: -sums[i]):
+    for i in sorted(range(len(xs)), key=[-t for t in sums].__getitem__):  # (stable: step order among equal sums)
         phase, v = phases[i], xs[i]
         above = guarded.get(phase)
         if above is None:
