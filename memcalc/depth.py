@@ -460,15 +460,16 @@ def _positions(run: StepRun, lay: Layout, n: int) -> tuple[Callable, dict]:
     return where, known
 
 
-def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
+def _families(run: StepRun, lay: Layout, n: int, ordered: bool = True) -> tuple[dict, list]:
     """{family key: {unit or None: its mark}} of a recorded run (Memory.log's entries: key,
     label, categories, live storages, packed, packed total; the live storages a Vec where
     `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
-    (key, unit, mark) step order."""
+    (key, unit, mark) step order (when `ordered`, else [])."""
     where, cache = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order: list = []
     add = order.append
+    get = out.get
     for entry in run.moments:
         phase, micro, w, count = entry[0]
         found = cache.get(w)
@@ -476,14 +477,15 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
             found = cache[w] = where(w)
         pos, j = found
         key = (phase, micro, pos, count)
-        members = out.get(key)
+        members = get(key)
         if members is None:
             out[key] = {j: entry}
         elif j in members:
             raise NotRepeating(f"two instants at {key}")
         else:
             members[j] = entry
-        add((key, j, entry))
+        if ordered:
+            add((key, j, entry))
     for key, members in out.items():
         if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
@@ -687,7 +689,7 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[tuple]:
     """The instants of three recorded runs (N1, N2, N3 units), checked; in step order, each as
     (family key, its mark at N1 units, at N2 units) (Memory.log's entries, _families), which
     _family makes a Family of (most instants fall under others and never need one)."""
-    (f1, _), (f2, _), (f3, order3) = (_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3)))
+    (f1, _), (f2, _), (f3, order3) = (_families(run, lay, n, n == N3) for run, n in zip(runs, (N1, N2, N3)))
     if f1.keys() != f2.keys() or f1.keys() != f3.keys():
         raise NotRepeating("different instants at different depths")
     for key, members in f1.items():  # each instant in the same ENDS units at every depth
