@@ -447,7 +447,7 @@ def _positions(run: StepRun, lay: Layout, n: int) -> tuple[Callable, dict]:
         if isinstance(w, int):
             return node(w)
         if isinstance(w, tuple):
-            (ka, ja), (kb, jb) = node(w[0]), node(w[1])
+            (ka, ja), (kb, jb) = known.get(w[0]) or node(w[0]), known.get(w[1]) or node(w[1])
             if ja != jb:
                 raise NotRepeating("a recomputation across units")
             return (ka, kb), ja
