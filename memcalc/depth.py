@@ -701,16 +701,14 @@ def _derive_moments(runs: list[StepRun], lay: Layout) -> list[tuple]:
         if not _absent(members, N1) == _absent(m2, N2) == _absent(m3, N3):
             raise NotRepeating(f"instant {key} in different units at different depths")
     units = {end % N3: (end % N1, end % N2) for end in ENDS}  # its unit at N3 -> at N1 and N2
+    units[None] = (None, None)  # (before or after the units)
     out = []
     add = out.append
     for key, j, (_, l3, c3, v3, p3, _) in order3:  # each kept instant of ENDS units once
-        if j is None:
-            j1 = j2 = None
-        else:
-            found = units.get(j)
-            if found is None:  # a middle unit's (_check_middle)
-                continue
-            j1, j2 = found
+        found = units.get(j)
+        if found is None:  # a middle unit's (_check_middle)
+            continue
+        j1, j2 = found
         e1, e2 = f1[key][j1], f2[key][j2]
         _, l1, c1, v1, p1, _ = e1
         _, l2, c2, v2, p2, _ = e2
