@@ -256,6 +256,65 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict,
     return _poly(total), {c: _poly(terms) for c, terms in by_cat.items()}, counts
 
 
+def _expand_pair(base: Vec, second: Vec, cats: tuple[str, ...], terms_of: dict) -> tuple[tuple, tuple, Vec]:
+    """(expand(base), expand(step), step) with step = combine(second, base, 1, -1), in one pass
+    over each: step's storages in combine's order (second's, then those of base alone), each
+    added up in that order as expand adds them up.
+
+    >>> sizes = {((1, 1),): Poly.bs(2), ((0, 0),): Poly.const(4)}
+    >>> base, second = {("w", ((0, 0),)): 1, ("a", ((1, 1),)): 2}, {("a", ((1, 1),)): 3, ("g", ((0, 0),)): 1}
+    >>> _, (total, by_cat, counts), step = _expand_pair(base, second, ("w", "a"), _size_terms(sizes))
+    >>> step == combine(second, base, 1, -1), total, by_cat["w"], counts
+    (True, Poly(2*b*s), Poly(-4), {((1, 1),): 1, ((0, 0),): 0})
+    """
+    step: dict = {}
+    total: dict = {}
+    by_cat: dict[str, dict] = {c: {} for c in cats}
+    counts: dict[tuple, int] = {}
+    get = base.get
+    for key, c2 in second.items():
+        n = c2 - get(key, 0)
+        if not n:
+            continue
+        step[key] = n
+        cat, size = key
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        counts[size] = counts.get(size, 0) + n
+    b_total: dict = {}
+    b_by_cat: dict[str, dict] = {c: {} for c in cats}
+    b_counts: dict[tuple, int] = {}
+    for key, n in base.items():
+        cat, size = key
+        terms = b_by_cat.get(cat)
+        if terms is None:
+            terms = b_by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            b_total[mono] = b_total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        b_counts[size] = b_counts.get(size, 0) + n
+        if key in second or not n:
+            continue
+        n = -n  # (only in base: combine's 0 - n, after second's storages)
+        step[key] = n
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        counts[size] = counts.get(size, 0) + n
+    return ((_poly(b_total), {c: _poly(t) for c, t in b_by_cat.items()}, b_counts),
+            (_poly(total), {c: _poly(t) for c, t in by_cat.items()}, counts), step)
+
+
 def _size_terms(sizes: dict) -> dict:
     """Each size's terms as (monomial, coefficient) pairs, by its key in `sizes` (expand)."""
     return {k: tuple(p.terms.items()) for k, p in sizes.items()}
@@ -339,7 +398,12 @@ class Family:
         _size_terms(sizes), when already made)."""
         if terms_of is None:
             terms_of = _size_terms(sizes)
-        self._numbers = (expand(self.base, self.cats, sizes, terms_of), expand(self.step, self.cats, sizes, terms_of))
+        if self._step_vec is None:  # `step` made on the way (_expand_pair)
+            base, step, self._step_vec = _expand_pair(self.base, self.second, self.cats, terms_of)
+            self._numbers = (base, step)
+        else:
+            self._numbers = (expand(self.base, self.cats, sizes, terms_of),
+                             expand(self.step, self.cats, sizes, terms_of))
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
@@ -786,7 +850,8 @@ def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tup
         else:
             kept = _kept([_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in totals], phases)
     else:
-        terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
+        if terms_of is None:
+            terms_of = _size_terms(sizes)
         families = [_family(instant, *reads) for instant in instants]
         lifted = []
         for fam in families:
