@@ -231,12 +231,16 @@ def combine(u: Vec, v: Vec, x: int, y: int) -> Vec:
     return {k: c for k, c in out.items() if c}
 
 
-def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, Poly], dict]:
-    """(total, bytes per category in `cats` order, {size terms: storages}) of live storages.
+def expand(v: Vec, cats: tuple[str, ...], sizes: dict,
+           terms_of: dict | None = None) -> tuple[Poly, dict[str, Poly], dict]:
+    """(total, bytes per category in `cats` order, {size terms: storages}) of live storages
+    (`terms_of`: each size's terms as pairs, _size_terms(sizes), when already made).
 
     >>> expand({("activations", ((1, 1),)): 3}, ("weights", "activations"), {((1, 1),): Poly.bs(2)})
     (Poly(6*b*s), {'weights': Poly(0), 'activations': Poly(6*b*s)}, {((1, 1),): 3})
     """
+    if terms_of is None:
+        terms_of = _size_terms(sizes)
     total: dict = {}
     by_cat: dict[str, dict] = {c: {} for c in cats}
     counts: dict[tuple, int] = {}
@@ -244,12 +248,81 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict) -> tuple[Poly, dict[str, 
         terms = by_cat.get(cat)
         if terms is None:
             terms = by_cat[cat] = {}
-        for mono, c in sizes[size].terms.items():
+        for mono, c in terms_of[size]:
             c *= n
             total[mono] = total.get(mono, 0) + c
             terms[mono] = terms.get(mono, 0) + c
         counts[size] = counts.get(size, 0) + n
-    return Poly(total), {c: Poly(terms) for c, terms in by_cat.items()}, counts
+    return _poly(total), {c: _poly(terms) for c, terms in by_cat.items()}, counts
+
+
+def _expand_pair(base: Vec, second: Vec, cats: tuple[str, ...], terms_of: dict) -> tuple[tuple, tuple, Vec]:
+    """(expand(base), expand(step), step) with step = combine(second, base, 1, -1), in one pass
+    over each: step's storages in combine's order (second's, then those of base alone), each
+    added up in that order as expand adds them up.
+
+    >>> sizes = {((1, 1),): Poly.bs(2), ((0, 0),): Poly.const(4)}
+    >>> base, second = {("w", ((0, 0),)): 1, ("a", ((1, 1),)): 2}, {("a", ((1, 1),)): 3, ("g", ((0, 0),)): 1}
+    >>> _, (total, by_cat, counts), step = _expand_pair(base, second, ("w", "a"), _size_terms(sizes))
+    >>> step == combine(second, base, 1, -1), total, by_cat["w"], counts
+    (True, Poly(2*b*s), Poly(-4), {((1, 1),): 1, ((0, 0),): 0})
+    """
+    step: dict = {}
+    total: dict = {}
+    by_cat: dict[str, dict] = {c: {} for c in cats}
+    counts: dict[tuple, int] = {}
+    get = base.get
+    for key, c2 in second.items():
+        n = c2 - get(key, 0)
+        if not n:
+            continue
+        step[key] = n
+        cat, size = key
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        counts[size] = counts.get(size, 0) + n
+    b_total: dict = {}
+    b_by_cat: dict[str, dict] = {c: {} for c in cats}
+    b_counts: dict[tuple, int] = {}
+    for key, n in base.items():
+        cat, size = key
+        terms = b_by_cat.get(cat)
+        if terms is None:
+            terms = b_by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            b_total[mono] = b_total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        b_counts[size] = b_counts.get(size, 0) + n
+        if key in second or not n:
+            continue
+        n = -n  # (only in base: combine's 0 - n, after second's storages)
+        step[key] = n
+        terms = by_cat.get(cat)
+        if terms is None:
+            terms = by_cat[cat] = {}
+        for mono, c in terms_of[size]:
+            c *= n
+            total[mono] = total.get(mono, 0) + c
+            terms[mono] = terms.get(mono, 0) + c
+        counts[size] = counts.get(size, 0) + n
+    return ((_poly(b_total), {c: _poly(t) for c, t in b_by_cat.items()}, b_counts),
+            (_poly(total), {c: _poly(t) for c, t in by_cat.items()}, counts), step)
+
+
+def _size_terms(sizes: dict) -> dict:
+    """Each size's terms as (monomial, coefficient) pairs, by its key in `sizes` (expand)."""
+    return {k: tuple(p.terms.items()) for k, p in sizes.items()}
+
+
+def _poly(terms: dict) -> Poly:
+    """Poly(terms), taken as is where no coefficient is 0 (Poly._of)."""
+    return Poly(terms) if 0 in terms.values() else Poly._of(terms)
 
 
 def _label_at(first: str, second: str, n: int) -> str:
@@ -320,9 +393,17 @@ class Family:
         """Its live storages at n units."""
         return combine(self.base, self.step, 1, n - N1)
 
-    def expanded(self, sizes: dict) -> None:
-        """Precompute the numbers of `base` and `step` (what `moment` adds up)."""
-        self._numbers = (expand(self.base, self.cats, sizes), expand(self.step, self.cats, sizes))
+    def expanded(self, sizes: dict, terms_of: dict | None = None) -> None:
+        """Precompute the numbers of `base` and `step` (what `moment` adds up; `terms_of`:
+        _size_terms(sizes), when already made)."""
+        if terms_of is None:
+            terms_of = _size_terms(sizes)
+        if self._step_vec is None:  # `step` made on the way (_expand_pair)
+            base, step, self._step_vec = _expand_pair(self.base, self.second, self.cats, terms_of)
+            self._numbers = (base, step)
+        else:
+            self._numbers = (expand(self.base, self.cats, sizes, terms_of),
+                             expand(self.step, self.cats, sizes, terms_of))
 
     def moment(self, n: int, sizes: dict, slope: bool = True) -> Moment:
         """The instant at n units (with its growth per unit, `per_unit`, for the formula in L)."""
@@ -408,8 +489,9 @@ def _growing(runs: list[StepRun], sizes: dict) -> None:
 
 
 # ---- the structure of one simulated depth ------------------------------------------------------
-def _positions(run: StepRun, lay: Layout, n: int):
-    """A function from a mark's `where` to (position key, unit index or None)."""
+def _positions(run: StepRun, lay: Layout, n: int) -> tuple[Callable, dict]:
+    """A function from a mark's `where` to (position key, unit index or None), and its values
+    at the nodes before and in the units (each node is marked in forward), by node index."""
     starts = run.layer_starts
     if len(starts) != lay.depth(n) + 1:
         raise NotRepeating("the program does not mark its layers")
@@ -429,24 +511,29 @@ def _positions(run: StepRun, lay: Layout, n: int):
         if isinstance(w, int):
             return node(w)
         if isinstance(w, tuple):
-            (ka, ja), (kb, jb) = node(w[0]), node(w[1])
+            (ka, ja), (kb, jb) = known.get(w[0]) or node(w[0]), known.get(w[1]) or node(w[1])
             if ja != jb:
                 raise NotRepeating("a recomputation across units")
             return (ka, kb), ja
         return w, None
 
-    return where
+    first = edges[0]
+    known = {i: (("pre", i), None) for i in range(first)}
+    places = [("unit", r) for r in range(width)]  # (node's values, each key made once)
+    known.update(zip(range(first, edges[-1]), ((pos, j) for j in range(n) for pos in places)))
+    return where, known
 
 
-def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
+def _families(run: StepRun, lay: Layout, n: int, ordered: bool = True) -> tuple[dict, list]:
     """{family key: {unit or None: its mark}} of a recorded run (Memory.log's entries: key,
     label, categories, live storages, packed, packed total; the live storages a Vec where
     `packed` is None, _growing, else the mark's stamp, which StepRun.live reads back), and the
-    (key, unit) step order."""
-    where, cache = _positions(run, lay, n), {}
+    (key, unit, mark) step order (when `ordered`, else [])."""
+    where, cache = _positions(run, lay, n)
     out: dict[tuple, dict] = {}
     order: list = []
     add = order.append
+    get = out.get
     for entry in run.moments:
         phase, micro, w, count = entry[0]
         found = cache.get(w)
@@ -454,14 +541,15 @@ def _families(run: StepRun, lay: Layout, n: int) -> tuple[dict, list]:
             found = cache[w] = where(w)
         pos, j = found
         key = (phase, micro, pos, count)
-        members = out.get(key)
+        members = get(key)
         if members is None:
             out[key] = {j: entry}
         elif j in members:
             raise NotRepeating(f"two instants at {key}")
         else:
             members[j] = entry
-        add((key, j))
+        if ordered:
+            add((key, j, entry))
     for key, members in out.items():
         if None not in members and len(members) != n and any(j not in members for j in range(2, n - 2)):
             raise NotRepeating(f"instant {key} not in every middle unit")
@@ -661,39 +749,50 @@ def _add(m: Moment, category: str, nbytes: int) -> None:
         m.sizes = m.sizes + ((const, 1),)
 
 
-def _derive_moments(runs: list[StepRun], lay: Layout) -> list[Family]:
-    """The families of three recorded runs (N1, N2, N3 units), checked; in step order."""
-    found = [_families(run, lay, n) for run, n in zip(runs, (N1, N2, N3))]
-    (f1, _), (f2, _), (f3, order3) = found
-    read1, read2 = runs[0].live, runs[1].live
+def _derive_moments(runs: list[StepRun], lay: Layout) -> list[tuple]:
+    """The instants of three recorded runs (N1, N2, N3 units), checked; in step order, each as
+    (family key, its mark at N1 units, at N2 units) (Memory.log's entries, _families), which
+    _family makes a Family of (most instants fall under others and never need one)."""
+    (f1, _), (f2, _), (f3, order3) = (_families(run, lay, n, n == N3) for run, n in zip(runs, (N1, N2, N3)))
     if f1.keys() != f2.keys() or f1.keys() != f3.keys():
         raise NotRepeating("different instants at different depths")
-    derived: dict[tuple, Family] = {}
-    every = tuple(zip(ENDS, *([e % n for e in ENDS] for n in (N1, N2, N3))))
-    for key, members in f1.items():
-        m2, m3 = f2[key], f3[key]
+    for key, members in f1.items():  # each instant in the same ENDS units at every depth
         if None in members:
-            ends: object = ((None, None, None, None),)
-        elif len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
-            ends = every
+            continue
+        m2, m3 = f2[key], f3[key]
+        if len(members) == N1 and len(m2) == N2 and len(m3) == N3:  # in every unit
+            continue
+        if not _absent(members, N1) == _absent(m2, N2) == _absent(m3, N3):
+            raise NotRepeating(f"instant {key} in different units at different depths")
+    units = {end % N3: (end % N1, end % N2) for end in ENDS}  # its unit at N3 -> at N1 and N2
+    units[None] = (None, None)  # (before or after the units)
+    out = []
+    add = out.append
+    for key, j, (_, l3, c3, v3, p3, _) in order3:  # each kept instant of ENDS units once
+        found = units.get(j)
+        if found is None:  # a middle unit's (_check_middle)
+            continue
+        j1, j2 = found
+        e1, e2 = f1[key][j1], f2[key][j2]
+        _, l1, c1, v1, p1, _ = e1
+        _, l2, c2, v2, p2, _ = e2
+        if p1 is not None and p2 is not None and p3 is not None:
+            on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
         else:
-            absent = _absent(members, N1)
-            if not absent == _absent(m2, N2) == _absent(m3, N3):
-                raise NotRepeating(f"instant {key} in different units at different depths")
-            ends = [e for e in every if e[0] not in absent]
-        for end, j1, j2, j3 in ends:
-            (_, l1, c1, v1, p1, t1), (_, l2, c2, v2, p2, t2), (_, l3, c3, v3, p3, _) = members[j1], m2[j2], m3[j3]
-            if p1 is not None and p2 is not None and p3 is not None:
-                on_line = p1 + p3 == p2 << 1  # _on_line's test on the packed counts
-            else:
-                on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
-            if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
-                raise NotRepeating(f"instant {key} not affine in depth")
-            derived[key, end] = Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
-                                       v2 if p2 is None else (read2, v2, p2), (t1, t2))
+            on_line = _on_line((v1, p1), (v2, p2), (v3, p3), 1, 1, 2)
+        if not on_line or (l3 != l1 if l1 == l2 else _label_at(l1, l2, N3) != l3) or not c1 == c2 == c3:
+            raise NotRepeating(f"instant {key} not affine in depth")
+        add((key, e1, e2))
     _check_middle(f3, N3)  # (N1 and N2 units have no middle unit between the second and second-last)
-    ends = {end % N3: end for end in ENDS}
-    return [derived[key, None if j is None else ends[j]] for key, j in order3 if j is None or j in ends]
+    return out
+
+
+def _family(instant: tuple, read1: Callable, read2: Callable) -> Family:
+    """The Family of one of _derive_moments' instants (`read1`, `read2`: the runs' StepRun.live
+    at N1 and N2 units)."""
+    key, (_, l1, c1, v1, p1, t1), (_, l2, _, v2, p2, t2) = instant
+    return Family(key[0], key[2], (l1, l2), c1, v1 if p1 is None else (read1, v1, p1),
+                  v2 if p2 is None else (read2, v2, p2), (t1, t2))
 
 
 def _first_step(steady: list[Family], states: tuple[Vec, Vec]) -> list[Family]:
@@ -732,23 +831,28 @@ def _unpack_dense(x: int, k: int) -> tuple:
     return tuple(out)
 
 
-def _frontier(families: list[Family], sizes: dict, index: dict | None = None) -> list[Family]:
-    """The families Memory.mark would keep at every depth of N1 units or more: compared on
-    their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which n - N1 >= 0
-    multiplies), so a dropped one is below a kept one (or a mix of two) at every depth."""
+def _frontier(instants: list[tuple], sizes: dict, index: dict | None, reads: tuple,
+              terms_of: dict | None = None) -> list[Family]:
+    """The families Memory.mark would keep at every depth of N1 units or more, of
+    _derive_moments' instants (`reads`: the runs' StepRun.live at N1 and N2 units, _family):
+    compared on their totals lifted to (b, s, n) (base coefficients, and per-unit ones, which
+    n - N1 >= 0 multiplies), so a dropped one is below a kept one (or a mix of two) at every
+    depth."""
     k = sum(1 for key in index or {} if key[0] == "mono")
     # each optimizer-phase instant its own frontier: memcalc.depth.Derivation adds clipping's or
     # the optimizer's temporaries to one or the other, so neither may stand for the other
-    phases = [(fam.phase, i) if fam.phase == "optimizer" else fam.phase for i, fam in enumerate(families)]
-    if index is not None and all(None not in f.totals for f in families):
-        totals = [f.totals for f in families]
+    phases = [(key[0], i) if key[0] == "optimizer" else key[0] for i, (key, _, _) in enumerate(instants)]
+    totals = [(e1[5], e2[5]) for _, e1, e2 in instants]
+    if index is not None and all(t1 is not None and t2 is not None for t1, t2 in totals):
         lifted = _lifted(totals, k)
         if lifted is not None:
             kept = _kept_packed(lifted, totals, k, phases)
         else:
             kept = _kept([_unpack_dense(t1, k) + _unpack_dense(t2 - t1, k) for t1, t2 in totals], phases)
     else:
-        terms_of = {size: list(p.terms.items()) for size, p in sizes.items()}
+        if terms_of is None:
+            terms_of = _size_terms(sizes)
+        families = [_family(instant, *reads) for instant in instants]
         lifted = []
         for fam in families:
             terms: dict = {}
@@ -762,9 +866,16 @@ def _frontier(families: list[Family], sizes: dict, index: dict | None = None) ->
             for key in terms:
                 columns.setdefault(key, len(columns))
         kept = _kept([tuple(terms.get(key, 0) for key in columns) for terms in lifted], phases)
-    out = [fam for i, fam in enumerate(families) if i in kept]
+        return _expanded([fam for i, fam in enumerate(families) if i in kept], sizes, terms_of)
+    return _expanded([_family(instants[i], *reads) for i in sorted(kept)], sizes, terms_of)
+
+
+def _expanded(out: list[Family], sizes: dict, terms_of: dict | None = None) -> list[Family]:
+    """`out`, each family's numbers precomputed (Family.expanded; `terms_of`: _size_terms(sizes))."""
+    if terms_of is None:
+        terms_of = _size_terms(sizes)
     for fam in out:
-        fam.expanded(sizes)
+        fam.expanded(sizes, terms_of)
     return out
 
 
@@ -794,6 +905,7 @@ def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]
     bias, guard = ones << LIFT_BIAS, ones << (slot - 1)
     clear = ones * (((1 << slot) - 1) ^ ((1 << (LIFT_BIAS + 1)) - 1))  # bits LIFT_BIAS+1 .. slot-1
     low, top, bias_k, modulus = (1 << width) - 1, 1 << (2 * width), bias & ((1 << width) - 1), (1 << slot) - 1
+    half = modulus >> 1
     xs, sums = [], []
     for t1, t2 in totals:
         x = t1 + ((t2 - t1) << width) + bias
@@ -804,7 +916,7 @@ def _lifted(totals: list[tuple[int, int]], k: int) -> tuple[list[int], list[int]
         # 2**slot is 1 modulo 2**slot - 1; every digit under 2**LIFT_BIAS, the sum is too small
         # for the modulus to wrap it (2k slots, k monomials: far under 2**(slot - 2 - LIFT_BIAS))
         r = t2 % modulus
-        sums.append(r - modulus if r > modulus >> 1 else r)
+        sums.append(r - modulus if r > half else r)
     return xs, sums, guard
 
 
@@ -829,7 +941,7 @@ def _kept_packed(lifted: tuple[list[int], list[int], int], totals: list[tuple[in
     frontiers: dict[object, _Pruning] = {}
     guarded: dict[object, list[int]] = {}  # the frontier's integers, guard bits set
     last: dict[object, int] = {}  # the kept one found above the one before (tried first)
-    for i in sorted(range(len(xs)), key=lambda i: -sums[i]):
+    for i in sorted(range(len(xs)), key=[-t for t in sums].__getitem__):  # (stable: step order among equal sums)
         phase, v = phases[i], xs[i]
         above = guarded.get(phase)
         if above is None:
@@ -996,12 +1108,13 @@ def derive(model: ModelSpec, lay: Layout) -> Derivation | None:
         v1, v2, v3 = (run.states for run in steady)
         if not _on_line((v1, None), (v2, None), (v3, None), 1, 1, 2):
             raise NotRepeating("optimizer states that do not repeat")
-        kept = _frontier(_derive_moments(steady, lay), sizes, index)
+        terms_of = _size_terms(sizes)
+        kept = _frontier(_derive_moments(steady, lay), sizes, index, (steady[0].live, steady[1].live), terms_of)
         first = _first_step(kept, (v1, combine(v2, v1, 1, -1)))  # the same kept instants: every
         for fam in first:  # forward and backward one holds the same states, and the frontier is
             # blind to a common term; the others are the steady state's own, expanded already
             if not fam._numbers:
-                fam.expanded(sizes)
+                fam.expanded(sizes, terms_of)
         return Derivation(lay, kept, first, sizes, _derive_shapes(params))
     except NotRepeating:
         return None
