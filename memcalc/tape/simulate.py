@@ -17,7 +17,7 @@ A moment is kept unless another moment of the same phase dominates it for every 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import compress
 from operator import ge
@@ -113,6 +113,9 @@ class Memory:
         coefficient by coefficient has at least its sum: one comparison rules a test out)."""
         self._at_sums: list = []
         self._at_hint: int | None = None
+        self._settled: dict[str, int] = {}
+        """Per phase, how many of the kept totals (the first ones) the last convex pruning left:
+        no pair of those holds one of them under a mix (prune_convex_dense's `settled`)."""
         self.frontiers: dict[str, list] = {}
         """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
         category copies, live sizes) until `moments` reads it."""
@@ -353,6 +356,9 @@ class Memory:
         if below is not None:
             for i in reversed(below):
                 del frontier[i], dense[i], sums[i]
+            settled = self._settled
+            if below[0] < settled[self._at]:
+                settled[self._at] -= bisect_left(below, settled[self._at])
         v = tuple(total)
         dirty = self._dirty
         if dirty:
@@ -368,7 +374,8 @@ class Memory:
         sums.append(t)
         self._at_hint = len(dense) - 1
         if len(frontier) >= self.PRUNE_AT:
-            kept = prune_convex_dense(dense)
+            kept = prune_convex_dense(dense, self._settled[self._at])
+            self._settled[self._at] = len(kept)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
             sums[:] = [sums[i] for i in kept]
@@ -381,6 +388,7 @@ class Memory:
         dense = self._dense.get(phase)
         if dense is None:
             self.frontiers[phase], dense, self._hint[phase], self._sums[phase] = [], [], None, []
+            self._settled[phase] = 0
             self._dense[phase] = dense
         self._at, self._at_dense, self._at_hint = phase, dense, self._hint[phase]
         self._at_sums = self._sums[phase]
@@ -581,7 +589,8 @@ def replay(moments: list[Moment]) -> list[Moment]:
         frontier.append(m)
         dense.append(v)
         if len(frontier) >= Memory.PRUNE_AT:
-            kept = prune_convex_dense(dense)
+            kept = prune_convex_dense(dense, self._settled[self._at])
+            self._settled[self._at] = len(kept)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
     return [m for kept, _ in frontiers.values() for m in kept]
@@ -611,37 +620,94 @@ def prune_convex(moments: list[Moment]) -> list[Moment]:
     return [moments[j] for j in prune_convex_dense(vecs)]
 
 
-def prune_convex_dense(vecs: list[tuple]) -> list[int]:
+def prune_convex_dense(vecs: list[tuple], settled: int = 0) -> list[int]:
     """prune_convex on coefficient tuples over the same monomials (built once, not per pair as
-    _below_mix reads them): the indices kept, in order.
+    _below_mix reads them): the indices kept, in order. The first `settled` are what a pruning
+    of the same test left (no pair of them holds one of them below: each was tested against
+    every pair of the others then), so only their pairs with a later one are tested.
 
     >>> prune_convex_dense([(0, 10), (5, 5), (10, 0)])
     [0, 2]
     """
     kept = list(range(len(vecs)))
+    xs, full = _guarded(vecs)
     i = 0
     while i < len(kept):
-        v = vecs[kept[i]]
-        others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
-        if _below_some_mix(v, others):
+        b = kept[i]
+        v = vecs[b]
+        if _below_near(v, i, kept, vecs):
+            kept.pop(i)
+            continue
+        others = kept[:i] + kept[i + 1:]
+        covers = None
+        if xs is not None:  # where each other is at least v: the guard bits left by a subtraction
+            x = xs[b]
+            covers = [((xs[j] | full) - x) & full for j in others]
+        fresh = bisect_left(others, settled) if b < settled else 0  # the first of `others` not settled
+        if _below_some_mix(v, [vecs[j] for j in others], covers, full, fresh):
             kept.pop(i)
         else:
             i += 1
     return kept
 
 
-def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
+def _below_near(v: tuple, i: int, kept: list[int], vecs: list[tuple]) -> bool:
+    """Whether v (vecs[kept[i]]) is under a mix of two kept totals next to it (before and
+    after, or the two after it), the pairs that most often hold one below (the
+    layers between two others, affine in the layer): pairs _below_some_mix tests (x before y,
+    covering v together, max(x, y) >= v), tried first.
+
+    >>> _below_near((5, 5), 1, [0, 1, 2], [(0, 10), (5, 5), (10, 0)])
+    True
+    """
+    n = len(kept)
+    for a, b in ((i - 1, i + 1), (i + 1, i + 2)):
+        if a >= 0 and b < n:
+            x, y = vecs[kept[a]], vecs[kept[b]]
+            if all(map(ge, map(max, x, y), v)) and _below_mix_dense(v, x, y):
+                return True
+    return False
+
+
+def _guarded(vecs: list[tuple]) -> tuple[list[int] | None, int]:
+    """Each tuple as one integer, a slot of w + 1 bits per coefficient (its excess over the
+    least one, under 2**w), and the guard bits (bit w of each slot): then
+    ((x | guard) - y) & guard has the guard bit of each coefficient where x >= y (no slot
+    borrows from the next). (None, 0) when a coefficient is not an int.
+
+    >>> xs, guard = _guarded([(1, 5), (3, 2)])
+    >>> ((xs[0] | guard) - xs[1]) & guard == 1 << 7  # (1, 5) >= (3, 2) in the second only
+    True
+    """
+    if not vecs:
+        return None, 0
+    for v in vecs:
+        for c in v:
+            if c.__class__ is not int:
+                return None, 0
+    lo = min(map(min, vecs))
+    w = (max(map(max, vecs)) - lo).bit_length()
+    slot = w + 1
+    shifts = [slot * k for k in range(len(vecs[0]))]
+    xs = [sum([(c - lo) << k for c, k in zip(v, shifts)]) for v in vecs]
+    return xs, sum(1 << (w + k) for k in shifts)
+
+
+def _below_some_mix(v: tuple, others: list[tuple], covers: list[int] | None = None, full: int = 0,
+                    fresh: int = 0) -> bool:
     """Whether v lies under a mix of some pair of `others` (_below_mix_dense(v, x, y), x before
-    y). A mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover v
-    coefficient by coefficient can hold it below (a bit per coefficient): the partners of x
-    are those covering what x does not (the same `need` is looked up once).
+    y), of the pairs whose y is others[fresh] or later. A mix of x and y is at most max(x, y)
+    in each coefficient, so only pairs that cover v coefficient by coefficient can hold it
+    below (a bit per coefficient, unless `covers` gives each other's bits, `full` all of them):
+    the partners of x are those covering what x does not (the same `need` is looked up once).
 
     >>> _below_some_mix((5, 5), [(0, 10), (9, 0), (10, 0)]), _below_some_mix((5, 5), [(0, 10), (4, 9)])
     (True, False)
     """
-    full = (1 << len(v)) - 1
-    bits = [1 << k for k in range(len(v))]
-    covers = [sum(compress(bits, map(ge, x, v))) for x in others]
+    if covers is None:
+        full = (1 << len(v)) - 1
+        bits = [1 << k for k in range(len(v))]
+        covers = [sum(compress(bits, map(ge, x, v))) for x in others]
     partners: dict[int, list[int]] = {}
     for j, cover in enumerate(covers):
         need = full & ~cover
@@ -649,7 +715,7 @@ def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
         if found is None:
             found = partners[need] = [k for k, c in enumerate(covers) if c & need == need]
         x = others[j]
-        for k in found[bisect_right(found, j):]:
+        for k in found[bisect_right(found, j if j >= fresh else fresh - 1):]:
             if _below_mix_dense(v, x, others[k]):
                 return True
     return False
