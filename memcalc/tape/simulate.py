@@ -342,12 +342,16 @@ class Memory:
         if hint is not None and sums[hint] >= t and all(map(ge, dense[hint], total)):
             return
         below = None
+        # one coefficient tried alone first: the one a kept total most often exceeds where it is
+        # not below (the first held after the constant's, in practice activations' b*s)
+        k = 1 if len(total) > 1 else 0
+        tk = total[k] if total else 0  # (no monomial yet: the first kept total, (), is at least it)
         for i, u in enumerate(dense):
             at_least = sums[i]
             if at_least >= t and all(map(ge, u, total)):
                 self._at_hint = i
                 return
-            if t >= at_least and all(map(ge, total, u)):
+            if t >= at_least and tk >= u[k] and all(map(ge, total, u)):
                 if below is None:
                     below = [i]
                 else:
