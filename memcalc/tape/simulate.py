@@ -77,7 +77,9 @@ class Memory:
         storage counts as its size plus the most rounding can add to it (count_slack) and is
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
         self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
+        self.sizes: dict[int, tuple] = {}
+        """The held storages: (it, its `_info`, category, the category's coefficients); in a
+        RecordingMemory (it, what holding it changed)."""
         self._total: list = []
         """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
         self._by_category: dict[str, list] = {}
@@ -266,23 +268,22 @@ class Memory:
             return
         holds[key] = 1
         cat = category or st.category
-        size = st.size
         if st.count is None:
+            size = st.size
             info = self._info.get(id(size))
             if info is None:
                 info = self._size_info(size, True)
-            size_key, entry = info[1], info[2]
+            entry = info[2]
             n = entry[1] = entry[1] + 1
-            if size_key:  # a moment's `sizes` leave out zero sizes
-                self._live_keys[size_key] = n
+            if info[1]:  # a moment's `sizes` leave out zero sizes
+                self._live_keys[info[1]] = n
         else:  # one expert's, in a 'worst' bound: its rounding at its most
-            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            size = st.size + Poly.const(count_slack(st.size, st.count, self.granularity))
             info = self._size_info(size, False)
-            size_key = info[1]
-        self.sizes[key] = (st, size, cat, size_key)
         mine = self._by_category.get(cat)
         if mine is None:
             mine = self._category(cat)
+        self.sizes[key] = (st, info, cat, mine)
         terms = info[3]
         if terms:
             total = self._total
@@ -305,20 +306,20 @@ class Memory:
             holds[key] = n
             return
         del holds[key]
-        _, size, cat, size_key = self.sizes.pop(key)
-        info = self._info[id(size)]
-        if st.count is None and size_key:
+        _, info, cat, mine = self.sizes.pop(key)
+        if st.count is None:
             entry = info[2]
             n = entry[1] = entry[1] - 1
-            if n:
+            size_key = info[1]
+            if not size_key:
+                pass
+            elif n:
                 self._live_keys[size_key] = n
             else:
                 del self._live_keys[size_key]
-        elif st.count is None:
-            info[2][1] -= 1
         terms = info[4]
         if terms:
-            total, mine = self._total, self._by_category[cat]
+            total = self._total
             for i, c in terms:
                 total[i] += c
                 mine[i] += c  # held before: never None
