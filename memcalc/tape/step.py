@@ -30,10 +30,12 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     momentum_buffer, per trainable parameter (torch.optim skips a parameter whose .grad is
     None), plus Adam's 4-byte `step` scalars, which live on the CPU
     unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
-    out = [Storage(Poly.const(size), "optimizer", "optimizer state")
+    polys: dict[int, Poly] = {}  # one Poly per size (Memory reads each size object once)
+    out = [Storage(polys.get(size) or polys.setdefault(size, Poly.const(size)), "optimizer", "optimizer state")
            for size in _param_sizes(graph) for _ in range(regime.states_per_param)]
     if regime.step_on_device:
-        out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
+        step = Poly.const(4)
+        out += [Storage(step, "optimizer", "step") for _ in range(
             step_scalar_bytes(regime.optimizer, len(graph.trainable_params)) // 4)]
     return out
 
