@@ -76,10 +76,11 @@ class Memory:
         """The allocator's rounding that storages with a Storage.count are bounded for: such a
         storage counts as its size plus the most rounding can add to it (count_slack) and is
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
-        self.holds: dict[int, int] = {}
+        self.holds: dict = {}
+        """id(a held storage) -> [its references, it, its `_info`, its category, the category's
+        coefficients]; in a RecordingMemory its references alone (`sizes` has the rest)."""
         self.sizes: dict[int, tuple] = {}
-        """The held storages: (it, its `_info`, category, the category's coefficients); in a
-        RecordingMemory (it, what holding it changed)."""
+        """In a RecordingMemory, id(a held storage) -> (it, what holding it changed)."""
         self._total: list = []
         """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
         self._by_category: dict[str, list] = {}
@@ -261,12 +262,11 @@ class Memory:
 
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
-        key = id(st)
         holds = self.holds
-        if key in holds:
-            holds[key] += 1
+        found = holds.get(id(st))
+        if found is not None:
+            found[0] += 1
             return
-        holds[key] = 1
         cat = category or st.category
         if st.count is None:
             size = st.size
@@ -283,7 +283,7 @@ class Memory:
         mine = self._by_category.get(cat)
         if mine is None:
             mine = self._category(cat)
-        self.sizes[key] = (st, info, cat, mine)
+        holds[id(st)] = [1, st, info, cat, mine]
         terms = info[3]
         if terms:
             total = self._total
@@ -301,12 +301,13 @@ class Memory:
         """Drop one reference; free the storage on the last."""
         key = id(st)
         holds = self.holds
-        n = holds[key] - 1
+        found = holds[key]
+        n = found[0] - 1
         if n:
-            holds[key] = n
+            found[0] = n
             return
         del holds[key]
-        _, info, cat, mine = self.sizes.pop(key)
+        _, _, info, cat, mine = found
         if st.count is None:
             entry = info[2]
             n = entry[1] = entry[1] - 1
@@ -678,13 +679,13 @@ def _guarded(vecs: list[tuple]) -> tuple[list[int] | None, int]:
     """Each tuple as one integer, a slot of w + 1 bits per coefficient (its excess over the
     least one, under 2**w), and the guard bits (bit w of each slot): then
     ((x | guard) - y) & guard has the guard bit of each coefficient where x >= y (no slot
-    borrows from the next). (None, 0) when a coefficient is not an int.
+    borrows from the next). (None, 0) when a coefficient is not an int, or there is none.
 
     >>> xs, guard = _guarded([(1, 5), (3, 2)])
     >>> ((xs[0] | guard) - xs[1]) & guard == 1 << 7  # (1, 5) >= (3, 2) in the second only
     True
     """
-    if not vecs:
+    if not vecs or not vecs[0]:
         return None, 0
     for v in vecs:
         for c in v:

@@ -262,9 +262,9 @@ def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_
     # the first step at the end of backward: the same storages less the states
     fork = Memory(granularity=mem.granularity)
     held = {id(st) for st in states}
-    for key, (st, _, category, _) in mem.sizes.items():
+    for key, (n, st, _, category, _) in mem.holds.items():
         if key not in held:
-            for _ in range(mem.holds[key]):
+            for _ in range(n):
                 fork.hold(st, category)
     for m in (mem, fork):
         m.phase, m.where, m.micro = "optimizer", "optimizer", mem.micro
