@@ -595,8 +595,7 @@ def replay(moments: list[Moment]) -> list[Moment]:
         frontier.append(m)
         dense.append(v)
         if len(frontier) >= Memory.PRUNE_AT:
-            kept = prune_convex_dense(dense, self._settled[self._at])
-            self._settled[self._at] = len(kept)
+            kept = prune_convex_dense(dense)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
     return [m for kept, _ in frontiers.values() for m in kept]
