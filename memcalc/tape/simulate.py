@@ -786,13 +786,17 @@ class StepSimulator:
             self.fsdp.setup(self.mem)
 
     def _param_consumers(self) -> dict[int, int]:
+        """How many nodes deliver a gradient to each trainable parameter (by id)."""
         counts: dict[int, int] = {}
         for node in self.g.nodes:
             if not node.backward:
                 continue
-            params = {id(node.inputs[step.index]) for step in node.backward
-                      if isinstance(step, Grad) and node.inputs[step.index].is_param
-                      and node.inputs[step.index].requires_grad}
+            inputs, params = node.inputs, set()
+            for step in node.backward:
+                if type(step) is Grad:
+                    v = inputs[step.index]
+                    if v.is_param and v.requires_grad:
+                        params.add(id(v))
             for key in params:
                 counts[key] = counts.get(key, 0) + 1
         return counts
@@ -906,7 +910,12 @@ class StepSimulator:
                 if region is not None and self._first_of_region(i):
                     self._release_region_inputs(region)
                 continue
-            incoming = [g for g in [grads.pop(id(v), None) for v in node.outputs] if g is not None]
+            outputs = node.outputs
+            if len(outputs) == 1:  # (most nodes)
+                found = grads.pop(id(outputs[0]), None)
+                incoming = [] if found is None else [found]
+            else:
+                incoming = [g for g in [grads.pop(id(v), None) for v in outputs] if g is not None]
             if not incoming:
                 # a region whose first op gets no gradient (a frozen q and k under LoRA, at one
                 # sequence with no reshape copy before q @ k^T) still ends here: checkpoint's
@@ -975,9 +984,9 @@ class StepSimulator:
             for v in node.outputs:
                 st = v.storage
                 key = id(st)
-                if key in copies or any(st is u.storage for u in node.inputs):
+                if key in copies or st in [u.storage for u in node.inputs]:  # (Storage: eq is identity)
                     continue  # already made, or a view of an input
-                if j == stop and not any(st is s for s in node.saved):
+                if j == stop and st not in node.saved:
                     continue  # the last pack is of an input: the stop comes before the kernel
                 copy = copies[key] = Storage(st.size, "activations", "recomputed", st.count)
                 hold(copy)
