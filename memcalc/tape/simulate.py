@@ -91,8 +91,8 @@ class Memory:
         self._snaps: dict[str, tuple] = {}
         """A copy of each category of `_by_category` (same order), taken when a kept moment
         reads it after its coefficients changed (`_dirty`): kept moments share unchanged ones."""
-        self._dirty: set[str | None] = set()
-        """The categories changed since their copy was taken; None: the total."""
+        self._dirty: set[str] = set()
+        """The categories changed since their copy was taken (the total changed with any of them)."""
         self._total_snap: tuple = ()
         self._polys: dict[int, tuple[object, Poly]] = {}
         """id(a copy in `_snaps`, or a dense total) -> (it, its Poly): one Poly per copy."""
@@ -293,9 +293,7 @@ class Memory:
                     mine[i] += c
                 except TypeError:  # None: the category's first of this monomial
                     self._first_in(cat, i, c)
-            dirty = self._dirty
-            dirty.add(None)
-            dirty.add(cat)
+            self._dirty.add(cat)
 
     def release(self, st: Storage) -> None:
         """Drop one reference; free the storage on the last."""
@@ -324,9 +322,7 @@ class Memory:
             for i, c in terms:
                 total[i] += c
                 mine[i] += c  # held before: never None
-            dirty = self._dirty
-            dirty.add(None)
-            dirty.add(cat)
+            self._dirty.add(cat)
 
     def alive(self, st: Storage) -> bool:
         """Whether the storage is allocated."""
@@ -367,13 +363,11 @@ class Memory:
                 settled[self._at] -= bisect_left(below, settled[self._at])
         v = tuple(total)
         dirty = self._dirty
-        if dirty:
-            snaps = self._snaps
+        if dirty:  # (the total changed with them)
+            self._total_snap = v
+            snaps, by_category = self._snaps, self._by_category
             for cat in dirty:
-                if cat is None:
-                    self._total_snap = v
-                else:
-                    snaps[cat] = tuple(self._by_category[cat])
+                snaps[cat] = tuple(by_category[cat])
             dirty.clear()
         frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
         dense.append(v)
