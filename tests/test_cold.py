@@ -13,7 +13,8 @@ from strategies import cases
 from memcalc.engine import _regime
 from memcalc.poly import Poly
 from memcalc.simulation import run_step, run_steps
-from memcalc.tape.simulate import Moment, _below_mix, prune_convex, prune_convex_dense, replay
+from memcalc.tape.graph import Storage
+from memcalc.tape.simulate import Memory, Moment, _below_mix, prune_convex, prune_convex_dense, replay
 
 
 def _sizes(m: Moment) -> Counter:
@@ -78,3 +79,44 @@ def test_dense_pruning_is_the_pairwise_test(totals):
             if len(frontier) >= 24:
                 frontier[:] = _prune_pairwise(frontier)
     assert replay(moments) == [m for kept in frontiers.values() for m in kept]
+
+
+def _trading(a: int, e: int, f: int, g: int) -> Poly:
+    """A total trading one coefficient for another (backward: gradients for activations), so
+    that few dominate others and the convex pruning runs again and again."""
+    return Poly({(0, 0): a, (1, 1): 40 - a + e, (1, 2): f, (2, 2): g})
+
+
+_trades = st.builds(_trading, st.integers(0, 40), st.integers(-3, 3), st.integers(0, 3), st.integers(0, 2))
+_int_polys = st.dictionaries(st.sampled_from([(0, 0), (1, 1), (1, 2), (2, 2)]), st.integers(-3, 12),
+                             max_size=4).map(Poly)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(_trades, _int_polys), min_size=40, max_size=120), st.integers(1, 80))
+def test_memory_keeps_what_the_pairwise_test_keeps(totals, switch):
+    """Memory.mark (its sum and one-coefficient pre-tests, the hint, convex pruning that skips
+    the pairs of totals a pruning left and tries the pairs next to a total first) keeps the
+    moments that keep() and the pairwise pruning keep, phase by phase. (Int coefficients: once
+    a storage of a fractional size was held, Memory's coefficients stay Fractions, whose mixes
+    _below_mix_dense tests exactly rather than in floats.)"""
+    mem, held = Memory(), None
+    frontiers: dict = {}
+    for i, total in enumerate(totals):
+        phase = "forward" if i < switch else "backward"
+        st = Storage(total, "activations", str(i))
+        mem.hold(st)  # the instant's total is this storage alone
+        if held is not None:
+            mem.release(held)
+        held, mem.phase = st, phase
+        mem.mark(str(i))
+        frontier = frontiers.setdefault(phase, [])
+        m = Moment(phase, str(i), total, {})
+        if not any(k.total.dominates(total) for k in frontier):
+            frontier[:] = [k for k in frontier if not total.dominates(k.total)] + [m]
+            if len(frontier) >= Memory.PRUNE_AT:
+                frontier[:] = _prune_pairwise(frontier)
+    expected = [(m.phase, m.label, m.total.terms) for kept in frontiers.values() for m in kept]
+    assert [(m.phase, m.label, m.total.terms) for m in mem.moments] == expected
+    replayed = replay([Moment("forward" if i < switch else "backward", str(i), t, {}) for i, t in enumerate(totals)])
+    assert [(m.phase, m.label, m.total.terms) for m in replayed] == expected

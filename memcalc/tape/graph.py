@@ -209,7 +209,7 @@ class Graph:
                     break
         count = None if self.count is None else self._count_of(size)
         st = Storage(size, category, f"{name}.out0", count)
-        out = Value(st, size, rg, label=name, elt=elt)
+        out = Value(st, size, rg, False, name, None, elt)  # (positional: is_param, label, grad_size, elt)
         if rg:
             saved = [v.storage for v in saves]
             if save_output:
@@ -242,7 +242,7 @@ class Graph:
     def view(self, name: str, x: Value, size: Poly | None = None,
              backward: Sequence[BackwardStep] | None = None) -> Value:
         """A view of x (no allocation); its backward passes the gradient through."""
-        out = Value(x.storage, x.size if size is None else size, x.requires_grad, label=name, elt=x.elt)
+        out = Value(x.storage, x.size if size is None else size, x.requires_grad, False, name, None, x.elt)
         bwd = [Alias(0)] if backward is None else backward
         self.nodes.append(Node(name, [x], [out], [], bwd if x.requires_grad else [], self.region))
         return out

@@ -44,6 +44,7 @@ class Ops:
         self.buffer_elt = regime.buffer_elt
         self.weight_casts: list[Value] = []
         self._cast_cache: dict[int, Value] = {}
+        self._param_sizes: dict[int, Poly] = {}
 
     # ---- dtype handling ---------------------------------------------------------------------
     def to(self, x: Value, elt: int, name: str = "to") -> Value:
@@ -89,8 +90,11 @@ class Ops:
             # forward runs (utils/other.py ModulesToSaveWrapper.update); both in the base dtype
             self.param(f"{module}.original_module.{leaf}", count, rows, last2)
             label = f"{module}.modules_to_save.default.{leaf}"
-        v = self.g.param(label, Poly.const(count * self.param_elt), self.param_elt,
-                         trainable=self.regime.trainable(label))
+        nbytes = count * self.param_elt
+        size = self._param_sizes.get(nbytes)
+        if size is None:  # one Poly per size (memcalc.tape.simulate.Memory reads each size object once)
+            size = self._param_sizes[nbytes] = Poly.const(nbytes)
+        v = self.g.param(label, size, self.param_elt, trainable=self.regime.trainable(label))
         v.rows, v.last2 = rows or count, last2
         return v
 

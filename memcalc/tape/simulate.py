@@ -17,7 +17,7 @@ A moment is kept unless another moment of the same phase dominates it for every 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import compress
 from operator import ge
@@ -76,8 +76,11 @@ class Memory:
         """The allocator's rounding that storages with a Storage.count are bounded for: such a
         storage counts as its size plus the most rounding can add to it (count_slack) and is
         left out of the sizes the allocator rounds (size_counts, a moment's `sizes`)."""
-        self.holds: dict[int, int] = {}
-        self.sizes: dict[int, tuple[Storage, Poly, str, tuple]] = {}  # storage, size, category, size terms
+        self.holds: dict = {}
+        """id(a held storage) -> [its references, it, its `_info`, its category, the category's
+        coefficients]; in a RecordingMemory its references alone (`sizes` has the rest)."""
+        self.sizes: dict[int, tuple] = {}
+        """In a RecordingMemory, id(a held storage) -> (it, what holding it changed)."""
         self._total: list = []
         """The live bytes' coefficients over `_monos`, updated in place (no Poly per hold)."""
         self._by_category: dict[str, list] = {}
@@ -88,8 +91,8 @@ class Memory:
         self._snaps: dict[str, tuple] = {}
         """A copy of each category of `_by_category` (same order), taken when a kept moment
         reads it after its coefficients changed (`_dirty`): kept moments share unchanged ones."""
-        self._dirty: set[str | None] = set()
-        """The categories changed since their copy was taken; None: the total."""
+        self._dirty: set[str] = set()
+        """The categories changed since their copy was taken (the total changed with any of them)."""
         self._total_snap: tuple = ()
         self._polys: dict[int, tuple[object, Poly]] = {}
         """id(a copy in `_snaps`, or a dense total) -> (it, its Poly): one Poly per copy."""
@@ -113,6 +116,9 @@ class Memory:
         coefficient by coefficient has at least its sum: one comparison rules a test out)."""
         self._at_sums: list = []
         self._at_hint: int | None = None
+        self._settled: dict[str, int] = {}
+        """Per phase, how many of the kept totals (the first ones) the last convex pruning left:
+        no pair of those holds one of them under a mix (prune_convex_dense's `settled`)."""
         self.frontiers: dict[str, list] = {}
         """Per phase, the kept moments: a Moment, or as mark took it (label, dense total,
         category copies, live sizes) until `moments` reads it."""
@@ -256,30 +262,28 @@ class Memory:
 
     def hold(self, st: Storage, category: str | None = None) -> None:
         """Add one reference to a storage, allocating it on the first."""
-        key = id(st)
         holds = self.holds
-        if key in holds:
-            holds[key] += 1
+        found = holds.get(id(st))
+        if found is not None:
+            found[0] += 1
             return
-        holds[key] = 1
         cat = category or st.category
-        size = st.size
         if st.count is None:
+            size = st.size
             info = self._info.get(id(size))
             if info is None:
                 info = self._size_info(size, True)
-            size_key, entry = info[1], info[2]
+            entry = info[2]
             n = entry[1] = entry[1] + 1
-            if size_key:  # a moment's `sizes` leave out zero sizes
-                self._live_keys[size_key] = n
+            if info[1]:  # a moment's `sizes` leave out zero sizes
+                self._live_keys[info[1]] = n
         else:  # one expert's, in a 'worst' bound: its rounding at its most
-            size = size + Poly.const(count_slack(size, st.count, self.granularity))
+            size = st.size + Poly.const(count_slack(st.size, st.count, self.granularity))
             info = self._size_info(size, False)
-            size_key = info[1]
-        self.sizes[key] = (st, size, cat, size_key)
         mine = self._by_category.get(cat)
         if mine is None:
             mine = self._category(cat)
+        holds[id(st)] = [1, st, info, cat, mine]
         terms = info[3]
         if terms:
             total = self._total
@@ -289,39 +293,36 @@ class Memory:
                     mine[i] += c
                 except TypeError:  # None: the category's first of this monomial
                     self._first_in(cat, i, c)
-            dirty = self._dirty
-            dirty.add(None)
-            dirty.add(cat)
+            self._dirty.add(cat)
 
     def release(self, st: Storage) -> None:
         """Drop one reference; free the storage on the last."""
         key = id(st)
         holds = self.holds
-        n = holds[key] - 1
+        found = holds[key]
+        n = found[0] - 1
         if n:
-            holds[key] = n
+            found[0] = n
             return
         del holds[key]
-        _, size, cat, size_key = self.sizes.pop(key)
-        info = self._info[id(size)]
-        if st.count is None and size_key:
+        _, _, info, cat, mine = found
+        if st.count is None:
             entry = info[2]
             n = entry[1] = entry[1] - 1
-            if n:
+            size_key = info[1]
+            if not size_key:
+                pass
+            elif n:
                 self._live_keys[size_key] = n
             else:
                 del self._live_keys[size_key]
-        elif st.count is None:
-            info[2][1] -= 1
         terms = info[4]
         if terms:
-            total, mine = self._total, self._by_category[cat]
+            total = self._total
             for i, c in terms:
                 total[i] += c
                 mine[i] += c  # held before: never None
-            dirty = self._dirty
-            dirty.add(None)
-            dirty.add(cat)
+            self._dirty.add(cat)
 
     def alive(self, st: Storage) -> bool:
         """Whether the storage is allocated."""
@@ -339,12 +340,16 @@ class Memory:
         if hint is not None and sums[hint] >= t and all(map(ge, dense[hint], total)):
             return
         below = None
+        # one coefficient tried alone first: the one a kept total most often exceeds where it is
+        # not below (the first held after the constant's, in practice activations' b*s)
+        k = 1 if len(total) > 1 else 0
+        tk = total[k] if total else 0  # (no monomial yet: the first kept total, (), is at least it)
         for i, u in enumerate(dense):
             at_least = sums[i]
             if at_least >= t and all(map(ge, u, total)):
                 self._at_hint = i
                 return
-            if t >= at_least and all(map(ge, total, u)):
+            if t >= at_least and tk >= u[k] and all(map(ge, total, u)):
                 if below is None:
                     below = [i]
                 else:
@@ -353,22 +358,24 @@ class Memory:
         if below is not None:
             for i in reversed(below):
                 del frontier[i], dense[i], sums[i]
+            settled = self._settled
+            if below[0] < settled[self._at]:
+                settled[self._at] -= bisect_left(below, settled[self._at])
         v = tuple(total)
         dirty = self._dirty
-        if dirty:
-            snaps = self._snaps
+        if dirty:  # (the total changed with them)
+            self._total_snap = v
+            snaps, by_category = self._snaps, self._by_category
             for cat in dirty:
-                if cat is None:
-                    self._total_snap = v
-                else:
-                    snaps[cat] = tuple(self._by_category[cat])
+                snaps[cat] = tuple(by_category[cat])
             dirty.clear()
         frontier.append((label, self._total_snap, dict(self._snaps), dict(self._live_keys)))
         dense.append(v)
         sums.append(t)
         self._at_hint = len(dense) - 1
         if len(frontier) >= self.PRUNE_AT:
-            kept = prune_convex_dense(dense)
+            kept = prune_convex_dense(dense, self._settled[self._at])
+            self._settled[self._at] = len(kept)
             frontier[:] = [frontier[i] for i in kept]
             dense[:] = [dense[i] for i in kept]
             sums[:] = [sums[i] for i in kept]
@@ -381,6 +388,7 @@ class Memory:
         dense = self._dense.get(phase)
         if dense is None:
             self.frontiers[phase], dense, self._hint[phase], self._sums[phase] = [], [], None, []
+            self._settled[phase] = 0
             self._dense[phase] = dense
         self._at, self._at_dense, self._at_hint = phase, dense, self._hint[phase]
         self._at_sums = self._sums[phase]
@@ -611,37 +619,94 @@ def prune_convex(moments: list[Moment]) -> list[Moment]:
     return [moments[j] for j in prune_convex_dense(vecs)]
 
 
-def prune_convex_dense(vecs: list[tuple]) -> list[int]:
+def prune_convex_dense(vecs: list[tuple], settled: int = 0) -> list[int]:
     """prune_convex on coefficient tuples over the same monomials (built once, not per pair as
-    _below_mix reads them): the indices kept, in order.
+    _below_mix reads them): the indices kept, in order. The first `settled` are what a pruning
+    of the same test left (no pair of them holds one of them below: each was tested against
+    every pair of the others then), so only their pairs with a later one are tested.
 
     >>> prune_convex_dense([(0, 10), (5, 5), (10, 0)])
     [0, 2]
     """
     kept = list(range(len(vecs)))
+    xs, full = _guarded(vecs)
     i = 0
     while i < len(kept):
-        v = vecs[kept[i]]
-        others = [vecs[j] for j in kept[:i] + kept[i + 1:]]
-        if _below_some_mix(v, others):
+        b = kept[i]
+        v = vecs[b]
+        if _below_near(v, i, kept, vecs):
+            kept.pop(i)
+            continue
+        others = kept[:i] + kept[i + 1:]
+        covers = None
+        if xs is not None:  # where each other is at least v: the guard bits left by a subtraction
+            x = xs[b]
+            covers = [((xs[j] | full) - x) & full for j in others]
+        fresh = bisect_left(others, settled) if b < settled else 0  # the first of `others` not settled
+        if _below_some_mix(v, [vecs[j] for j in others], covers, full, fresh):
             kept.pop(i)
         else:
             i += 1
     return kept
 
 
-def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
+def _below_near(v: tuple, i: int, kept: list[int], vecs: list[tuple]) -> bool:
+    """Whether v (vecs[kept[i]]) is under a mix of two kept totals next to it (before and
+    after, or the two after it), the pairs that most often hold one below (the
+    layers between two others, affine in the layer): pairs _below_some_mix tests (x before y,
+    covering v together, max(x, y) >= v), tried first.
+
+    >>> _below_near((5, 5), 1, [0, 1, 2], [(0, 10), (5, 5), (10, 0)])
+    True
+    """
+    n = len(kept)
+    for a, b in ((i - 1, i + 1), (i + 1, i + 2)):
+        if a >= 0 and b < n:
+            x, y = vecs[kept[a]], vecs[kept[b]]
+            if all(map(ge, map(max, x, y), v)) and _below_mix_dense(v, x, y):
+                return True
+    return False
+
+
+def _guarded(vecs: list[tuple]) -> tuple[list[int] | None, int]:
+    """Each tuple as one integer, a slot of w + 1 bits per coefficient (its excess over the
+    least one, under 2**w), and the guard bits (bit w of each slot): then
+    ((x | guard) - y) & guard has the guard bit of each coefficient where x >= y (no slot
+    borrows from the next). (None, 0) when a coefficient is not an int, or there is none.
+
+    >>> xs, guard = _guarded([(1, 5), (3, 2)])
+    >>> ((xs[0] | guard) - xs[1]) & guard == 1 << 7  # (1, 5) >= (3, 2) in the second only
+    True
+    """
+    if not vecs or not vecs[0]:
+        return None, 0
+    for v in vecs:
+        for c in v:
+            if c.__class__ is not int:
+                return None, 0
+    lo = min(map(min, vecs))
+    w = (max(map(max, vecs)) - lo).bit_length()
+    slot = w + 1
+    shifts = [slot * k for k in range(len(vecs[0]))]
+    xs = [sum([(c - lo) << k for c, k in zip(v, shifts)]) for v in vecs]
+    return xs, sum(1 << (w + k) for k in shifts)
+
+
+def _below_some_mix(v: tuple, others: list[tuple], covers: list[int] | None = None, full: int = 0,
+                    fresh: int = 0) -> bool:
     """Whether v lies under a mix of some pair of `others` (_below_mix_dense(v, x, y), x before
-    y). A mix of x and y is at most max(x, y) in each coefficient, so only pairs that cover v
-    coefficient by coefficient can hold it below (a bit per coefficient): the partners of x
-    are those covering what x does not (the same `need` is looked up once).
+    y), of the pairs whose y is others[fresh] or later. A mix of x and y is at most max(x, y)
+    in each coefficient, so only pairs that cover v coefficient by coefficient can hold it
+    below (a bit per coefficient, unless `covers` gives each other's bits, `full` all of them):
+    the partners of x are those covering what x does not (the same `need` is looked up once).
 
     >>> _below_some_mix((5, 5), [(0, 10), (9, 0), (10, 0)]), _below_some_mix((5, 5), [(0, 10), (4, 9)])
     (True, False)
     """
-    full = (1 << len(v)) - 1
-    bits = [1 << k for k in range(len(v))]
-    covers = [sum(compress(bits, map(ge, x, v))) for x in others]
+    if covers is None:
+        full = (1 << len(v)) - 1
+        bits = [1 << k for k in range(len(v))]
+        covers = [sum(compress(bits, map(ge, x, v))) for x in others]
     partners: dict[int, list[int]] = {}
     for j, cover in enumerate(covers):
         need = full & ~cover
@@ -649,7 +714,7 @@ def _below_some_mix(v: tuple, others: list[tuple]) -> bool:
         if found is None:
             found = partners[need] = [k for k, c in enumerate(covers) if c & need == need]
         x = others[j]
-        for k in found[bisect_right(found, j):]:
+        for k in found[bisect_right(found, j if j >= fresh else fresh - 1):]:
             if _below_mix_dense(v, x, others[k]):
                 return True
     return False
@@ -715,13 +780,17 @@ class StepSimulator:
             self.fsdp.setup(self.mem)
 
     def _param_consumers(self) -> dict[int, int]:
+        """How many nodes deliver a gradient to each trainable parameter (by id)."""
         counts: dict[int, int] = {}
         for node in self.g.nodes:
             if not node.backward:
                 continue
-            params = {id(node.inputs[step.index]) for step in node.backward
-                      if isinstance(step, Grad) and node.inputs[step.index].is_param
-                      and node.inputs[step.index].requires_grad}
+            inputs, params = node.inputs, set()
+            for step in node.backward:
+                if type(step) is Grad:
+                    v = inputs[step.index]
+                    if v.is_param and v.requires_grad:
+                        params.add(id(v))
             for key in params:
                 counts[key] = counts.get(key, 0) + 1
         return counts
@@ -835,7 +904,12 @@ class StepSimulator:
                 if region is not None and self._first_of_region(i):
                     self._release_region_inputs(region)
                 continue
-            incoming = [g for g in [grads.pop(id(v), None) for v in node.outputs] if g is not None]
+            outputs = node.outputs
+            if len(outputs) == 1:  # (most nodes)
+                found = grads.pop(id(outputs[0]), None)
+                incoming = [] if found is None else [found]
+            else:
+                incoming = [g for g in [grads.pop(id(v), None) for v in outputs] if g is not None]
             if not incoming:
                 # a region whose first op gets no gradient (a frozen q and k under LoRA, at one
                 # sequence with no reshape copy before q @ k^T) still ends here: checkpoint's
@@ -904,9 +978,9 @@ class StepSimulator:
             for v in node.outputs:
                 st = v.storage
                 key = id(st)
-                if key in copies or any(st is u.storage for u in node.inputs):
+                if key in copies or st in [u.storage for u in node.inputs]:  # (Storage: eq is identity)
                     continue  # already made, or a view of an input
-                if j == stop and not any(st is s for s in node.saved):
+                if j == stop and st not in node.saved:
                     continue  # the last pack is of an input: the stop comes before the kernel
                 copy = copies[key] = Storage(st.size, "activations", "recomputed", st.count)
                 hold(copy)

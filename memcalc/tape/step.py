@@ -30,10 +30,12 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     momentum_buffer, per trainable parameter (torch.optim skips a parameter whose .grad is
     None), plus Adam's 4-byte `step` scalars, which live on the CPU
     unless the device is the CPU (adam.py: `torch.tensor(0.0)` without a device)."""
-    out = [Storage(Poly.const(size), "optimizer", "optimizer state")
+    polys: dict[int, Poly] = {}  # one Poly per size (Memory reads each size object once)
+    out = [Storage(polys.get(size) or polys.setdefault(size, Poly.const(size)), "optimizer", "optimizer state")
            for size in _param_sizes(graph) for _ in range(regime.states_per_param)]
     if regime.step_on_device:
-        out += [Storage(Poly.const(4), "optimizer", "step") for _ in range(
+        step = Poly.const(4)
+        out += [Storage(step, "optimizer", "step") for _ in range(
             step_scalar_bytes(regime.optimizer, len(graph.trainable_params)) // 4)]
     return out
 
@@ -260,9 +262,9 @@ def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_
     # the first step at the end of backward: the same storages less the states
     fork = Memory(granularity=mem.granularity)
     held = {id(st) for st in states}
-    for key, (st, _, category, _) in mem.sizes.items():
+    for key, (n, st, _, category, _) in mem.holds.items():
         if key not in held:
-            for _ in range(mem.holds[key]):
+            for _ in range(n):
                 fork.hold(st, category)
     for m in (mem, fork):
         m.phase, m.where, m.micro = "optimizer", "optimizer", mem.micro
