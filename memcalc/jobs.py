@@ -33,7 +33,8 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
     garbage worth collecting (reference counting frees a simulation's objects), while each
     pass walks every candidate cached so far (memcalc.engine's cache). Held off here, a forked
     worker (which inherits the collector's state) never runs one, and this process runs one at
-    the end.
+    the end. Measured (`memcalc tables --no-plots`, 2 processes, two runs each): CPU 17.4-17.9 s
+    with the collector on, 17.0 s held off; wall 9.0-9.2 s -> 8.8 s; peak RSS 163 MB either way.
 
     >>> run_all([(pow, (2, 3)), (pow, (3, 2))], jobs=2)
     [8, 9]
