@@ -157,19 +157,28 @@ def bench_cli_cold(repeats: int) -> None:
           "PYTHONDONTWRITEBYTECODE=1 (the installed packages' bytecode only) (target <= 0.2)")
 
 
-def bench_tables() -> None:
+def bench_tables(repeats: int) -> None:
     """Seconds of `memcalc tables` (everything it writes, plots included), one command over the
     CPUs it may use (memcalc.jobs), and one over a single process (--jobs 1); wall and the CPU
-    time of the command and its workers."""
-    for jobs in ([] , ["--jobs", "1"]):
-        with tempfile.TemporaryDirectory() as out:
-            start, child = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out, *jobs], check=True,
-                           capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime
-            how = " ".join(jobs) or f"{_cpus()} processes"
-            print(f"memcalc tables ({how}): {time.perf_counter() - start:.1f} s (CPU {cpu:.1f} s) (target <= 10)")
+    time of the command and its workers, medians of `repeats` runs each."""
+    for jobs in ([], ["--jobs", "1"]):
+        runs = [_tables_once(jobs) for _ in range(repeats)]
+        wall, cpu = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        how = " ".join(jobs) or f"{_cpus()} processes"
+        target = "" if jobs else " (target <= 10)"
+        print(f"memcalc tables ({how}): {wall:.1f} s (CPU {cpu:.1f} s){target}; runs "
+              + ", ".join(f"{r[0]:.1f}" for r in runs) + " s")
+
+
+def _tables_once(jobs: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one `memcalc tables` command into a fresh folder."""
+    with tempfile.TemporaryDirectory() as out:
+        start, child = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "memcalc.cli", "tables", "--out", out, *jobs], check=True,
+                       capture_output=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (time.perf_counter() - start,
+                after.ru_utime + after.ru_stime - child.ru_utime - child.ru_stime)
 
 
 def _cpus() -> int:
@@ -196,7 +205,7 @@ def main() -> None:
     bench_grid(args.repeats)
     bench_cli_cold(args.repeats)
     if args.tables:
-        bench_tables()
+        bench_tables(args.repeats)
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 
