@@ -57,6 +57,13 @@ _ACCUM = dict(micro_batch=1, seq_len=11, grad_accum=2, precision="fp16-amp", opt
 _SAMPLE = dict(family="llama", implementation="hf", vocab_size=700, hidden_size=64, num_layers=5, num_heads=4,
                num_kv_heads=1, intermediate_size=160, max_position_embeddings=512, attn_dropout=0.1,
                qkv_bias=True, out_bias=False, mlp_bias=False, activation="silu")
+_QWEN2_MOE_8 = dict(family="qwen2_moe", implementation="hf", vocab_size=120, hidden_size=32, num_layers=4,
+                    num_heads=4, num_kv_heads=4, intermediate_size=96, tie_embeddings=False, qkv_bias=True,
+                    out_bias=False, mlp_bias=False, activation="silu", max_position_embeddings=1024,
+                    moe=dict(num_experts=4, top_k=1, expert_ffn_size=32, shared_expert_ffn_size=32))
+_FRESH8 = dict(micro_batch=5, seq_len=113, grad_accum=3, precision="fp32", optimizer="sgd",  # for-loop (CPU default)
+               checkpointing="per-layer", attention="sdpa",
+               experts_implementation="grouped_mm", moe_routing="worst")
 ROWS = (  # (model fields, training fields)
     (_PHI3, _ONE_SEQ),  # the sweep's miss (fresh6-042)
     (_LLAMA, dict(_ONE_SEQ, seq_len=64, precision="bf16-amp", optimizer="sgd")),  # autocast casts the views
@@ -76,14 +83,16 @@ ROWS = (  # (model fields, training fields)
                    checkpointing="per-layer")),  # scripts/snapshot_predictions.py's sample 86, on CPU
     (_SAMPLE, dict(_ONE_SEQ, micro_batch=2, seq_len=100, precision="fp32", optimizer="adam",
                    optimizer_impl="foreach", weight_decay=0.1, checkpointing="per-layer")),
+    (_QWEN2_MOE_8, _FRESH8),  # fresh sweep seed 8's worst (fresh8-015): +0.078% before
+    (_QWEN2_MOE_8, dict(_FRESH8, checkpointing="none")),  # no checkpoint: y and w alive at sum_to
 )
 
 
 def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
     """The sweep4 rows.
 
-    >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[8].spec.family
-    (12, 'phi3', 'gpt_oss', 'qwen2_moe')
+    >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[12].spec.family
+    (14, 'phi3', 'gpt_oss', 'qwen2_moe')
     """
     return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
             for i, (model, training) in enumerate(ROWS)]
