@@ -16,6 +16,12 @@ sweep4NN, each with neighbours that isolate its class:
   fp16-amp every-k, grad_accum 2, attention dropout, fresh6-037: +1.58% before): not an engine
   miss; the validator predicted the step with one micro-step's routing for all of them, now each
   micro-step with its own (validate.routed_steps).
+- A checkpointed layer's routing-weights product (Qwen2-MoE fp32 per-layer, grouped experts, top_k 1,
+  fresh8-015 of the seed-8 sweep: +0.078% before): y and the weights, recomputed and saved by the
+  product only, are freed when its backward's apply returns, before the engine's sum_to makes the
+  (S, 1) gradient (memcalc.tape.graph.Returns). Its small Mixtral and Qwen3-MoE neighbours showed
+  a forward phase -0.76% short: `apply_rotary_pos_emb`'s arguments stay alive in the attention's
+  locals until it returns (memcalc.programs.hf_moe.attention).
 - Found measuring a snapshot sample the first fix changed: foreach Adam with weight decay deletes
   its `grads + wd * params` copy before the sqrt's copy (torch/optim/adam.py `del device_grads`),
   so one parameter-sized copy, not two, is alive at once (memcalc.tape.optimizer.transient_bytes;
@@ -86,6 +92,10 @@ ROWS = (  # (model fields, training fields)
                    optimizer_impl="foreach", weight_decay=0.1, checkpointing="per-layer")),
     (_QWEN2_MOE_8, _FRESH8),  # fresh sweep seed 8's worst (fresh8-015): +0.078% before
     (dict(_QWEN2_MOE_8, vocab_size=16), _SMALL8),  # the same peak, small
+    (dict(_QWEN2_MOE_8, family="mixtral", vocab_size=16, qkv_bias=False,  # no shared expert; forward phase
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),  # at k's rotary: -0.76% before
+    (dict(_QWEN2_MOE_8, family="qwen3_moe", vocab_size=16, qkv_bias=False,  # q/k norms: their outputs held
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),
 )
 
 
@@ -93,7 +103,7 @@ def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
     """The sweep4 rows.
 
     >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[12].spec.family
-    (14, 'phi3', 'gpt_oss', 'qwen2_moe')
+    (16, 'phi3', 'gpt_oss', 'qwen2_moe')
     """
     return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
             for i, (model, training) in enumerate(ROWS)]
