@@ -21,7 +21,8 @@ sweep4NN, each with neighbours that isolate its class:
   product only, are freed when its backward's apply returns, before the engine's sum_to makes the
   (S, 1) gradient (memcalc.tape.graph.Returns). Its small Mixtral and Qwen3-MoE neighbours showed
   a forward phase -0.76% short: `apply_rotary_pos_emb`'s arguments stay alive in the attention's
-  locals until it returns (memcalc.programs.hf_moe.attention).
+  locals until it returns (memcalc.programs.hf_moe.attention; the Llama trunk's the same,
+  memcalc.programs.hf_llama.HFLlama.attention: a per-layer Llama forward phase -5.6% before).
 - Found measuring a snapshot sample the first fix changed: foreach Adam with weight decay deletes
   its `grads + wd * params` copy before the sqrt's copy (torch/optim/adam.py `del device_grads`),
   so one parameter-sized copy, not two, is alive at once (memcalc.tape.optimizer.transient_bytes;
@@ -96,6 +97,8 @@ ROWS = (  # (model fields, training fields)
           moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),  # at k's rotary: -0.76% before
     (dict(_QWEN2_MOE_8, family="qwen3_moe", vocab_size=16, qkv_bias=False,  # q/k norms: their outputs held
           moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),
+    (dict(_QWEN2_MOE_8, family="llama", vocab_size=16, intermediate_size=32, qkv_bias=False, moe=None),
+     dict(_SMALL8, grad_accum=1)),  # the Llama trunk's rotary: -5.6% before
 )
 
 
@@ -103,7 +106,7 @@ def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
     """The sweep4 rows.
 
     >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[12].spec.family
-    (16, 'phi3', 'gpt_oss', 'qwen2_moe')
+    (17, 'phi3', 'gpt_oss', 'qwen2_moe')
     """
     return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
             for i, (model, training) in enumerate(ROWS)]
