@@ -16,6 +16,13 @@ sweep4NN, each with neighbours that isolate its class:
   fp16-amp every-k, grad_accum 2, attention dropout, fresh6-037: +1.58% before): not an engine
   miss; the validator predicted the step with one micro-step's routing for all of them, now each
   micro-step with its own (validate.routed_steps).
+- A checkpointed layer's routing-weights product (Qwen2-MoE fp32 per-layer, grouped experts, top_k 1,
+  fresh8-015 of the seed-8 sweep: +0.078% before): y and the weights, recomputed and saved by the
+  product only, are freed when its backward's apply returns, before the engine's sum_to makes the
+  (S, 1) gradient (memcalc.tape.graph.Returns). Its small Mixtral and Qwen3-MoE neighbours showed
+  a forward phase -0.76% short: `apply_rotary_pos_emb`'s arguments stay alive in the attention's
+  locals until it returns (memcalc.programs.hf_moe.attention; the Llama trunk's the same,
+  memcalc.programs.hf_llama.HFLlama.attention: a per-layer Llama forward phase -5.6% before).
 - Found measuring a snapshot sample the first fix changed: foreach Adam with weight decay deletes
   its `grads + wd * params` copy before the sqrt's copy (torch/optim/adam.py `del device_grads`),
   so one parameter-sized copy, not two, is alive at once (memcalc.tape.optimizer.transient_bytes;
@@ -57,6 +64,14 @@ _ACCUM = dict(micro_batch=1, seq_len=11, grad_accum=2, precision="fp16-amp", opt
 _SAMPLE = dict(family="llama", implementation="hf", vocab_size=700, hidden_size=64, num_layers=5, num_heads=4,
                num_kv_heads=1, intermediate_size=160, max_position_embeddings=512, attn_dropout=0.1,
                qkv_bias=True, out_bias=False, mlp_bias=False, activation="silu")
+_QWEN2_MOE_8 = dict(family="qwen2_moe", implementation="hf", vocab_size=120, hidden_size=32, num_layers=4,
+                    num_heads=4, num_kv_heads=4, intermediate_size=96, tie_embeddings=False, qkv_bias=True,
+                    out_bias=False, mlp_bias=False, activation="silu", max_position_embeddings=1024,
+                    moe=dict(num_experts=4, top_k=1, expert_ffn_size=32, shared_expert_ffn_size=32))
+_FRESH8 = dict(micro_batch=5, seq_len=113, grad_accum=3, precision="fp32", optimizer="sgd",  # for-loop (CPU default)
+               checkpointing="per-layer", attention="sdpa",
+               experts_implementation="grouped_mm", moe_routing="worst")
+_SMALL8 = dict(_FRESH8, micro_batch=2, seq_len=32, grad_accum=2)
 ROWS = (  # (model fields, training fields)
     (_PHI3, _ONE_SEQ),  # the sweep's miss (fresh6-042)
     (_LLAMA, dict(_ONE_SEQ, seq_len=64, precision="bf16-amp", optimizer="sgd")),  # autocast casts the views
@@ -76,14 +91,22 @@ ROWS = (  # (model fields, training fields)
                    checkpointing="per-layer")),  # scripts/snapshot_predictions.py's sample 86, on CPU
     (_SAMPLE, dict(_ONE_SEQ, micro_batch=2, seq_len=100, precision="fp32", optimizer="adam",
                    optimizer_impl="foreach", weight_decay=0.1, checkpointing="per-layer")),
+    (_QWEN2_MOE_8, _FRESH8),  # fresh sweep seed 8's worst (fresh8-015): +0.078% before
+    (dict(_QWEN2_MOE_8, vocab_size=16), _SMALL8),  # the same peak, small
+    (dict(_QWEN2_MOE_8, family="mixtral", vocab_size=16, qkv_bias=False,  # no shared expert; forward phase
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),  # at k's rotary: -0.76% before
+    (dict(_QWEN2_MOE_8, family="qwen3_moe", vocab_size=16, qkv_bias=False,  # q/k norms: their outputs held
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),
+    (dict(_QWEN2_MOE_8, family="llama", vocab_size=16, intermediate_size=32, qkv_bias=False, moe=None),
+     dict(_SMALL8, grad_accum=1)),  # the Llama trunk's rotary: -5.6% before
 )
 
 
 def ci_sweep4_cases(device: str = "cpu") -> list[Case]:
     """The sweep4 rows.
 
-    >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[8].spec.family
-    (12, 'phi3', 'gpt_oss', 'qwen2_moe')
+    >>> cases = ci_sweep4_cases(); len(cases), cases[0].spec.family, cases[5].spec.family, cases[12].spec.family
+    (17, 'phi3', 'gpt_oss', 'qwen2_moe')
     """
     return [Case(f"sweep4{i:02d}", ModelSpec(**model), TrainingConfig(device=device, **training))
             for i, (model, training) in enumerate(ROWS)]

@@ -103,7 +103,9 @@ class HFLlama(DecoderProgram):
         a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
         q, k, v = self.project_qkv(ops, spec, x, p)
         q, k = qk_norms(ops, spec, q, k, p, self.norm)
+        q0, k0 = q, k  # `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
         q, k = self.position(ops, spec, q, k, layer, context)
+        ops.scope_end([q0, k0])  # the locals hold both arguments until the call returns (hf_moe.attention)
         k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         q_local, k_local, v_local = q, k, v
         mask = layer_mask(context, spec, layer)

@@ -35,7 +35,12 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
     elif spec.family == "olmoe":  # OlmoeRMSNorm over the whole projection
         q = rms_norm(ops, q, p("self_attn.q_norm.weight", a * d), TOKENS, weight_in_fp32=False)
         k = rms_norm(ops, k, p("self_attn.k_norm.weight", kv * d), TOKENS, weight_in_fp32=False)
+    q0, k0 = q, k  # `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
     q, k = rotary(ops, q, context["cos"], context["sin"], a, d), rotary(ops, k, context["cos"], context["sin"], kv, d)
+    # the locals hold both arguments until the call returns and rebinds them (measured, Mixtral and
+    # Qwen3-MoE per-layer fp32, b 2, s 32: the forward phase peaks at k's rotary with the (b, s, a*d)
+    # q and k projections alive, 2 * 8192 B where memcalc had freed them after their last use)
+    ops.scope_end([q0, k0])
 
     def core():
         if regime.attention == "sdpa":

@@ -105,7 +105,19 @@ class FreeTemps:
     first: int | None = None
 
 
-BackwardStep = Grad | Alias | Temp | FreeTemps  # what a backward node does, in order
+@dataclass(slots=True)
+class Returns:
+    """Backward step: the node's apply returns here; the steps after it are the engine's
+    validate_outputs (torch/csrc/autograd/engine.cpp: sum_to a broadcast input's shape, a cast to
+    its dtype). In a checkpoint region the saved tensors the node unpacked are freed here, before
+    those: torch/utils/checkpoint.py's unpack_hook drops the frame's reference
+    (`holder.handles[gid] = None`), so apply's locals held the last one. Elsewhere the SavedVariables
+    keep them until release_variables, after validate_outputs. Measured (validate tracker, y * w
+    with y (S, h) and w (S, 1) saved by the product only): after the two products, sum_to's (S, 1)
+    sum adds its bytes with y and w alive, but under torch.utils.checkpoint with both freed."""
+
+
+BackwardStep = Grad | Alias | Temp | FreeTemps | Returns  # what a backward node does, in order
 
 
 def product_saves(x: "Value", y: "Value") -> list["Value"]:

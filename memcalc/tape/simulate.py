@@ -24,7 +24,8 @@ from operator import ge
 from typing import TYPE_CHECKING
 
 from memcalc.poly import Poly
-from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Node, Storage, Temp, Value, count_slack, per_token
+from memcalc.tape.graph import (Alias, FreeTemps, Grad, Graph, Node, Returns, Storage, Temp, Value, count_slack,
+                                per_token)
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -1003,13 +1004,14 @@ class StepSimulator:
     def _run_node(self, node: Node, incoming: list[Storage], grads: dict,
                   recomputed: dict[int, Storage] | None) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
-        node's saved tensors (their `recomputed` copies in a checkpoint region), then deliver
-        the grads (where sums happen)."""
+        node's saved tensors (their `recomputed` copies in a checkpoint region, at the node's
+        Returns step when it has one), then deliver the grads (where sums happen)."""
         mem = self.mem
         hold, mark = mem.hold, mem.mark
         temps: list[Storage] = []
         deliveries: list[tuple[Value, Storage]] = []
         label = None
+        released = False
         for step in node.backward:
             kind = type(step)
             if kind is Grad:
@@ -1042,6 +1044,10 @@ class StepSimulator:
                 for st in temps[:k]:
                     mem.release(st)
                 temps = temps[k:]
+            elif kind is Returns and recomputed is not None and not released:
+                released = True  # apply's unpacked recomputed tensors die before validate_outputs
+                for st in node.saved:
+                    mem.release(recomputed.get(id(st), st))
         release = mem.release
         for st in temps:
             release(st)
@@ -1050,7 +1056,7 @@ class StepSimulator:
         if recomputed is None:
             for st in node.saved:
                 release(st)
-        else:
+        elif not released:
             for st in node.saved:
                 release(recomputed.get(id(st), st))
         for target, st in deliveries:
