@@ -76,10 +76,18 @@ class Value:
 
 @dataclass(slots=True)
 class Grad:
-    """Backward step: allocate the gradient of input `index` (its own size unless `size`)."""
+    """Backward step: allocate the gradient of input `index` (its own size unless `size`).
+
+    `sum_to`: the gradient is the incoming gradient reduced to a broadcast input's shape by the
+    autograd engine's validate_outputs (`at::sum_to`, engine.cpp call_function) after the
+    backward function returns (addmm's bias: `self: maybe_multiply(grad, beta)` is the incoming
+    gradient itself). Inside a checkpoint region the recomputed saved tensors are then already
+    freed: checkpoint's unpack hook drops its handle (`holder.handles[gid] = None`,
+    torch/utils/checkpoint.py), so only the function's locals held them."""
 
     index: int
     size: Poly | None = None
+    sum_to: bool = False
 
 
 @dataclass(slots=True)

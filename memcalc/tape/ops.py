@@ -114,7 +114,7 @@ class Ops:
         win, xin = self.matmul_operand(w), self.matmul_operand(x)
         elt = self.low if self.autocast else x.elt
         inputs = [xin, win] + ([bin_] if bin_ is not None else [])
-        backward = [Grad(0), Grad(1)] + ([Grad(2)] if bin_ is not None else [])
+        backward = [Grad(0), Grad(1)] + ([Grad(2, sum_to=True)] if bin_ is not None else [])
         out = self.g.op(name, inputs, tokens * n_out * elt, saves=product_saves(xin, win),
                         backward=backward, elt=elt)
         wrapped = lora_branch(self, x, w, out, tokens, n_out, name) if self.regime.lora else out

@@ -1009,12 +1009,16 @@ class StepSimulator:
         hold, mark = mem.hold, mem.mark
         temps: list[Storage] = []
         deliveries: list[tuple[Value, Storage]] = []
+        reduced: list[Grad] = []  # sum_to gradients made after the function returns (Grad.sum_to)
         label = None
         for step in node.backward:
             kind = type(step)
             if kind is Grad:
                 target = node.inputs[step.index]
                 if not target.requires_grad:
+                    continue
+                if step.sum_to and recomputed is not None:
+                    reduced.append(step)
                     continue
                 size = step.size or target.grad_size or target.size
                 count = target.storage.count
@@ -1045,14 +1049,28 @@ class StepSimulator:
         release = mem.release
         for st in temps:
             release(st)
-        for st in incoming:
-            release(st)
-        if recomputed is None:
-            for st in node.saved:
+        if reduced:  # the recomputed saved tensors go with the function's locals, then sum_to
+            for st in node.saved:  # (the incoming gradient, aliased by the output, lives to it)
+                release(recomputed.get(id(st), st))
+            for step in reduced:
+                target = node.inputs[step.index]
+                st = Storage(step.size or target.grad_size or target.size,
+                             grad_category(target) if target.is_param else "activation_grads",
+                             f"grad {target.label}")
+                hold(st)
+                mark(f"{node.name} backward sum_to")
+                deliveries.append((target, st))
+            for st in incoming:
                 release(st)
         else:
-            for st in node.saved:
-                release(recomputed.get(id(st), st))
+            for st in incoming:
+                release(st)
+            if recomputed is None:
+                for st in node.saved:
+                    release(st)
+            else:
+                for st in node.saved:
+                    release(recomputed.get(id(st), st))
         for target, st in deliveries:
             self._deliver(target, st, grads)
 
