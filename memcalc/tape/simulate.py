@@ -1004,7 +1004,8 @@ class StepSimulator:
                   recomputed: dict[int, Storage] | None) -> None:
         """engine.cpp call_function: compute all input grads, free the incoming grads and the
         node's saved tensors (their `recomputed` copies in a checkpoint region), then deliver
-        the grads (where sums happen)."""
+        the grads (where sums happen). In a checkpoint region a `Grad.sum_to` gradient is made
+        after the recomputed saved tensors are freed and before the incoming gradient is."""
         mem = self.mem
         hold, mark = mem.hold, mem.mark
         temps: list[Storage] = []
