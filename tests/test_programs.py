@@ -2,12 +2,14 @@
 the same names, sizes and order as `model.named_parameters()` (the order a for-loop optimizer
 visits and ZeRO-1 partitions), built by the validator from the same spec."""
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from memcalc.engine import build_graph
 from memcalc.programs import PROGRAMS, program_for
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
 from memcalc.training import TrainingConfig
+from tests.strategies import PROGRAMS as DRAWN_PROGRAMS, small_models
 
 _MOE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
             max_position_embeddings=64, qkv_bias=False, out_bias=False, mlp_bias=False, activation="silu")
@@ -88,6 +90,56 @@ def test_parameters_are_the_torch_modules_parameters(key, tie):
     engine = [(v.label, v.size.eval(1, 1) // regime.param_elt) for v in graph.params]
     torch_params = [(name, p.numel()) for name, p in model.named_parameters()]
     assert engine == torch_params
+
+
+def _torch_buffers(spec: ModelSpec, training: TrainingConfig) -> list[tuple[str, int]]:
+    """(name, bytes) of every buffer storage of the module the validator builds, as
+    validate.step.build_trainee leaves it (`model.to(torch.bfloat16)` under pure bf16)."""
+    import torch
+
+    if spec.implementation == "hf":
+        from validate.hf import build_hf
+
+        model, _ = build_hf(spec, training)
+    else:
+        from validate.models import build_reference
+
+        model = build_reference(spec, training)
+    if training.precision == "bf16":
+        model.to(torch.bfloat16)
+    storages = {}  # one entry per storage: a buffer sharing another's storage costs nothing
+    for name, b in model.named_buffers():
+        storages.setdefault(b.untyped_storage().data_ptr(), (name, b.untyped_storage().nbytes()))
+    return sorted(storages.values())
+
+
+def _engine_buffers(spec: ModelSpec, training: TrainingConfig) -> list[tuple[str, int]]:
+    """(label, bytes) of the engine's constant buffers (Graph.buffers, category buffers)."""
+    graph = build_graph(spec, Regime.of(training))
+    return sorted((v.label, v.size.eval(1, 1)) for v in graph.buffers if v.storage.category == "buffers")
+
+
+@pytest.mark.parametrize("key", sorted(k for k in CASES if CASES[k][0] == "hf"))
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-amp"])
+def test_buffers_are_the_torch_modules_buffers(key, precision):
+    """Every HF program holds the buffers transformers registers (rotary inv_freq and its clone
+    original_inv_freq, Gemma's embed_scale), by name and bytes, in the dtype model.to() leaves."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = ModelSpec.make(implementation="hf", **CASES[key][1])
+    training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu", precision=precision,
+                              attention="eager" if spec.family in ("gemma2", "gpt_oss") else "sdpa")
+    assert _engine_buffers(spec, training) == _torch_buffers(spec, training)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(small_models(programs=[k for k in DRAWN_PROGRAMS if k[1] == "hf"]), st.sampled_from(["fp32", "bf16"]))
+def test_buffers_match_torch_drawn_over_every_hf_program(spec, precision):
+    """The same over drawn models (head sizes, partial rotary, windows, NoPE, MoE)."""
+    pytest.importorskip("transformers")
+    training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu", precision=precision,
+                              attention="eager" if spec.family in ("gemma2", "gpt_oss") else "sdpa")
+    assert _engine_buffers(spec, training) == _torch_buffers(spec, training)
 
 
 def test_unknown_program_is_refused_by_name():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from memcalc.programs.base import TOKENS, Embedded, param_maker, size
 from memcalc.programs.hf_llama import HFLlama
-from memcalc.programs.layers import rms_normalise, rotary_tables, swiglu_mlp
+from memcalc.programs.layers import rms_normalise, rotary_buffers, rotary_tables, swiglu_mlp
 from memcalc.programs.masks import build_masks
 from memcalc.poly import Poly
 from memcalc.regime import Regime
@@ -58,6 +58,9 @@ class HFGemma(HFLlama):
         g, h, V = ops.g, spec.hidden_size, spec.vocab_size
         ids = g.input("input_ids", size("b s", 8))
         embed = ops.param("model.embed_tokens.weight", V * h, V)
+        # embed_tokens.embed_scale: `nn.Buffer(torch.tensor(embed_scale))`, a 0-dim fp32 buffer
+        # (modeling_gemma.py:58, gemma2:340, gemma3:97) that model.to(dtype) casts like the others
+        g.buffer("model.embed_tokens.embed_scale", Poly.const(ops.buffer_elt), elt=ops.buffer_elt)
         raw = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
         x = ops.scale(raw, "* embed_scale")
@@ -65,8 +68,11 @@ class HFGemma(HFLlama):
         masks = build_masks(ops, spec, regime, x.elt)
         if spec.family == "gemma3":  # a table per kind in config.layer_types
             kinds = sorted({"sliding" if spec.layer_is_sliding(i) else "full" for i in range(spec.num_layers)})
+            for kind in kinds:  # {layer_type}_inv_freq, {layer_type}_original_inv_freq
+                rotary_buffers(ops, spec.head_size, f"model.rotary_emb.{kind}_attention_")
             rope = {kind: tuple(rotary_tables(ops, spec.head_size, x.elt)) for kind in kinds}
         else:
+            rotary_buffers(ops, spec.head_size)
             shared = tuple(rotary_tables(ops, spec.head_size, x.elt))
             rope = {"full": shared, "sliding": shared}
         tables = {id(t): t for pair in rope.values() for t in pair}.values()

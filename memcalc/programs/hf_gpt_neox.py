@@ -23,7 +23,7 @@ from memcalc.programs.attention import attention_core
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.programs.hf_gpt2 import activation
 from memcalc.programs.hf_phi3 import contiguous_qk_kernel, rotary_width
-from memcalc.programs.layers import partial_rotary, rotary_tables
+from memcalc.programs.layers import partial_rotary, rotary_buffers, rotary_tables
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
@@ -51,6 +51,7 @@ class HFGPTNeoX(DecoderProgram):
         if regime.attention == "eager":
             mask = g.op("causal mask", [], size("b s s", emb.elt), requires_grad=False, elt=emb.elt)
         x = ops.dropout(emb, spec.embd_dropout)
+        rotary_buffers(ops, rotary_width(spec), "gpt_neox.rotary_emb.")  # GPTNeoXRotaryEmbedding's
         cos, sin = rotary_tables(ops, rotary_width(spec), x.elt)
         return Embedded(x, ids, {"mask": mask, "cos": cos, "sin": sin, "position_ids": pos},
                         held_until_norm=[emb, mask, cos, sin, pos])  # hf_llama.POSITION_IDS_LOCAL

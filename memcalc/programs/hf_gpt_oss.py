@@ -26,7 +26,7 @@ from memcalc.poly import Poly
 from memcalc.programs.attention import add_float_mask, attention_core, head_copy, scores_matmul
 from memcalc.programs.base import TOKENS, Embedded, param_maker, size
 from memcalc.programs.hf_llama import HFLlama, token_embedding
-from memcalc.programs.layers import qkv_projections, rms_norm_weight_first
+from memcalc.programs.layers import qkv_projections, rms_norm_weight_first, rotary_buffers
 from memcalc.programs.moe import INDEX, grouped_combine, grouped_dispatch, inplace
 from memcalc.programs.moe_aux import add_aux_loss
 from memcalc.regime import Regime
@@ -279,6 +279,7 @@ class HFGptOss(HFLlama):
         pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
         masks = {kind: g.op(f"{kind} causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
                  for kind in ("full", "sliding")}
+        rotary_buffers(ops, spec.head_size)  # GptOssRotaryEmbedding's inv_freq tables (yarn init)
         cos, sin = rotary_tables(ops, spec.head_size, x.elt)
         context = {"masks": masks, "cos": cos, "sin": sin, "position_ids": pos}  # GptOssModel passes
         # position_ids= to every decoder layer (a checkpoint region keeps it: DecoderProgram.run_layers);

@@ -21,7 +21,7 @@ from memcalc.programs.attention import attention_core, llama_eager, sdpa_attenti
 from memcalc.programs.call_path import cache_kv, causal_mask, zero_window_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
-from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_tables, swiglu_mlp
+from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_buffers, rotary_tables, swiglu_mlp
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
@@ -168,6 +168,7 @@ class HFLlama(DecoderProgram):
                 masks["sliding"] = zero_window_mask(ops, regime, x.elt)
         else:
             masks = build_masks(ops, spec, regime, x.elt)
+        rotary_buffers(ops, self.rotary_dim(spec))  # model.rotary_emb's inv_freq tables
         cos, sin = rotary_tables(ops, self.rotary_dim(spec), self.rotary_table_elt(x.elt))
         context = {"masks": masks, "rope": {"full": (cos, sin), "sliding": (cos, sin)},
                    "mask": masks.get("full"), "cos": cos, "sin": sin,  # one table, one mask kind

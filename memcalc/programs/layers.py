@@ -2,17 +2,15 @@
 SwiGLU MLP, GPT-2's gelu_new. (LayerNorm is one aten op: memcalc.tape.ops.Ops.layer_norm.)"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from memcalc.programs.base import TOKENS, size
 from memcalc.specs import ModelSpec
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Temp, Value, product_saves
 from memcalc.tape.ops import Ops, numel
 
-from memcalc.poly import ZERO
+from memcalc.poly import ZERO, Poly
 
-if TYPE_CHECKING:
-    from memcalc.poly import Poly
 
 NORM_ARGUMENT = """A norm module's argument stays alive until the module returns: the caller's frame
 (`hidden_states = self.post_feedforward_layernorm(hidden_states)`, `self.q_norm(query_states)`)
@@ -79,6 +77,30 @@ def rotary(ops: Ops, x: Value, cos: Value, sin: Value, heads: int, d: int) -> Va
     rh = g.op("cat", [neg, x], full, backward=[Grad(0, half), Grad(1, full)], elt=x.elt)
     rs = g.op("rot*sin", [rh, sin], size("b s a d", elt, a=heads, d=d), saves=[sin], backward=[Grad(0)], elt=elt)
     return ops.add(xc, rs, "rotary add")
+
+
+def rotary_buffers(ops: Ops, d: int, prefix: str = "model.rotary_emb.") -> list[Value]:
+    """The rotary module's two constant buffers, held all run long: `inv_freq` and its clone
+    `original_inv_freq` (`nn.Buffer(inv_freq.clone(), persistent=False)`: a second storage),
+    each `torch.arange(0, d, 2)` long, so ceil(d/2) elements for every rope_type
+    (modeling_rope_utils: the default, linear, dynamic, yarn, longrope and llama3 init functions
+    all scale that arange). transformers 5.24 builds one rotary module per model
+    (LlamaRotaryEmbedding, modeling_llama.py:87-88; the same code in Mistral, Qwen2/3, Phi-3,
+    OLMo-2, Granite, SmolLM3, GPT-NeoX, Mixtral, Qwen2/3-MoE, OLMoE, GPT-OSS and Gemma 1-2;
+    Gemma3RotaryEmbedding one pair per layer type, modeling_gemma3.py:157-158). fp32 buffers
+    follow `model.to(dtype)` (Regime.buffer_elt: bf16 under pure bf16). Measured with the live
+    tensor tracker at model build: 2 storages of d/2 elements (Gemma-3: 4), nothing else beside
+    the parameters (Gemma: + embed_scale).
+
+    >>> from memcalc.tape.graph import Graph; from memcalc.regime import Regime
+    >>> from memcalc.training import TrainingConfig
+    >>> ops = Ops(Graph(), Regime.of(TrainingConfig(micro_batch=1, seq_len=8, precision="bf16")))
+    >>> [(b.label, b.size.eval(1, 1)) for b in rotary_buffers(ops, 64)]  # 32 bf16 each
+    [('model.rotary_emb.inv_freq', 64), ('model.rotary_emb.original_inv_freq', 64)]
+    """
+    be, n = ops.buffer_elt, (d + 1) // 2
+    return [ops.g.buffer(f"{prefix}{name}", Poly.const(n * be), elt=be)
+            for name in ("inv_freq", "original_inv_freq")]
 
 
 def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
