@@ -245,14 +245,7 @@ def expand(v: Vec, cats: tuple[str, ...], sizes: dict,
     by_cat: dict[str, dict] = {c: {} for c in cats}
     counts: dict[tuple, int] = {}
     for (cat, size), n in v.items():
-        terms = by_cat.get(cat)
-        if terms is None:
-            terms = by_cat[cat] = {}
-        for mono, c in terms_of[size]:
-            c *= n
-            total[mono] = total.get(mono, 0) + c
-            terms[mono] = terms.get(mono, 0) + c
-        counts[size] = counts.get(size, 0) + n
+        _add_storages(total, by_cat, counts, cat, size, n, terms_of)
     return _poly(total), {c: _poly(terms) for c, terms in by_cat.items()}, counts
 
 
@@ -277,42 +270,38 @@ def _expand_pair(base: Vec, second: Vec, cats: tuple[str, ...], terms_of: dict) 
         if not n:
             continue
         step[key] = n
-        cat, size = key
-        terms = by_cat.get(cat)
-        if terms is None:
-            terms = by_cat[cat] = {}
-        for mono, c in terms_of[size]:
-            c *= n
-            total[mono] = total.get(mono, 0) + c
-            terms[mono] = terms.get(mono, 0) + c
-        counts[size] = counts.get(size, 0) + n
+        _add_storages(total, by_cat, counts, *key, n, terms_of)
     b_total: dict = {}
     b_by_cat: dict[str, dict] = {c: {} for c in cats}
     b_counts: dict[tuple, int] = {}
     for key, n in base.items():
-        cat, size = key
-        terms = b_by_cat.get(cat)
-        if terms is None:
-            terms = b_by_cat[cat] = {}
-        for mono, c in terms_of[size]:
-            c *= n
-            b_total[mono] = b_total.get(mono, 0) + c
-            terms[mono] = terms.get(mono, 0) + c
-        b_counts[size] = b_counts.get(size, 0) + n
+        _add_storages(b_total, b_by_cat, b_counts, *key, n, terms_of)
         if key in second or not n:
             continue
-        n = -n  # (only in base: combine's 0 - n, after second's storages)
-        step[key] = n
-        terms = by_cat.get(cat)
-        if terms is None:
-            terms = by_cat[cat] = {}
-        for mono, c in terms_of[size]:
-            c *= n
-            total[mono] = total.get(mono, 0) + c
-            terms[mono] = terms.get(mono, 0) + c
-        counts[size] = counts.get(size, 0) + n
+        step[key] = -n  # (only in base: combine's 0 - n, after second's storages)
+        _add_storages(total, by_cat, counts, *key, -n, terms_of)
     return ((_poly(b_total), {c: _poly(t) for c, t in b_by_cat.items()}, b_counts),
             (_poly(total), {c: _poly(t) for c, t in by_cat.items()}, counts), step)
+
+
+def _add_storages(total: dict, by_cat: dict, counts: dict, cat: str, size: tuple, n: int,
+                  terms_of: dict) -> None:
+    """Add n storages of one (category, size) to a total's, its category's and the size's
+    counts (expand's sums, in its order; by_cat gains the category when first added).
+
+    >>> total, by_cat, counts = {}, {}, {}
+    >>> _add_storages(total, by_cat, counts, "a", "k", 2, {"k": (((1, 1), 3),)})
+    >>> total, by_cat, counts
+    ({(1, 1): 6}, {'a': {(1, 1): 6}}, {'k': 2})
+    """
+    terms = by_cat.get(cat)
+    if terms is None:
+        terms = by_cat[cat] = {}
+    for mono, c in terms_of[size]:
+        c *= n
+        total[mono] = total.get(mono, 0) + c
+        terms[mono] = terms.get(mono, 0) + c
+    counts[size] = counts.get(size, 0) + n
 
 
 def _size_terms(sizes: dict) -> dict:
