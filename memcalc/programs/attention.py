@@ -117,6 +117,11 @@ def sdpa_masked(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     additive = sdpa_float_mask(ops, mask, q.elt)
     if ops.device == "cpu" and spec.attn_dropout > 0:
         out = sdpa_math(ops, spec, q, k, v, additive, layouts=layouts, contiguous=contiguous)
+        # the converted mask is scaled_dot_product_attention's local until the math composite
+        # returns (no op of it saves the mask: measured, fam11/fam18 forward at the dropout
+        # multiply, one (b, 1, s, s) fp32 mask more than the add's last use left alive)
+        if additive is not mask:
+            held.append(additive)
     else:
         out = sdpa_flash(ops, q, k, v, a, d, additive)
     ops.scope_end(held)
