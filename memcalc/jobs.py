@@ -39,16 +39,12 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
     >>> run_all([(pow, (2, 3)), (pow, (3, 2))], jobs=2)
     [8, 9]
     """
+    from memcalc.engine import _gc_paused
+
     jobs = min(available_cpus() if jobs is None else jobs, len(tasks))
-    with _collector_off():
+    with _gc_paused():
         if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
             return [fn(*args) for fn, args in tasks]
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             pending = [pool.apply_async(fn, args) for fn, args in tasks]
             return [p.get() for p in pending]
-
-
-def _collector_off():
-    from memcalc.engine import _gc_paused
-
-    return _gc_paused()

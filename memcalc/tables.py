@@ -204,13 +204,15 @@ def _tasks(presets: list[str] | None) -> list[tuple]:
     import memcalc.capacity  # noqa: F401 (the tasks' modules, imported before the fork)
     import memcalc.gpus  # noqa: F401
 
+    models = {name: ModelSpec.preset(name) for name in _preset_names(presets)}
+    for model in models.values():
+        program_for(model)  # its module imported here, before the fork
+
     def cost(name: str) -> tuple:
-        model = ModelSpec.preset(name)
-        program_for(model)
-        return (model.family in NO_SDPA, model.num_layers)
+        return (models[name].family in NO_SDPA, models[name].num_layers)
 
     multi = [(_multi_gpu_preset, (name,)) for name in MULTI_GPU_PRESETS if not presets or name in presets]
-    names = sorted(_preset_names(presets), key=cost, reverse=True)
+    names = sorted(models, key=cost, reverse=True)
     return multi + [(_preset_rows, (name, regime)) for name in names for regime in REGIMES]
 
 

@@ -21,7 +21,8 @@ from memcalc.programs.attention import attention_core, llama_eager, sdpa_attenti
 from memcalc.programs.call_path import cache_kv, causal_mask, zero_window_mask
 from memcalc.programs.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.programs.masks import build_masks, layer_mask
-from memcalc.programs.layers import qkv_projections, rms_norm, rotary, rotary_buffers, rotary_tables, swiglu_mlp
+from memcalc.programs.layers import (apply_rotary_pos_emb, qkv_projections, rms_norm, rotary, rotary_buffers,
+                                     rotary_tables, swiglu_mlp)
 from memcalc.programs.loss import hf_causal_lm_loss
 from memcalc.regime import Regime
 from memcalc.specs import ModelSpec
@@ -103,9 +104,7 @@ class HFLlama(DecoderProgram):
         a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
         q, k, v = self.project_qkv(ops, spec, x, p)
         q, k = qk_norms(ops, spec, q, k, p, self.norm)
-        q0, k0 = q, k  # `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
-        q, k = self.position(ops, spec, q, k, layer, context)
-        ops.scope_end([q0, k0])  # the locals hold both arguments until the call returns (hf_moe.attention)
+        q, k = apply_rotary_pos_emb(ops, q, k, lambda q, k: self.position(ops, spec, q, k, layer, context))
         k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         q_local, k_local, v_local = q, k, v
         mask = layer_mask(context, spec, layer)

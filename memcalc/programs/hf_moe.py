@@ -15,7 +15,7 @@ from memcalc.moe import moe_layers
 from memcalc.programs.attention import attention_core, llama_eager, sdpa
 from memcalc.programs.base import TOKENS, param_maker
 from memcalc.programs.hf_llama import HFLlama
-from memcalc.programs.layers import qkv_projections, rms_norm, rotary, swiglu_mlp
+from memcalc.programs.layers import apply_rotary_pos_emb, qkv_projections, rms_norm, rotary, swiglu_mlp
 from memcalc.programs.moe import sparse_moe_block
 from memcalc.programs.moe_aux import add_aux_loss
 from memcalc.regime import Regime
@@ -35,12 +35,9 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
     elif spec.family == "olmoe":  # OlmoeRMSNorm over the whole projection
         q = rms_norm(ops, q, p("self_attn.q_norm.weight", a * d), TOKENS, weight_in_fp32=False)
         k = rms_norm(ops, k, p("self_attn.k_norm.weight", kv * d), TOKENS, weight_in_fp32=False)
-    q0, k0 = q, k  # `query_states, key_states = apply_rotary_pos_emb(query_states, key_states, ...)`:
-    q, k = rotary(ops, q, context["cos"], context["sin"], a, d), rotary(ops, k, context["cos"], context["sin"], kv, d)
-    # the locals hold both arguments until the call returns and rebinds them (measured, Mixtral and
-    # Qwen3-MoE per-layer fp32, b 2, s 32: the forward phase peaks at k's rotary with the (b, s, a*d)
-    # q and k projections alive, 2 * 8192 B where memcalc had freed them after their last use)
-    ops.scope_end([q0, k0])
+    cos, sin = context["cos"], context["sin"]
+    q, k = apply_rotary_pos_emb(ops, q, k, lambda q, k: (rotary(ops, q, cos, sin, a, d),
+                                                         rotary(ops, k, cos, sin, kv, d)))
 
     def core():
         if regime.attention == "sdpa":

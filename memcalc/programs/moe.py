@@ -108,8 +108,8 @@ def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Va
     S, h = TOKENS * spec.moe.top_k, spec.hidden_size
     elt = max(y.elt, w_sorted.elt)
     # mul backward (measured): grad * weights (y's gradient; in the promoted dtype, then cast to
-    # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1) gradient
-    # (S, 1) gradient by validate_outputs' sum_to after apply returns (Returns: in a checkpointed
+    # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1)
+    # gradient by validate_outputs' sum_to after apply returns (Returns: in a checkpointed
     # layer y and the weights, saved by this product only, are freed first; measured, Qwen2-MoE
     # fp32 per-layer top_k 1, fresh8-015: +2,260 B = one (S, 1) fp32 before)
     wide = S * (h * elt)
