@@ -15,8 +15,9 @@ if importlib.util.find_spec("torch") is None:
 
 # Doctests that run real training steps (or spawn gloo processes), or plan over many
 # simulations: seconds each.
-SLOW_DOCTESTS = ("validate.distributed", "validate.dist_tracker", "validate.hf", "validate.measure",
-                 "validate.step", "memcalc.planner.plan", "memcalc.capacity.min_world_size")
+SLOW_DOCTESTS = ("validate.distributed.measure", "validate.distributed.tracker", "validate.models.hf",
+                 "validate.measure.backends", "validate.measure.step", "memcalc.queries.planner.plan",
+                 "memcalc.queries.capacity.min_world_size")
 
 
 def pytest_collection_modifyitems(items):

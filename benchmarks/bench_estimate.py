@@ -76,11 +76,11 @@ def bench_warm_new_shape(repeats: int, n: int = 2000) -> None:
 
 
 def bench_cold(repeats: int) -> None:
-    """Milliseconds of the first estimate of a model and regime (memcalc.depth's derivation, or
+    """Milliseconds of the first estimate of a model and regime (memcalc.engine.depth's derivation, or
     the simulation), cache cleared; beside it, in the same run, simulating every layer
-    (engine.simulated, what the engine did before memcalc.depth)."""
+    (engine.simulated, what the engine did before memcalc.engine.depth)."""
     from memcalc import ModelSpec, TrainingConfig, estimate
-    from memcalc import engine
+    from memcalc.engine import core as engine
 
     t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16-amp", checkpointing="per-layer")
     for name, layers, target in (("llama-2-7b", None, 30), ("llama-2-70b", None, 50),
@@ -105,7 +105,7 @@ def bench_cold(repeats: int) -> None:
 def bench_grid(repeats: int) -> None:
     """estimate_grid on cuda: the first call (a new model and regime already simulated), then
     configurations per second on 1e6 random points: the first such call (which learns the
-    moments that can win in each cell, memcalc.grid_cells), then the median of `repeats` calls,
+    moments that can win in each cell, memcalc.queries.grid_cells), then the median of `repeats` calls,
     by wall time and by this process's CPU time (less inflated on a shared machine)."""
     import numpy as np
 
@@ -159,7 +159,7 @@ def bench_cli_cold(repeats: int) -> None:
 
 def bench_tables(repeats: int) -> None:
     """Seconds of `memcalc tables` (everything it writes, plots included), one command over the
-    CPUs it may use (memcalc.jobs), and one over a single process (--jobs 1); wall and the CPU
+    CPUs it may use (memcalc.queries.jobs), and one over a single process (--jobs 1); wall and the CPU
     time of the command and its workers, medians of `repeats` runs each."""
     for jobs in ([], ["--jobs", "1"]):
         runs = [_tables_once(jobs) for _ in range(repeats)]
@@ -182,7 +182,7 @@ def _tables_once(jobs: list[str]) -> tuple[float, float]:
 
 
 def _cpus() -> int:
-    from memcalc.jobs import available_cpus
+    from memcalc.queries.jobs import available_cpus
 
     return available_cpus()
 

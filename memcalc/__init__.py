@@ -5,20 +5,22 @@
 >>> r.peak_bytes > 0
 True
 """
-from memcalc.errors import MemcalcError, SpecError, UnknownNameError
-from memcalc.estimate import MemoryReport, candidates, estimate, optimal_segment_size, sqrt_segment_size
-from memcalc.lora import LoRA
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import MemcalcError, SpecError, UnknownNameError
+from memcalc.queries.estimate import MemoryReport, candidates, estimate, optimal_segment_size, sqrt_segment_size
+from memcalc.inputs.lora import LoRA
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 # Loaded on first use (PEP 562), so that `import memcalc` stays light for the CLI.
 _LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
          "zero_paper_mixed_precision_bytes": "memcalc.formulas.model_states",
-         "max_micro_batch": "memcalc.capacity", "max_seq_len": "memcalc.capacity",
-         "max_layers": "memcalc.capacity", "fits": "memcalc.capacity", "Capacity": "memcalc.capacity",
-         "estimate_grid": "memcalc.grid", "plan": "memcalc.planner", "Plan": "memcalc.planner",
-         "GPUS": "memcalc.gpus", "GPU": "memcalc.gpus", "parse_budget": "memcalc.gpus",
-         "local_gpus": "memcalc.gpus", "check": "memcalc.preflight", "Verdict": "memcalc.preflight"}
+         "max_micro_batch": "memcalc.queries.capacity", "max_seq_len": "memcalc.queries.capacity",
+         "max_layers": "memcalc.queries.capacity", "fits": "memcalc.queries.capacity",
+         "Capacity": "memcalc.queries.capacity", "estimate_grid": "memcalc.queries.grid",
+         "plan": "memcalc.queries.planner", "Plan": "memcalc.queries.planner",
+         "GPUS": "memcalc.inputs.gpus", "GPU": "memcalc.inputs.gpus", "parse_budget": "memcalc.inputs.gpus",
+         "local_gpus": "memcalc.inputs.gpus", "check": "memcalc.queries.preflight",
+         "Verdict": "memcalc.queries.preflight"}
 
 __all__ = ["MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate",
            "candidates", "optimal_segment_size", "sqrt_segment_size", "ModelSpec", "TrainingConfig", "LoRA", *_LAZY]

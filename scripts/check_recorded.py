@@ -5,11 +5,11 @@
 
 For each recorded row of the device (row['device'], else training.device), rebuild the ModelSpec
 and TrainingConfig from the row's `model` and `training` dicts, recompute memcalc.estimate, and
-judge the recorded measurement with validate.compare.verdict against the new prediction:
+judge the recorded measurement with validate.run.compare.verdict against the new prediction:
 |predicted - measured| / measured over the tolerance fails; an OOM row fails when the engine now
 predicts less than the card's memory (extra.total_bytes); a row the engine refuses fails (unless
 --allow-unpredicted). Rows whose measurement errored, and rows of configurations with parts that
-estimate() does not take (e.g. 'parallel', validate/distributed.py's data-parallel runs), are
+estimate() does not take (e.g. 'parallel', validate/distributed/measure.py's data-parallel runs), are
 listed and skipped. The last row of each
 configuration counts (a resumed run appends). Exit 1 on any failure, 0 otherwise, also when there
 is no row of the device (nothing recorded yet); 2 on bad input.
@@ -49,13 +49,13 @@ def row_device(row: dict) -> str | None:
 
 def _predict(estimate, spec, training, row: dict) -> int:
     """The row's prediction as the validator made it: a MoE row that recorded each steady step's
-    routing (extra.moe.routing_counts, validate/moe_routing.py) with those counts, each micro-step
-    with its own (validate.routed_steps), the largest over the steps; any other row with its own
+    routing (extra.moe.routing_counts, validate/models/moe_routing.py) with those counts, each micro-step
+    with its own (validate.run.routed_steps), the largest over the steps; any other row with its own
     TrainingConfig."""
     routings = ((row.get("extra") or {}).get("moe") or {}).get("routing_counts")
     if not routings:
         return estimate(spec, training).peak_bytes
-    from validate.routed_steps import predict_steps  # each micro-step with its own routing
+    from validate.run.routed_steps import predict_steps  # each micro-step with its own routing
 
     return max(r.peak_bytes for r in predict_steps(estimate, spec, training, routings))
 
@@ -63,10 +63,10 @@ def _predict(estimate, spec, training, row: dict) -> int:
 def recheck(row: dict, tolerance: float, allow_unpredicted: bool = False) -> dict:
     """{'name', 'status', 'measured', 'recorded_pred', 'pred', 'error_pct', 'fail'} for one row."""
     from memcalc import estimate
-    from memcalc.errors import MemcalcError
-    from memcalc.specs import ModelSpec
-    from memcalc.training import TrainingConfig
-    from validate.compare import error_pct, verdict
+    from memcalc.core.errors import MemcalcError
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
+    from validate.run.compare import error_pct, verdict
 
     out = {"name": row.get("name"), "label": row.get("label"), "status": row.get("status"),
            "measured": row.get("measured_peak_bytes"), "recorded_pred": row.get("predicted_peak_bytes"),
@@ -75,7 +75,7 @@ def recheck(row: dict, tolerance: float, allow_unpredicted: bool = False) -> dic
         out["skip"] = "not measured: " + str(row.get("error", "no measurement"))[:200]
         return out
     extra_fields = sorted(set(_config(row)) - SINGLE_DEVICE_FIELDS)
-    if extra_fields:  # e.g. 'parallel' (validate/distributed.py): not what estimate() predicts
+    if extra_fields:  # e.g. 'parallel' (validate/distributed/measure.py): not what estimate() predicts
         out["skip"] = f"not a single-device configuration (has {', '.join(extra_fields)})"
         return out
     try:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             print(f"check_recorded: {p}: no such file; fix: give a results .jsonl file", file=sys.stderr)
             return 2
 
-    from validate.compare import read_jsonl
+    from validate.run.compare import read_jsonl
 
     start = time.perf_counter()
     checked, failed, skipped = 0, [], []

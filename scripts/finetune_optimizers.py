@@ -7,9 +7,9 @@ per-layer checkpointing), plus the managed (paged) bytes outside the allocator.
 from __future__ import annotations
 
 import memcalc
-from memcalc.engine import candidates
+from memcalc.engine.core import candidates
 from memcalc.tape.finetune_optim import paged_state_bytes
-from memcalc.units import GIB
+from memcalc.core.units import GIB
 
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor")
 

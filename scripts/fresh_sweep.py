@@ -1,7 +1,7 @@
 """Validate memcalc on configurations nobody tuned for: (model, training) pairs drawn at random over
 every program by the test suite's own strategies (tests/strategies.cases, with the fine-tuning,
 clipping and call-path fields of finetune_steps on a share of them), each measured on CPU by the
-validator (validate.runner.run_case: the real training step under the live-tensor tracker; a MoE
+validator (validate.run.runner.run_case: the real training step under the live-tensor tracker; a MoE
 step predicted with the routing it measured) and compared with memcalc's prediction.
 
 The draws are reproducible (hypothesis with a fixed seed, generation only, five times as many
@@ -28,7 +28,7 @@ def draw_cases(n: int, seed: int, finetune_share: float = 0.4) -> list:
     from hypothesis import seed as seeded
 
     from tests.strategies import cases, finetune_steps
-    from validate.case import Case
+    from validate.run.case import Case
 
     drawn: list = []
 
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="validate/results/fresh-sweep.jsonl")
     args = parser.parse_args()
-    from validate.runner import run_cases
+    from validate.run.runner import run_cases
 
     cases = draw_cases(args.n, args.seed)
     rows = run_cases(cases, args.out, progress=lambda c: print(c.label, flush=True))

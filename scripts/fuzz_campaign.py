@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 
 import memcalc
-import memcalc.capacity
+import memcalc.queries.capacity
 from memcalc import ModelSpec, TrainingConfig
 from tests.fuzz_strategies import (
     CALL_SECONDS,
@@ -94,7 +94,7 @@ def api_call(rng, tmp: str):
         budget = rng.choice(BUDGETS)
         t = dict(STEP, sharding="zero3") if solver == "min_world_size" else STEP
         check = (lambda r: isinstance(r, bool)) if solver == "fits" else sane_capacity
-        return f"{solver}({budget!r:.40})", lambda: check(getattr(memcalc.capacity, solver)(
+        return f"{solver}({budget!r:.40})", lambda: check(getattr(memcalc.queries.capacity, solver)(
             ModelSpec(**SMALL), TrainingConfig(**t), budget)) or True
     if kind == "grid":
         arrays = {rng.choice(["micro_batch", "seq_len", "num_layers", "precision", "tensor_parallel",

@@ -6,8 +6,8 @@ Prints one line per fact and writes them all to --out. Exit status: 0 when memca
 the four HF causal-LM classes import; 3 when only transformers fails (gpu_run.sh then falls back to
 the image's transformers); 4 when memcalc/pydantic/torch fail (nothing can be measured).
 
-CUDA probes (facts the engine assumes but no GPU has checked yet, memcalc/estimate.py and
-memcalc/gpus.py): the CUDA context size (NVML used before and after the first kernel), and the
+CUDA probes (facts the engine assumes but no GPU has checked yet, memcalc/queries/estimate.py and
+memcalc/inputs/gpus.py): the CUDA context size (NVML used before and after the first kernel), and the
 bytes the caching allocator hands cuBLAS / cuBLASLt as workspace at the first matmul of each dtype
 (the engine assumes CUBLAS_WORKSPACE_BYTES = 32 MiB).
 """
@@ -78,8 +78,8 @@ def check_imports() -> dict:
     except Exception as err:
         result["transformers"] = f"error: {type(err).__name__}: {str(err)[:300]}"
     try:
-        import validate.cli  # noqa: F401
-        import validate.measure  # noqa: F401
+        import validate.run.cli  # noqa: F401
+        import validate.measure.backends  # noqa: F401
 
         result["validate"] = "ok"
     except Exception as err:

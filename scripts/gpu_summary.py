@@ -4,7 +4,7 @@ and the throughput figures; a short table printed last (the device tool returns 
     python scripts/gpu_summary.py OUT/gpu-quick.jsonl [--throughput OUT/throughput.json]
         [--tolerance 3] [--json OUT/summary.json] [--md OUT/gpu-quick.md] [--title gpu-quick]
 
---md writes the validator's markdown table (validate.compare.markdown_table) when the file is
+--md writes the validator's markdown table (validate.run.compare.markdown_table) when the file is
 missing, e.g. after the run was cut short before the validator wrote it. Needs no torch.
 Exit status 0 whatever the errors (it is a report); 2 when the results file cannot be read.
 """
@@ -38,7 +38,7 @@ def _stats(values: list[float]) -> dict:
 
 def summarise(rows: list[dict], tolerance: float) -> dict:
     """Counts, error statistics and allocator overheads of a results file's rows."""
-    from validate.compare import verdict
+    from validate.run.compare import verdict
 
     by_status: dict[str, int] = {}
     for r in rows:
@@ -80,7 +80,7 @@ def summarise(rows: list[dict], tolerance: float) -> dict:
 
 def table(rows: list[dict], tolerance: float) -> list[str]:
     """One short line per configuration: measured, predicted, error, reserved, NVML, status."""
-    from validate.compare import verdict
+    from validate.run.compare import verdict
 
     lines = [f"{'config':<24} {'meas MiB':>9} {'pred MiB':>9} {'err %':>7} {'resv MiB':>9} "
              f"{'nvml MiB':>9} {'wall s':>7}  status"]
@@ -129,9 +129,9 @@ def main(argv=None) -> int:
     parser.add_argument("--title", help="title of the markdown table")
     args = parser.parse_args(argv)
     try:
-        from validate.compare import markdown_table, read_jsonl
+        from validate.run.compare import markdown_table, read_jsonl
     except ImportError as err:  # e.g. no pydantic: the environment check already said why
-        print(f"gpu_summary: cannot import validate.compare ({err}); no summary", file=sys.stderr)
+        print(f"gpu_summary: cannot import validate.run.compare ({err}); no summary", file=sys.stderr)
         return 2
 
     path = Path(args.results)

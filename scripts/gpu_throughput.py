@@ -6,11 +6,11 @@ overhead of per-layer activation checkpointing, on one mid-size configuration.
     python scripts/gpu_throughput.py --device cpu --tiny --out /tmp/t.json   # a dry run
 
 The validator (validate/) records only whole-run wall times (model build included), so this times
-single optimizer steps itself: the same step code (validate.step.build_trainee / train_step),
+single optimizer steps itself: the same step code (validate.measure.step.build_trainee / train_step),
 a fresh model per variant, warm-up steps first (optimizer state, cuBLAS handles, autotuning), then
 each timed step between two torch.cuda.Event records; the median is reported. fp32 runs as torch
 defaults it (no TF32); 'fp32-tf32' is fp32 with torch.backends.cuda.matmul.allow_tf32 = True.
-Expected (memcalc.planner.step_flops): per-layer checkpointing adds one forward, about +33% of the
+Expected (memcalc.queries.planner.step_flops): per-layer checkpointing adds one forward, about +33% of the
 FLOPs; the AMP speed-up is bounded by the tensor-core/fp32 peak ratio (about 15x on an H200) and
 in practice set by the memory-bound, non-matmul kernels. The JSON is rewritten after each variant,
 so a run cut short keeps what it timed.
@@ -57,7 +57,7 @@ class NullMeter:
 
 
 def _spec(args):
-    from memcalc.specs import ModelSpec
+    from memcalc.inputs.specs import ModelSpec
 
     spec = ModelSpec.preset(args.model)
     changes = {"implementation": args.implementation}
@@ -94,8 +94,8 @@ def time_variant(spec, args, precision: str, checkpointing: str, tf32: bool) -> 
     """Build a fresh trainee, warm up, time args.steps optimizer steps; seconds and peak bytes."""
     import torch
 
-    from memcalc.training import TrainingConfig
-    from validate.step import build_trainee, train_step
+    from memcalc.inputs.training import TrainingConfig
+    from validate.measure.step import build_trainee, train_step
 
     training = TrainingConfig.make(micro_batch=args.micro_batch, seq_len=args.seq_len,
                                    precision=precision, checkpointing=checkpointing,
@@ -138,10 +138,10 @@ def time_variant(spec, args, precision: str, checkpointing: str, tf32: bool) -> 
 
 
 def _expected(spec, training) -> dict:
-    """FLOPs of the step (memcalc.planner) and the engine's predicted peak, for the record."""
+    """FLOPs of the step (memcalc.queries.planner) and the engine's predicted peak, for the record."""
     out = {}
     try:
-        from memcalc.planner import step_flops
+        from memcalc.queries.planner import step_flops
 
         out["flops"] = step_flops(spec, training.micro_batch * training.grad_accum,
                                   training.seq_len, training.checkpointing)
@@ -157,7 +157,7 @@ def _expected(spec, training) -> dict:
 
 
 def _peak_tflops(device_name: str, precision: str, tf32: bool):
-    """The catalogue's peak TFLOPS (memcalc.gpus) for a CUDA device name, or None.
+    """The catalogue's peak TFLOPS (memcalc.inputs.gpus) for a CUDA device name, or None.
 
     >>> _peak_tflops("NVIDIA H200", "bf16-amp", False), _peak_tflops("NVIDIA H100 PCIe", "fp32", False)
     (989.4, 51.2)
@@ -165,7 +165,7 @@ def _peak_tflops(device_name: str, precision: str, tf32: bool):
     if tf32:
         return None  # no TF32 figure in the catalogue
     try:
-        from memcalc.gpus import GPUS
+        from memcalc.inputs.gpus import GPUS
     except Exception:
         return None
     name = device_name.upper()

@@ -35,8 +35,8 @@ def _report(model, training) -> dict:
 
 
 def _recorded() -> dict:
-    from memcalc.specs import ModelSpec
-    from memcalc.training import TrainingConfig
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
 
     out = {}
     for path in sorted((ROOT / "validate" / "results").glob("*.jsonl")):
@@ -52,8 +52,8 @@ PRESETS = ["gpt2", "gpt2-medium", "llama-2-7b", "llama-3-8b", "mistral-7b", "qwe
 
 
 def _sampled(n: int) -> dict:
-    from memcalc.specs import ModelSpec
-    from memcalc.training import TrainingConfig
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
 
     rng = random.Random(20261201)
     out = {}
@@ -104,8 +104,8 @@ def _consumers() -> dict:
     import numpy as np
 
     import memcalc
-    from memcalc.specs import ModelSpec
-    from memcalc.training import TrainingConfig
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
 
     out = {}
     gpt2, llama = ModelSpec.preset("gpt2"), ModelSpec.preset("llama-2-7b")
@@ -131,7 +131,7 @@ def _consumers() -> dict:
     out["plan llama-3-8b"] = [repr(p) for p in plans[:10]]
     zero3 = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16", checkpointing="per-layer",
                            world_size=8, sharding="zero3")
-    from memcalc.capacity import min_world_size
+    from memcalc.queries.capacity import min_world_size
 
     out["min_world_size 70b"] = repr(min_world_size(ModelSpec.preset("llama-2-70b"), zero3, "80GB"))
     return out

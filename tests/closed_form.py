@@ -1,7 +1,7 @@
 """Second methods the tests check the engine against, written apart from memcalc's own code."""
 from __future__ import annotations
 
-from memcalc.specs import ModelSpec
+from memcalc.inputs.specs import ModelSpec
 
 
 def closed_form_rank_params(spec: ModelSpec, t: int) -> int:

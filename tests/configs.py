@@ -7,22 +7,22 @@ import pytest
 
 def meta_num_parameters(hf_config: dict) -> int:
     """transformers' own num_parameters() of the causal LM class the validator builds for
-    `hf_config` (validate.hf: _make_config, CLASSES), instantiated on the meta device (no
+    `hf_config` (validate.models.hf: _make_config, CLASSES), instantiated on the meta device (no
     memory); the test is skipped without torch or transformers."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from validate.hf import CLASSES, _make_config
+    from validate.models.hf import CLASSES, _make_config
 
-    transformers.logging.set_verbosity_error()  # config-default chatter (as validate.hf.build_hf)
+    transformers.logging.set_verbosity_error()  # config-default chatter (as validate.models.hf.build_hf)
     model_type, cfg = _make_config(hf_config)
     with torch.device("meta"):
         return getattr(transformers, CLASSES[model_type])._from_config(cfg).num_parameters()
 
 
 def live_optimizer_state_bytes(torch, optimizer: str, params: list) -> int:
-    """Bytes of the distinct state storages the real optimizer (validate.step.optimizer_class)
+    """Bytes of the distinct state storages the real optimizer (validate.measure.step.optimizer_class)
     holds after one step on `params` with all-ones gradients."""
-    from validate.step import optimizer_class
+    from validate.measure.step import optimizer_class
 
     opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
     for p in params:
@@ -42,8 +42,8 @@ def measured_step_temporaries(optimizer: str, make_params) -> int:
     (the steady state), under the validator's live-tensor tracker; `make_params()` builds the
     parameters inside it."""
     import torch
-    from validate.step import optimizer_class
-    from validate.tracker import LiveTensorTracker
+    from validate.measure.step import optimizer_class
+    from validate.measure.tracker import LiveTensorTracker
 
     optimizer_class(optimizer)  # import outside the tracker
     with LiveTensorTracker() as tr:

@@ -16,7 +16,7 @@ import time
 from hypothesis import strategies as st
 
 import tests.strategies  # noqa: F401  (registers and loads the profiles)
-from memcalc.errors import MemcalcError
+from memcalc.core.errors import MemcalcError
 
 CALL_SECONDS = 5.0
 
@@ -191,7 +191,7 @@ def run_cli(argv: list[str], seconds: float = CALL_SECONDS) -> tuple[int, str, s
     return code, out.getvalue(), err.getvalue()
 
 
-# ---- sanity checks of results, written independently of memcalc.checks -------------------------
+# ---- sanity checks of results, written independently of memcalc.core.arguments -------------------------
 def runnable(model, training) -> bool:
     """Whether the step is one the implementation can run and memcalc models (independent rules)."""
     t = training.tensor_parallel

@@ -23,9 +23,9 @@ import random
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from memcalc.moe import MoESpec, moe_layers
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.moe import MoESpec, moe_layers
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 settings.register_profile("quick", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -54,20 +54,20 @@ ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "refe
 DROPOUTS = [0.0, 0.1]
 # (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
 # biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
-# (attention_bias) and/or MLP (mlp_bias) biases (validate.hf._llama_model_type); the reference
-# models take any combination (validate.models)
+# (attention_bias) and/or MLP (mlp_bias) biases (validate.models.hf._llama_model_type); the reference
+# models take any combination (validate.models.reference)
 ANY_BIASES = [(q, o, m) for q in (False, True) for o in (False, True) for m in (False, True)]
 BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASES,
           ("llama", "hf"): [(False, False, False), (True, False, False), (True, True, False),
                             (False, False, True), (True, True, True)],
           ("llama", "reference"): ANY_BIASES,
           # Phi-3: none; OLMo-2: attention_bias on q/k/v/o; Granite: that and mlp_bias; GPT-NeoX:
-          # attention_bias on query_key_value and dense, MLP biases always (validate.hf)
+          # attention_bias on query_key_value and dense, MLP biases always (validate.models.hf)
           ("phi3", "hf"): [(False, False, False)], ("olmo2", "hf"): [(False, False, False), (True, True, False)],
           ("granite", "hf"): [(q, q, m) for q in (False, True) for m in (False, True)],
           ("gpt_neox", "hf"): [(False, False, True), (True, True, True)],
           **{(f, "hf"): [(False, False, False), (True, True, False)] for f in GEMMAS},
-          # validate.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
+          # validate.models.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
           # all four attention projections (attention_bias)
           ("mixtral", "hf"): [(False, False, False)],
           ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
@@ -122,7 +122,7 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
 def _hf_variant(draw, family: str, fields: dict) -> dict:
     """What transformers' llama-like and Gemma classes add: Qwen3's q/k norms, sliding windows
     (Mistral's rule, Qwen2/Qwen3's max_window_layers, Gemma-2/3's alternation) and Gemma-2/3's
-    soft-capping, within what each class builds (validate.hf)."""
+    soft-capping, within what each class builds (validate.models.hf)."""
     plain = (fields["qkv_bias"], fields["out_bias"], fields["mlp_bias"]) in ((False, False, False), (True, True, False))
     if family == "llama":
         out = {"qk_norm": plain and draw(st.booleans())}
@@ -214,7 +214,7 @@ LORA_TARGETS = {"llama": [("q_proj", "v_proj"), ("gate_proj", "down_proj"), ("o_
 FREEZE = {"llama": [("*embed*",), ("*norm*",), ("*mlp*",), ("*self_attn.q_proj*", "*lm_head*")],
           "gpt2": [("*wte*",), ("*ln_*",), ("*.attn.*",), ("*wpe*", "*mlp*")]}  # reference ones: a
 # pattern that names nothing there is refused by build_graph and the group dropped
-"""fnmatch patterns that treat every layer alike ('*ln_*' names no layer by index; memcalc.depth.
+"""fnmatch patterns that treat every layer alike ('*ln_*' names no layer by index; memcalc.engine.depth.
 supported refuses a pattern with a digit, '?' or '[', and the index-tied ones below are drawn too)."""
 INDEX_TIED_FREEZE = [("*.0.*",), ("*.?.*",)]  # layer 0 (each pattern must match a parameter)
 
@@ -222,16 +222,16 @@ INDEX_TIED_FREEZE = [("*.0.*",), ("*.?.*",)]  # layer 0 (each pattern must match
 @st.composite
 def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied: bool = True) -> TrainingConfig:
     """`training` with what a fine-tuning or HF-Trainer step adds, each group kept where the
-    engine models it for `model` (memcalc.step_checks.check_estimate; a refusal drops the group):
+    engine models it for `model` (memcalc.refusals.step.check_estimate; a refusal drops the group):
     gradient clipping, a bitsandbytes/Adafactor optimizer, LoRA (any targets, bias, lora_bias,
     dropout, rank, layers_to_transform over every layer or, with `index_tied`, some), frozen
     parameters, a 4-bit base, and the call-path fields (use_cache, attention_mask with padding,
     separate labels, num_items_in_batch, hf_trainer with weight decay)."""
-    from memcalc.errors import MemcalcError
-    from memcalc.lora import LoRA
-    from memcalc.regime import Regime
-    from memcalc.simulation import build_graph
-    from memcalc.step_checks import check_estimate
+    from memcalc.core.errors import MemcalcError
+    from memcalc.inputs.lora import LoRA
+    from memcalc.engine.regime import Regime
+    from memcalc.engine.simulation import build_graph
+    from memcalc.refusals.step import check_estimate
 
     groups = []
     if draw(st.booleans()):
@@ -318,7 +318,7 @@ def random_routing(rng: random.Random, spec: ModelSpec, tokens: int, skewed: boo
 def grouped_mm_peaks(spec: ModelSpec, training: TrainingConfig, rng: random.Random) -> set[int]:
     """The peaks of `training` on the grouped_mm experts path under 'worst', 'balanced' and one
     `random_routing`: a single value where memory does not depend on routing (transformers'
-    grouped_mm_experts_forward sizes every tensor by tokens * top_k: memcalc.moe)."""
+    grouped_mm_experts_forward sizes every tensor by tokens * top_k: memcalc.inputs.moe)."""
     from memcalc import estimate
 
     grouped = training.with_(experts_implementation="grouped_mm")

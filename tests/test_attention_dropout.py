@@ -1,14 +1,14 @@
-"""Attention dropout under eager attention, the llama families (validate/ci_dropout.py): measured
+"""Attention dropout under eager attention, the llama families (validate/matrices/dropout.py): measured
 peaks, and a property over every program."""
 import json
 from pathlib import Path
 
 from hypothesis import assume, given, strategies as st
 
-from memcalc.errors import MemcalcError
-from memcalc.estimate import estimate
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import MemcalcError
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.strategies import cases
 

@@ -1,10 +1,10 @@
 """axolotl YAML -> TrainingArguments fields -> TrainingConfig, and `memcalc check --axolotl`."""
 import pytest
 
-from memcalc.axolotl import axolotl_fields
+from memcalc.inputs.trainers.axolotl import axolotl_fields
 from memcalc.cli import main
-from memcalc.errors import MemcalcError
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import MemcalcError
+from memcalc.inputs.training import TrainingConfig
 
 pytest.importorskip("yaml")
 

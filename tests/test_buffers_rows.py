@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import memcalc
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 RESULTS = Path(__file__).resolve().parents[1] / "validate" / "results"
 

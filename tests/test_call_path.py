@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 import memcalc
-from memcalc.errors import NotModelledError
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import NotModelledError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.strategies import cases
 
 HF_PROGRAMS = [("gpt2", "hf"), ("llama", "hf")]
@@ -14,7 +14,7 @@ HF_PROGRAMS = [("gpt2", "hf"), ("llama", "hf")]
 
 def _call_path_modelled(case) -> bool:
     """The call paths are modelled for HF GPT-2 and Llama without sliding windows or GPT-2's
-    upcast attention (memcalc.programs.call_path.check_call_path refuses the rest by name)."""
+    upcast attention (memcalc.families.call_path.check_call_path refuses the rest by name)."""
     model, _ = case
     return model.sliding_window is None and not model.reorder_and_upcast_attn
 

@@ -1,10 +1,10 @@
 """Capacity answers sit exactly on the boundary: estimate(n) <= budget < estimate(n + 1)."""
 from hypothesis import given, strategies as st
 
-from memcalc.capacity import fits, largest_root, max_layers, max_micro_batch, max_seq_len
-from memcalc.estimate import estimate
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.queries.capacity import fits, largest_root, max_layers, max_micro_batch, max_seq_len
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.strategies import cases
 

@@ -5,9 +5,9 @@ import pytest
 
 import memcalc
 from memcalc.cli import main
-from memcalc.gpus import GPUS
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.gpus import GPUS
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 NO_CLIP = {"max_grad_norm": 0.0}  # DeepSpeed/DDP runs: clipping is modelled on one process
 

@@ -42,7 +42,7 @@ def test_estimate_text_and_formula(capsys):
 
 
 def test_formula_in_depth(capsys):
-    """12 layers repeat (memcalc.depth): the formula is in b, s and L; `activations` alone."""
+    """12 layers repeat (memcalc.engine.depth): the formula is in b, s and L; `activations` alone."""
     main(["estimate", "--model", "gpt2", "--formula", "--checkpointing", "per-layer"])
     assert "peak(b, s, L) = Max(" in capsys.readouterr().out
     main(["estimate", "--model", "gpt2", "--formula", "activations", "--checkpointing", "per-layer"])

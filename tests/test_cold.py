@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import cases
 
-from memcalc.engine import _regime
-from memcalc.poly import Poly
-from memcalc.simulation import run_step, run_steps
+from memcalc.engine.core import _regime
+from memcalc.core.poly import Poly
+from memcalc.engine.simulation import run_step, run_steps
 from memcalc.tape.graph import Storage
 from memcalc.tape.simulate import Memory, Moment, _below_mix, prune_convex, prune_convex_dense, replay
 

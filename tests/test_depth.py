@@ -1,4 +1,4 @@
-"""Depth as a symbol (memcalc.depth): a stack derived from 3, 4 and 5 repeats of its layers gives
+"""Depth as a symbol (memcalc.engine.depth): a stack derived from 3, 4 and 5 repeats of its layers gives
 the same numbers as simulating every layer (engine.simulated), for every program, precision,
 checkpointing mode and parallel layout; programs whose layers do not repeat as declared fall back
 to the simulation; the formula in L evaluates to the simulated peak."""
@@ -11,17 +11,17 @@ from hypothesis import strategies as st
 from strategies import PROGRAMS as PROGRAM_LIST
 from strategies import cases, finetune_steps
 
-from memcalc import engine
-from memcalc.depth import FINETUNE_OPTIMIZERS, N3, layout, small_model
-from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.estimate import estimate
-from memcalc.programs import PROGRAMS
-from memcalc.regime import Regime
-from memcalc.simulation import run_step
-from memcalc.specs import ModelSpec
-from memcalc.symbols import L, b, s
+from memcalc.engine import core as engine
+from memcalc.engine.depth import FINETUNE_OPTIMIZERS, N3, layout, small_model
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.queries.estimate import estimate
+from memcalc.families import PROGRAMS
+from memcalc.engine.regime import Regime
+from memcalc.engine.simulation import run_step
+from memcalc.inputs.specs import ModelSpec
+from memcalc.core.symbols import L, b, s
 from memcalc.tape.graph import Grad
-from memcalc.training import TrainingConfig
+from memcalc.inputs.training import TrainingConfig
 
 
 def _report(r) -> dict:
@@ -52,7 +52,7 @@ def _event(text: str) -> None:
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
     engine._CACHE.clear()
-    try:  # memcalc.depth serves it where the layers repeat (depth.supported: every regime but
+    try:  # memcalc.engine.depth serves it where the layers repeat (depth.supported: every regime but
         with engine.forcing_derivation():  # index-tied settings), else the simulation; forced:
             derived = engine.candidates(model, training)  # not simulated directly where cheaper
     except MemcalcError as err:  # a refusal found while simulating (trainable parameters of two
@@ -111,7 +111,7 @@ def _patterned(pattern: dict, model: ModelSpec, layers: int) -> ModelSpec:
 
 @st.composite
 def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROGRAM_LIST):
-    """A model past N3 units of its layout (prefix, unit: memcalc.depth.repeat over its layer
+    """A model past N3 units of its layout (prefix, unit: memcalc.engine.depth.repeat over its layer
     pattern) and a step over every program, precision, checkpointing mode, optimizer, parallel
     layout, and, with `finetune`, clipping, bitsandbytes/Adafactor optimizers, LoRA / QLoRA /
     frozen parameters and the HF call paths (strategies.finetune_steps)."""
@@ -126,7 +126,7 @@ def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROG
         depth = lay.prefix + (N3 + 1 + draw(st.integers(0, 3))) * lay.unit + draw(st.integers(0, lay.unit - 1))
     model = _patterned(pattern, model, depth)
     if training.lora is not None and training.lora.layers is not None:  # every layer, or every other
-        every = draw(st.sampled_from([1, 2]))  # (not derived: memcalc.depth.supported)
+        every = draw(st.sampled_from([1, 2]))  # (not derived: memcalc.engine.depth.supported)
         training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(0, depth, every))}))
     return model, training
 
@@ -179,7 +179,7 @@ def test_finetuned_formula_in_depth_is_the_simulated_peak(case, bv, sv):
 
 def _check_formula(case: tuple, bv: int, sv: int) -> None:
     """expr, where it is in L, evaluated at another depth of the same layout (a unit less: the
-    layer pattern kept, memcalc.depth.small_model) is that depth's simulated peak (unrounded:
+    layer pattern kept, memcalc.engine.depth.small_model) is that depth's simulated peak (unrounded:
     device cpu)."""
     model, training = case
     training = training.with_(device="cpu", micro_batch=bv, seq_len=max(sv, training.pad_tokens + 1))
@@ -280,7 +280,7 @@ _GPT2 = ModelSpec.make(family="gpt2", implementation="hf", vocab_size=100, hidde
 
 
 def _moe(family: str, dense: tuple = (), **fields) -> ModelSpec:
-    from memcalc.moe import MoESpec
+    from memcalc.inputs.moe import MoESpec
 
     return _LLAMA.with_(family=family, num_layers=10, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_size=32,
                                                                   dense_layers=dense, **fields))

@@ -40,7 +40,7 @@ def test_fsdp_shards_cover_the_parameter(rows, cols, world):
 
 
 def _states_per_rank(model, t):
-    from memcalc.estimate import candidates
+    from memcalc.queries.estimate import candidates
 
     c = candidates(model, t)
     return max(s for s, _ in rank_optimizer_bytes_all(c.param_shapes, c.param_elt, c.regime))
@@ -114,7 +114,7 @@ def test_more_sharding_costs_at_most_one_gathered_layer_more(case, world):
 def test_more_sharding_can_cost_more_where_fsdp2_pads_the_experts():
     """The padding is real: one expert over 4 ranks is held whole by every rank (torch.chunk of
     one row in 4 gives one chunk), so zero2 holds each expert weight 4 times unsharded."""
-    from memcalc.moe import MoESpec
+    from memcalc.inputs.moe import MoESpec
 
     moe = MoESpec(num_experts=1, top_k=1, expert_ffn_size=96)
     model = ModelSpec.make(family="mixtral", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4,
@@ -133,8 +133,8 @@ def test_more_sharding_can_cost_more_where_fsdp2_pads_the_experts():
 def _padding(model, t):
     """Bytes FSDP2's padding adds to the unsharded parameters: each parameter of `rows` rows is
     split by torch.chunk into chunks of ceil(rows / W) rows, each rank's padded to that."""
-    from memcalc.engine import build_graph
-    from memcalc.regime import Regime
+    from memcalc.engine.core import build_graph
+    from memcalc.engine.regime import Regime
 
     world, out = t.world_size, 0
     for v in build_graph(model, Regime.of(t.with_(sharding="zero3"))).params:
@@ -144,9 +144,9 @@ def _padding(model, t):
 
 
 def _unsharded_groups(model, t):
-    from memcalc.engine import build_graph
+    from memcalc.engine.core import build_graph
     from memcalc.parallel.fsdp import Fsdp
-    from memcalc.regime import Regime
+    from memcalc.engine.regime import Regime
 
     graph = build_graph(model, Regime.of(t))
     f = Fsdp(graph, t.world_size, True, t.device)
@@ -176,9 +176,9 @@ def test_gradient_accumulation_under_fsdp_costs_at_most_the_sharded_grads(shardi
     # later micro-steps keep the sharded .grad from the first and add each reduce-scatter output
     # into it: the step's peak grows by at most every group's shard (the kept grads) plus one
     # group's shard (the output being added)
-    from memcalc.engine import build_graph
+    from memcalc.engine.core import build_graph
     from memcalc.parallel.fsdp import Fsdp
-    from memcalc.regime import Regime
+    from memcalc.engine.regime import Regime
 
     model = ModelSpec.preset("gpt2-medium")
     t = TrainingConfig(micro_batch=2, seq_len=512, precision="bf16", world_size=world,
@@ -203,7 +203,7 @@ def test_fsdp_mixed_precision_keeps_fp32_states_and_halves_the_gathered_copies(w
 
 
 def test_fsdp_mixed_precision_refusals_name_the_field():
-    from memcalc.errors import NotModelledError, SpecError
+    from memcalc.core.errors import NotModelledError, SpecError
 
     with pytest.raises(SpecError, match="fsdp_mixed_precision needs sharding"):
         TrainingConfig.make(micro_batch=1, seq_len=8, world_size=2, fsdp_mixed_precision=True)

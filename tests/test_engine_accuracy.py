@@ -2,10 +2,10 @@
 running the real training step on CPU (validate's live-tensor tracker)."""
 import pytest
 
-from memcalc.errors import SpecError
-from memcalc.estimate import estimate
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import SpecError
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 PUBLISHED = {  # model cards / papers
     "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
@@ -53,7 +53,7 @@ CASES = [
 def test_prediction_within_one_percent_of_measured_cpu_peak(spec, fields):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from validate.measure import measure
+    from validate.measure.backends import measure
 
     training = TrainingConfig.make(**{"micro_batch": 2, "seq_len": 64, "device": "cpu", **fields})
     measured = measure(spec, training)
@@ -91,8 +91,8 @@ def test_allocator_rounding_matches_a_512_byte_tracker():
     """The CUDA caching allocator's 512-byte rounding, checked on CPU: the live-tensor tracker
     rounding every storage up to 512 B against the engine's rounded candidates."""
     pytest.importorskip("torch")
-    from memcalc.estimate import candidates
-    from validate.measure import LiveTensorTracker, TrackerMeter, _run_under
+    from memcalc.queries.estimate import candidates
+    from validate.measure.backends import LiveTensorTracker, TrackerMeter, _run_under
 
     spec = _gpt2("hf", vocab_size=1001, hidden_size=96, num_heads=4)
     training = TrainingConfig.make(micro_batch=3, seq_len=37, device="cpu")

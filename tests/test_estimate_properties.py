@@ -3,12 +3,12 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from memcalc.estimate import estimate
+from memcalc.queries.estimate import estimate
 from memcalc.formulas.model_states import model_state_bytes
-from memcalc.engine import activation_peak_bytes
-from memcalc.specs import ModelSpec
-from memcalc.symbols import b as B, s as S
-from memcalc.training import TrainingConfig
+from memcalc.engine.core import activation_peak_bytes
+from memcalc.inputs.specs import ModelSpec
+from memcalc.core.symbols import b as B, s as S
+from memcalc.inputs.training import TrainingConfig
 
 from tests.closed_form import closed_form_rank_params
 from tests.strategies import MOE_FAMILIES, OPTIMIZERS, cases, small_models

@@ -5,10 +5,10 @@ parameter shapes carry the experts' last two dims."""
 import pytest
 from hypothesis import given
 
-from memcalc.engine import build_graph
-from memcalc.regime import Regime
+from memcalc.engine.core import build_graph
+from memcalc.engine.regime import Regime
 from memcalc.tape import finetune_optim as ft
-from memcalc.training import FINE_TUNE_OPTIMIZERS
+from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS
 from tests.strategies import cases
 
 # an expert stack above min_8bit_size, a small one, and a 2-D and a 1-D parameter beside them

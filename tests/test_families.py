@@ -3,9 +3,9 @@ count, the sliding-window rules against what masking_utils does, invariants of t
 import pytest
 
 from memcalc import ModelSpec, TrainingConfig
-from memcalc.engine import window_reached
-from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.estimate import estimate
+from memcalc.engine.core import window_reached
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.queries.estimate import estimate
 from tests.configs import meta_num_parameters
 
 # model cards: Qwen3-0.6B "0.6B", Qwen3-8B "8.2B", gemma-2b "2.5B", gemma-7b "8.5B", gemma-2-2b
@@ -19,7 +19,7 @@ NEW_PRESETS = {"qwen3-0.6b": 596_049_920, "qwen3-8b": 8_190_735_360, "gemma-2b":
 @pytest.mark.parametrize("name", sorted(NEW_PRESETS))
 def test_presets_match_transformers_num_parameters_on_a_meta_model(name):
     pytest.importorskip("torch")
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     spec = ModelSpec.preset(name)
     assert spec.param_count == meta_num_parameters(hf_config_dict(spec)) == NEW_PRESETS[name]
@@ -51,7 +51,7 @@ def test_window_reached_is_seq_len_at_least_the_window():
 
 def test_the_grid_splits_at_the_window():
     np = pytest.importorskip("numpy")
-    from memcalc.grid import estimate_grid
+    from memcalc.queries.grid import estimate_grid
 
     spec = ModelSpec.preset("qwen3-0.6b").with_(num_layers=2, sliding_window=48, max_window_layers=1)
     seq = np.array([16, 47, 48, 96])
@@ -90,7 +90,7 @@ def test_estimate_from_the_cli_on_a_published_config(name, tmp_path, capsys):
     import json
 
     from memcalc.cli import main
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf_config_dict(ModelSpec.preset(name))))

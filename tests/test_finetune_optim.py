@@ -1,17 +1,17 @@
 """Fine-tuning optimizers and gradient clipping: memcalc's state and temporary bytes against the
 live objects (bitsandbytes, transformers' Adafactor, clip_grad_norm_ run on CPU and measured with
-validate.tracker), properties over every program, and refusals by name."""
+validate.measure.tracker), properties over every program, and refusals by name."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memcalc.engine import candidates
-from memcalc.errors import MemcalcError
-from memcalc.estimate import estimate
-from memcalc.specs import ModelSpec
+from memcalc.engine.core import candidates
+from memcalc.core.errors import MemcalcError
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.specs import ModelSpec
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes
-from memcalc.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
+from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
 from tests.strategies import cases
 
 # (shape) of each parameter: a matrix above min_8bit_size, one below, 1-D, an embedding-like one
@@ -65,7 +65,7 @@ def test_step_temporaries_match_the_tracker(optimizer, dtype):
 def test_clip_grad_norm_temporaries_match_the_tracker(foreach, dtype):
     """On CPU foreach and the per-gradient loop allocate the same norms."""
     torch = pytest.importorskip("torch")
-    from validate.tracker import LiveTensorTracker
+    from validate.measure.tracker import LiveTensorTracker
 
     with LiveTensorTracker() as tr:
         params = _params(torch, getattr(torch, dtype))

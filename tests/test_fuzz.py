@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memcalc
-import memcalc.capacity
-import memcalc.gpus
+import memcalc.queries.capacity
+import memcalc.inputs.gpus
 from memcalc import ModelSpec, TrainingConfig
 from tests.fuzz_strategies import (
     BUDGETS,
@@ -60,7 +60,7 @@ def test_wrong_argument_types(model, training):
 def test_budgets(budget, solver):
     training = STEP.with_(sharding="zero3") if solver == "min_world_size" else STEP
     check = (lambda r: isinstance(r, bool)) if solver == "fits" else sane_capacity
-    outcome(lambda: getattr(memcalc.capacity, solver)(SMALL, training, budget), check)
+    outcome(lambda: getattr(memcalc.queries.capacity, solver)(SMALL, training, budget), check)
 
 
 @given(hf_configs())
@@ -115,7 +115,7 @@ def test_grid_arrays(arrays):
        st.sampled_from(["A100-80GB", "H100", None, 5]))
 def test_plan_arguments(global_batch, seq_len, utilisation, gpu):
     def sane(plans):
-        assert all(p.peak_bytes <= memcalc.gpus.gpu(gpu).usable_bytes for p in plans)
+        assert all(p.peak_bytes <= memcalc.inputs.gpus.gpu(gpu).usable_bytes for p in plans)
     outcome(lambda: memcalc.plan(SMALL.with_(num_layers=1), gpu, global_batch, seq_len,
                                  utilisation=utilisation), sane)
 

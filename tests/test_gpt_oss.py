@@ -1,4 +1,4 @@
-"""GPT-OSS (memcalc.programs.hf_gpt_oss): presets against the model card's total and active
+"""GPT-OSS (memcalc.families.hf_gpt_oss): presets against the model card's total and active
 parameter counts and transformers' own num_parameters(); the published config.json read back
 (its quantization_config refused by name); what transformers cannot run refused; 'worst'
 routing never below any routing on the eager experts loop (cpu and cuda, the allocator's
@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memcalc import estimate
-from memcalc.errors import MemcalcError, NotModelledError
+from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.formulas.parameters import active_parameter_count
-from memcalc.moe import MoESpec
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.moe import MoESpec
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.configs import meta_num_parameters
 from tests.strategies import grouped_mm_peaks, random_routing
 
@@ -51,7 +51,7 @@ def test_presets_have_the_model_cards_total_and_active_parameters(name, total, a
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "gpt-oss-120b"])
 def test_parameter_counts_agree_with_transformers_on_a_meta_device(name):
     pytest.importorskip("torch")
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     spec = ModelSpec.preset(name)
     assert meta_num_parameters(hf_config_dict(spec)) == spec.param_count
@@ -76,8 +76,8 @@ def test_the_auxiliary_loss_is_read_and_costs_what_moe_aux_models():
     """output_router_logits turns on GptOssForCausalLM's load_balancing_loss_func: the config key
     reaches the spec, and the backward peak holds at least every layer's captured (N, E) router
     logits more (kept until the forward returns, their gradients waiting for each layer's own
-    backward: L*N*E fp32 elements here; validate/ci_gpt_oss.py's gptoss-aux rows measure it)."""
-    from validate.ci_gpt_oss import GPT_OSS_CONFIG
+    backward: L*N*E fp32 elements here; validate/matrices/gpt_oss.py's gptoss-aux rows measure it)."""
+    from validate.matrices.gpt_oss import GPT_OSS_CONFIG
 
     spec = ModelSpec.from_hf_config({**GPT_OSS_CONFIG, "output_router_logits": True})
     assert spec.moe.output_router_logits

@@ -132,7 +132,7 @@ def test_check_recorded_flags_drift_ooms_and_skips_errors(tmp_path):
         {"key": "e", "name": "e", "device": "cuda", "status": "error", "error": "RuntimeError: boom"},
         {**a, "key": "cpu-row"},  # another device: not checked
         {**c, "device": "cuda", "key": json.dumps({**json.loads(c["key"]), "parallel": {"world_size": 2}}),
-         "measured_peak_bytes": 1},  # a data-parallel run (validate/distributed.py): not estimate()'s
+         "measured_peak_bytes": 1},  # a data-parallel run (validate/distributed/measure.py): not estimate()'s
     ]
     path = _write(tmp_path / "gpu.jsonl", rows)
     proc = _py("check_recorded.py", path)

@@ -1,8 +1,8 @@
 """GPU catalogue, local detection and budget parsing."""
 import pytest
 
-from memcalc.errors import MemcalcError, UnknownNameError
-from memcalc.gpus import CONTEXT_MIB, GPUS, gpu, local_gpus, parse_budget
+from memcalc.core.errors import MemcalcError, UnknownNameError
+from memcalc.inputs.gpus import CONTEXT_MIB, GPUS, gpu, local_gpus, parse_budget
 
 
 def test_catalogue_covers_the_usual_cards():

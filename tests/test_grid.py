@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from memcalc.errors import MemcalcError
-from memcalc.estimate import estimate
-from memcalc.grid import estimate_grid, upper_envelope
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import MemcalcError
+from memcalc.queries.estimate import estimate
+from memcalc.queries.grid import estimate_grid, upper_envelope
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.strategies import cases
 
@@ -75,7 +75,7 @@ def test_grid_equals_estimate_at_random_points(case, seed):
 
 @given(cases(max_layers=2), st.integers(0, 2 ** 32 - 1))
 def test_grid_equals_rounded_totals_on_dense_boxes(case, seed):
-    """A dense box of shapes (every cell of memcalc.grid_cells it touches, both sides of every
+    """A dense box of shapes (every cell of memcalc.queries.grid_cells it touches, both sides of every
     crossing of two moments in it) against the engine's compiled evaluator, point by point."""
     model, training = case
     training = training.with_(device="cuda")

@@ -1,11 +1,11 @@
-"""memcalc.grid_cells against brute force on random moment sets (any polynomials, signs and
+"""memcalc.queries.grid_cells against brute force on random moment sets (any polynomials, signs and
 live-storage sizes), and its cell partition."""
 import numpy as np
 from hypothesis import assume, given, strategies as st
 
-from memcalc.engine import MomentSet
-from memcalc.grid_cells import CellEvaluator, cell_of, cell_range
-from memcalc.poly import Poly
+from memcalc.engine.core import MomentSet
+from memcalc.queries.grid_cells import CellEvaluator, cell_of, cell_range
+from memcalc.core.poly import Poly
 from memcalc.tape.simulate import Moment
 
 import tests.strategies  # noqa: F401 (the shared hypothesis profiles: quick/long, no deadline)

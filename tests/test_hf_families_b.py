@@ -5,8 +5,8 @@ here as data) load to the presets, whose parameter counts equal transformers' ow
 of the same config on the meta device and the model cards' figures."""
 import pytest
 
-from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.specs import ModelSpec
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.inputs.specs import ModelSpec
 from tests.configs import meta_num_parameters
 
 _LLAMA3 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -106,9 +106,9 @@ def test_parameter_counts_equal_transformers_num_parameters_on_meta(preset):
 
 @pytest.mark.parametrize("preset", ["phi-3-mini", "pythia-160m", "olmo-2-7b", "granite-3-8b", "smollm3-3b"])
 def test_the_validator_builds_each_preset_from_its_spec_alone(preset):
-    """validate.hf.hf_config_dict(spec) builds the same architecture as the published config."""
+    """validate.models.hf.hf_config_dict(spec) builds the same architecture as the published config."""
     pytest.importorskip("transformers")
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     spec = ModelSpec.preset(preset)
     assert _resolved(ModelSpec.from_hf_config(hf_config_dict(spec))) == _resolved(spec)

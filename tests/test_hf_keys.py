@@ -3,9 +3,9 @@ config class is modelled, known inert or refused by name; real published config.
 load and give their published parameter counts; memory-relevant settings are refused."""
 import pytest
 
-from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.hf_keys import INERT, MODELLED, REFUSED_UNLESS, TYPE_INERT
-from memcalc.specs import ModelSpec
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.inputs.hf.keys import INERT, MODELLED, REFUSED_UNLESS, TYPE_INERT
+from memcalc.inputs.specs import ModelSpec
 
 CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
            "qwen3": "Qwen3Config", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
@@ -94,7 +94,7 @@ def test_every_key_of_the_transformers_config_is_accounted_for(model_type):
     transformers = pytest.importorskip("transformers")
     keys = set(getattr(transformers, CLASSES[model_type])().to_dict())
     unknown = keys - MODELLED[model_type] - set(INERT) - set(REFUSED_UNLESS) - set(TYPE_INERT.get(model_type, {}))
-    assert not unknown, f"{model_type}: classify {sorted(unknown)} in memcalc/hf_keys.py"
+    assert not unknown, f"{model_type}: classify {sorted(unknown)} in memcalc/inputs/hf/keys.py"
 
 
 @pytest.mark.parametrize("config,published", PUBLISHED, ids=lambda c: str(c)[:20])

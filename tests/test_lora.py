@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from memcalc import LoRA
-from memcalc.engine import build_graph, estimate_peak
-from memcalc.errors import MemcalcError, NotModelledError, SpecError
-from memcalc.finetune_checks import LINEARS
-from memcalc.regime import Regime
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.engine.core import build_graph, estimate_peak
+from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.refusals.finetune import LINEARS
+from memcalc.engine.regime import Regime
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.strategies import CHECKPOINTING, cases
 
@@ -20,7 +20,7 @@ HF = [("gpt2", "hf"), ("llama", "hf")]
 
 def _lora_modelled(case) -> bool:
     """Frozen parameters and LoRA are modelled for the gpt2 and llama families without sliding
-    windows (memcalc.finetune_checks refuses the rest by name)."""
+    windows (memcalc.refusals.finetune refuses the rest by name)."""
     model, _ = case
     return model.family in ("gpt2", "llama") and model.sliding_window is None
 TARGETS = {"llama": [["q_proj", "v_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"], ["down_proj"], "all-linear"],
@@ -129,12 +129,12 @@ PEFT_CASES = [
 @pytest.mark.parametrize("kind,fields", PEFT_CASES)
 def test_trainable_parameters_match_peft(kind, fields):
     """memcalc's trainable and total parameter counts equal peft's get_nb_trainable_parameters()
-    on the same model wrapped the way a user wraps it (validate.finetune)."""
+    on the same model wrapped the way a user wraps it (validate.models.finetune)."""
     pytest.importorskip("peft")
     import torch  # noqa: F401
 
-    from validate.finetune import apply_finetuning
-    from validate.hf import build_hf
+    from validate.models.finetune import apply_finetuning
+    from validate.models.hf import build_hf
 
     model = _small(kind)
     t = _tc(lora=LoRA(**fields))
@@ -220,7 +220,7 @@ def test_cli_lora_flags(capsys):
 
 def test_plan_finds_lora_plans_where_full_fine_tuning_has_none():
     """A 7B full fine-tune's states alone exceed a 24 GB card; its LoRA fine-tune fits."""
-    from memcalc.planner import plan
+    from memcalc.queries.planner import plan
 
     model = ModelSpec.preset("llama-2-7b")
     t = TrainingConfig(micro_batch=1, seq_len=1024, lora=LoRA(rank=16, targets=["q_proj", "v_proj"]))
@@ -279,7 +279,7 @@ def test_qlora_packs_every_linear_in_half_a_byte(case, quantization):
 def test_qlora_7b_fits_where_lora_does_not():
     """Llama-2-7B, nf4 double quantisation, r16 q/v, bf16 compute, per-layer checkpointing:
     about 3.9 GB of packed weights and statistics, far under LoRA on bf16 weights."""
-    from memcalc.estimate import estimate
+    from memcalc.queries.estimate import estimate
 
     model = ModelSpec.preset("llama-2-7b")
     t = TrainingConfig(micro_batch=1, seq_len=2048, precision="bf16", checkpointing="per-layer",
@@ -304,7 +304,7 @@ def test_qlora_refusals_name_the_field(fields, name):
 
 
 def test_lora_on_an_unmeasured_family_is_refused():
-    phi3 = [name for name in __import__("memcalc.presets", fromlist=["PRESETS"]).PRESETS
+    phi3 = [name for name in __import__("memcalc.inputs.presets", fromlist=["PRESETS"]).PRESETS
             if ModelSpec.preset(name).family not in ("gpt2", "llama")]
     if not phi3:
         pytest.skip("no preset of another family")
@@ -320,8 +320,8 @@ def test_what_peft_refuses_is_refused():
     gave a number for a LoRA step peft refused)."""
     import pytest
 
-    from memcalc.errors import MemcalcError
-    from memcalc.lora import LoRA
+    from memcalc.core.errors import MemcalcError
+    from memcalc.inputs.lora import LoRA
 
     with pytest.raises(MemcalcError, match="lora.layers"):
         LoRA(targets="all-linear", layers=[0])

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import memcalc
-from memcalc.errors import MemcalcError, UnknownNameError
+from memcalc.core.errors import MemcalcError, UnknownNameError
 from memcalc.formulas.model_states import model_state_bytes, zero_paper_mixed_precision_bytes
 
 import tests.strategies  # noqa: F401  (hypothesis profiles)

@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memcalc import estimate
-from memcalc.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.formulas.parameters import active_parameter_count
-from memcalc.moe import MoESpec, moe_layers
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.moe import MoESpec, moe_layers
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.configs import meta_num_parameters
 from tests.strategies import MOE_FAMILIES, cases, grouped_mm_peaks, moe_steps
-from validate.routed_steps import predict_steps
+from validate.run.routed_steps import predict_steps
 
 # (preset, published total, published active) in billions: Mixtral (arXiv 2401.04088), Qwen3
 # (arXiv 2505.09388), OLMoE (arXiv 2409.02060), Qwen1.5-MoE-A2.7B (model card)
@@ -90,7 +90,7 @@ def test_published_configs_read_back_to_the_presets(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_parameter_counts_agree_with_transformers_on_a_meta_device(name):
     pytest.importorskip("torch")
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     spec = ModelSpec.preset(name)
     assert meta_num_parameters(hf_config_dict(spec)) == spec.param_count
@@ -125,7 +125,7 @@ def test_routing_counts_for_a_dense_model_and_capacity_searches_are_refused():
     counts = TrainingConfig(micro_batch=1, seq_len=2, moe_routing=((2, 2, 0, 0),) * 2)
     with pytest.raises(SpecError, match="moe_routing: explicit routing counts given for a dense model"):
         estimate(ModelSpec.preset("gpt2"), counts)
-    from memcalc.capacity import max_micro_batch
+    from memcalc.queries.capacity import max_micro_batch
 
     with pytest.raises(NotModelledError, match="moe_routing: explicit routing counts fix"):
         max_micro_batch(SMALL, counts, "80GB")
@@ -191,7 +191,7 @@ def routed_steps(draw):
 @given(routed_steps())
 def test_worst_routing_is_never_below_any_routing(step):
     """'worst' is an upper bound of the step's peak over every routing, after the allocator's
-    rounding (memcalc.moe.worst_routings), on both experts paths and devices."""
+    rounding (memcalc.inputs.moe.worst_routings), on both experts paths and devices."""
     spec, training, counts = step
     worst = estimate(spec, training)
     routed = estimate(spec, training.with_(moe_routing=counts))

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 
 from memcalc import estimate
-from memcalc.errors import MemcalcError, NotModelledError
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.strategies import moe_steps, random_routing
-from validate.ci_moe import MOE_CONFIGS
+from validate.matrices.moe import MOE_CONFIGS
 
 MIXTRAL = MOE_CONFIGS["mixtral"]
 
@@ -45,8 +45,8 @@ def test_jitter_on_a_family_without_it_is_refused_by_name():
 
 
 # (config changes, precision, measured steady peak without and with them) for Mixtral of
-# validate.ci_moe at b2 s40 (N = 80 tokens, E = 4 experts, L = 2, h = 64), SGD, grouped_mm, SDPA,
-# fp32 / bf16 / bf16-amp: validate.measure (torch 2.13 CPU, transformers 5.24), 2026-12-01
+# validate.matrices.moe at b2 s40 (N = 80 tokens, E = 4 experts, L = 2, h = 64), SGD, grouped_mm, SDPA,
+# fp32 / bf16 / bf16-amp: validate.measure.backends (torch 2.13 CPU, transformers 5.24), 2026-12-01
 MEASURED = [({"output_router_logits": True}, "fp32", 2014568, 2017128),
             ({"output_router_logits": True}, "bf16", 1111112, 1112392),
             ({"output_router_logits": True}, "bf16-amp", 2003304, 2004584),
@@ -66,7 +66,7 @@ def test_what_the_aux_loss_and_jitter_add_is_what_was_measured(changes, precisio
 @settings(deadline=None, max_examples=30)
 @given(moe_steps(aux=True))
 def test_worst_routing_stays_an_upper_bound_with_the_aux_loss(step):
-    """The aux loss's tensors are sized by N, E and top_k only, so 'worst' (memcalc.moe.
+    """The aux loss's tensors are sized by N, E and top_k only, so 'worst' (memcalc.inputs.moe.
     worst_routings) still bounds every routing, on cpu and, with the allocator's rounding, on
     cuda. (Found before the bound was re-derived: Qwen3-MoE E3 top-2, b1 s2 bf16-amp, counts
     (2, 1, 1), +193 B above 'worst'.)"""
@@ -85,7 +85,7 @@ def test_worst_routing_bounds_the_measured_eager_rows():
     import json
     from pathlib import Path
 
-    from validate.ci_moe_aux import ci_moe_aux_cases
+    from validate.matrices.moe_aux import ci_moe_aux_cases
 
     path = Path(__file__).parents[1] / "validate/results/cpu-ci-moe-aux.jsonl"
     measured = {r["name"]: r["measured_peak_bytes"] for r in map(json.loads, path.read_text().splitlines())}
@@ -107,7 +107,7 @@ def test_the_aux_loss_never_lowers_a_peak(step):
 
 def test_the_hf_builder_writes_the_flags_back():
     pytest.importorskip("torch")
-    from validate.hf import hf_config_dict
+    from validate.models.hf import hf_config_dict
 
     spec = _spec({"output_router_logits": True, "router_jitter_noise": 0.01})
     cfg = hf_config_dict(spec)
@@ -117,7 +117,7 @@ def test_the_hf_builder_writes_the_flags_back():
 
 def test_the_call_path_with_an_attention_mask_stays_refused_for_moe():
     """load_balancing_loss_func's attention_mask branch (scatter_add_ weighted counts) is not
-    modelled: MoE models take the default call path only (memcalc.programs.call_path)."""
+    modelled: MoE models take the default call path only (memcalc.families.call_path)."""
     training = TrainingConfig(micro_batch=1, seq_len=8, attention_mask="ones")
     with pytest.raises(NotModelledError, match="attention_mask"):
         estimate(_spec({"output_router_logits": True}), training)

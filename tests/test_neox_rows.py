@@ -1,4 +1,4 @@
-"""The `neox` rows (validate/ci_neox.py): checkpointed layers under autocast that run SDPA's CPU
+"""The `neox` rows (validate/matrices/neox.py): checkpointed layers under autocast that run SDPA's CPU
 math kernel, measured by the live-tensor tracker (validate/results/cpu-ci-neox.jsonl); the
 engine re-predicts each within 0.01% (a second method: the recorded measurement), where it
 missed by up to 8.33% before."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import memcalc
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 ROWS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-neox.jsonl"
 
@@ -31,6 +31,6 @@ def test_neox_row_within_a_hundredth_of_a_percent(row):
 
 
 def test_the_rows_are_the_ci_matrix_rows():
-    from validate.ci_neox import ci_neox_cases
+    from validate.matrices.neox import ci_neox_cases
 
     assert [r["name"] for r in _rows()] == [c.name for c in ci_neox_cases()]

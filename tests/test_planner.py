@@ -1,11 +1,11 @@
 """Plans fit their GPU, rank by the FLOP model, and share simulations soundly."""
 from hypothesis import given, settings, strategies as st
 
-from memcalc.estimate import estimate
-from memcalc.gpus import GPUS
-from memcalc.planner import ACCUM_EQUIVALENT, plan, step_flops
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.gpus import GPUS
+from memcalc.queries.planner import ACCUM_EQUIVALENT, plan, step_flops
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 
 from tests.strategies import small_models
 

@@ -4,11 +4,11 @@ visits and ZeRO-1 partitions), built by the validator from the same spec."""
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from memcalc.engine import build_graph
-from memcalc.programs import PROGRAMS, program_for
-from memcalc.regime import Regime
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.engine.core import build_graph
+from memcalc.families import PROGRAMS, program_for
+from memcalc.engine.regime import Regime
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.strategies import PROGRAMS as DRAWN_PROGRAMS, small_models
 
 _MOE = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=48,
@@ -78,11 +78,11 @@ def test_parameters_are_the_torch_modules_parameters(key, tie):
     training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu",
                               attention="eager" if spec.family in ("gemma2", "gpt_oss") else "sdpa")  # no SDPA path
     if implementation == "hf":
-        from validate.hf import build_hf
+        from validate.models.hf import build_hf
 
         model, _ = build_hf(spec, training)
     else:
-        from validate.models import build_reference
+        from validate.models.reference import build_reference
 
         model = build_reference(spec, training)
     regime = Regime.of(training)
@@ -94,15 +94,15 @@ def test_parameters_are_the_torch_modules_parameters(key, tie):
 
 def _torch_buffers(spec: ModelSpec, training: TrainingConfig) -> list[tuple[str, int]]:
     """(name, bytes) of every buffer storage of the module the validator builds, as
-    validate.step.build_trainee leaves it (`model.to(torch.bfloat16)` under pure bf16)."""
+    validate.measure.step.build_trainee leaves it (`model.to(torch.bfloat16)` under pure bf16)."""
     import torch
 
     if spec.implementation == "hf":
-        from validate.hf import build_hf
+        from validate.models.hf import build_hf
 
         model, _ = build_hf(spec, training)
     else:
-        from validate.models import build_reference
+        from validate.models.reference import build_reference
 
         model = build_reference(spec, training)
     if training.precision == "bf16":
@@ -143,7 +143,7 @@ def test_buffers_match_torch_drawn_over_every_hf_program(spec, precision):
 
 
 def test_unknown_program_is_refused_by_name():
-    from memcalc.errors import NotModelledError
+    from memcalc.core.errors import NotModelledError
 
     class Odd:
         implementation, family = "hf", "mamba"

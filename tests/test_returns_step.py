@@ -3,13 +3,13 @@ broadcast input's shape); in a checkpoint region the saved tensors it unpacked a
 (torch/utils/checkpoint.py unpack_hook drops the frame's reference), elsewhere after. Checked
 against the live-tensor tracker on `y * w.unsqueeze(-1)` with y (S, h) and w (S,) saved by the
 product only: the backward peak is the two products' (S, h) gradients with y and w alive, plus
-sum_to's (S, 1) sum only outside a checkpoint (the sweep's fresh8-015, memcalc.programs.moe
+sum_to's (S, 1) sum only outside a checkpoint (the sweep's fresh8-015, memcalc.families.moe
 grouped_combine: +2,260 B before)."""
 from __future__ import annotations
 
 import pytest
 
-from memcalc.poly import Poly
+from memcalc.core.poly import Poly
 from memcalc.tape.graph import FreeTemps, Grad, Graph, Returns, Temp
 from memcalc.tape.simulate import StepSimulator
 
@@ -42,7 +42,7 @@ def _measured_backward_peak(checkpointed: bool) -> int:
     torch = pytest.importorskip("torch")
     from torch.utils.checkpoint import checkpoint
 
-    from validate.tracker import LiveTensorTracker
+    from validate.measure.tracker import LiveTensorTracker
 
     def f(a, b):
         return (a * 2.0 * (b * 3.0).unsqueeze(-1)).sum()

@@ -13,8 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import memcalc
-from memcalc import LoRA, ModelSpec, TrainingConfig, axolotl, deepspeed, hf_keys, lora, trainer_args
-from memcalc.errors import MemcalcError
+from memcalc import LoRA, ModelSpec, TrainingConfig
+from memcalc.inputs import lora
+from memcalc.inputs.hf import keys as hf_keys
+from memcalc.inputs.trainers import axolotl, deepspeed, trainer_args
+from memcalc.core.errors import MemcalcError
 from tests.fuzz_strategies import JSON_TREES, outcome, run_cli
 
 LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
@@ -196,9 +199,9 @@ class _SelfDict:
     (lambda: TrainingConfig.from_trainer_args({0: 1}, seq_len=16), "trainer_args.0"),  # was TypeError
     (lambda: memcalc.estimate(SMALL, TrainingConfig(micro_batch=1, seq_len=8)).formula([]), "category"),
     (lambda: memcalc.estimate(SMALL, TrainingConfig(micro_batch=1, seq_len=8)).formula("x"), "category"),
-    (lambda: __import__("memcalc.axolotl").axolotl.axolotl_fields(5), "axolotl"),
-    (lambda: __import__("memcalc.deepspeed").deepspeed.read_deepspeed({5: 1}), "deepspeed.5"),
-    (lambda: __import__("memcalc.deepspeed").deepspeed.read_deepspeed("a\0b"), "deepspeed"),
+    (lambda: axolotl.axolotl_fields(5), "axolotl"),
+    (lambda: deepspeed.read_deepspeed({5: 1}), "deepspeed.5"),
+    (lambda: deepspeed.read_deepspeed("a\0b"), "deepspeed"),
     (lambda: SMALL.with_(**{"": 1}), "''"),  # was an error line starting ': '
     (lambda: TrainingConfig(micro_batch=1, seq_len=4, attention_mask="padded", pad_tokens=5), "pad_tokens"),
     (lambda: TrainingConfig(micro_batch=1, seq_len=8, lora={"rank": 4, "targets": []}), "lora.targets"),

@@ -1,6 +1,6 @@
 """SDPA's math kernel (CPU, attention dropout) with a materialised bool mask: the converted
 float mask is scaled_dot_product_attention's local until the composite returns, alive at the
-dropout (memcalc.programs.attention.sdpa_masked). Checked against the recorded live-tensor
+dropout (memcalc.families.attention.sdpa_masked). Checked against the recorded live-tensor
 measurements of the two ci rows whose forward phase peaks there (sliding windows reached:
 Qwen2 per-layer and Gemma-3 sqrt, fp32), every phase within 16 bytes (the loss's seed: 4)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import memcalc
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.configs import assert_matches_recorded
 
 RESULTS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-families.jsonl"

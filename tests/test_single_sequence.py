@@ -1,8 +1,8 @@
-"""One sequence under eager attention (memcalc.regime.Regime.single_sequence), the checkpointed
+"""One sequence under eager attention (memcalc.engine.regime.Regime.single_sequence), the checkpointed
 attention closure's position_ids, and checkpoint regions whose first op gets no gradient.
 
 Measured on CPU (python -m validate run --hf-config ..., torch 2.13, transformers 5.24; the
-live-tensor timeline of validate.tracker): a dense HF Llama, L2 h64, 4 heads / 2 kv heads
+live-tensor timeline of validate.measure.tracker): a dense HF Llama, L2 h64, 4 heads / 2 kv heads
 (head_dim 16), V96, intermediate 128, untied, b1 s96, pure bf16, SGD, selective checkpointing,
 eager attention: steady peak 1,056,296 B in the softmax backward of the recomputed attention
 core; no clone of q before the q @ k^T bmm (forward or recompute), and the (1, s) int64
@@ -13,12 +13,12 @@ import json
 from hypothesis import given, strategies as st
 
 from memcalc import LoRA
-from memcalc.engine import _regime, single_sequence
-from memcalc.estimate import estimate
-from memcalc.hf_config import spec_from_hf
-from memcalc.simulation import build_graph
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.engine.core import _regime, single_sequence
+from memcalc.queries.estimate import estimate
+from memcalc.inputs.hf.config import spec_from_hf
+from memcalc.engine.simulation import build_graph
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.strategies import cases
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 64,
@@ -30,7 +30,7 @@ LLAMA = spec_from_hf(ModelSpec, CONFIG, "hf")
 SELECTIVE = TrainingConfig(micro_batch=1, seq_len=96, precision="bf16", optimizer="sgd", device="cpu",
                            checkpointing="selective", attention="eager")
 MEASURED = 1_056_296
-"""validate/measure.py 'cpu' backend, steady state (steps 2-3), the configuration above."""
+"""validate/measure/backends.py 'cpu' backend, steady state (steps 2-3), the configuration above."""
 
 
 def _copies(model: ModelSpec, training: TrainingConfig) -> int:
@@ -51,7 +51,7 @@ def test_selective_eager_llama_at_one_sequence_matches_the_measured_peak():
 
 
 def test_selective_holds_position_ids():
-    # the closure validate.hf.register_selective checkpoints keeps the decoder layer's
+    # the closure validate.models.hf.register_selective checkpoints keeps the decoder layer's
     # position_ids (s int64) until the region's backward: measured 809,000 B with SDPA (b1 s96
     # bf16, the model above), 768 B more than memcalc gave without them
     sdpa = SELECTIVE.with_(attention="sdpa")
@@ -84,7 +84,7 @@ def test_region_inputs_are_released_when_its_first_op_gets_no_gradient():
     t = SELECTIVE.with_(precision="fp32", optimizer="adamw", lora=LoRA(rank=4, targets=["v_proj"]))
     r = estimate(LLAMA, t)
     assert r.phases["optimizer"] < r.phases["backward"]
-    from memcalc.engine import candidates
+    from memcalc.engine.core import candidates
 
     for m in candidates(LLAMA, t).steady:
         if m.phase == "optimizer":
@@ -108,7 +108,7 @@ def _recorded(name: str) -> dict:
 
 
 def test_eager_experts_locals_in_checkpointed_layers_match_the_measured_forward():
-    # recorded forward-phase peaks (validate.moe_routing.predict_routed's steady-step routings):
+    # recorded forward-phase peaks (validate.models.moe_routing.predict_routed's steady-step routings):
     # the loop's locals, each held until the next expert rebinds it, set them (moe12 was -0.44%
     # and +0.22% with act_fn(gate) held as a local; moe16 was -1.47%)
     for name, within in (("moe12", 0.02), ("moe16", 0.6)):

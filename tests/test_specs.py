@@ -4,7 +4,7 @@ import json
 import pytest
 
 from memcalc import ModelSpec, TrainingConfig
-from memcalc.errors import MemcalcError, SpecError, UnknownNameError
+from memcalc.core.errors import MemcalcError, SpecError, UnknownNameError
 
 
 @pytest.mark.slow  # builds each transformers model

@@ -1,4 +1,4 @@
-"""The `sweep3` rows (validate/ci_sweep3.py): three fresh-sweep misses and their neighbours (SDPA
+"""The `sweep3` rows (validate/matrices/sweep3.py): three fresh-sweep misses and their neighbours (SDPA
 math with grouped-query attention, Qwen2-MoE's masks and shared-expert gate, eager experts' routing
 product), measured by the live-tensor tracker (validate/results/cpu-ci-sweep3.jsonl); the engine
 re-predicts each peak within 0.03% and each phase within 0.03% or 160 B (the residual tens of bytes
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import memcalc
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.configs import assert_matches_recorded
 
 ROWS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-sweep3.jsonl"
@@ -30,7 +30,7 @@ def test_sweep3_row_within_three_hundredths_of_a_percent(row):
 
 
 def test_the_rows_are_the_ci_matrix_rows():
-    from validate.ci_sweep3 import ci_sweep3_cases
+    from validate.matrices.sweep3 import ci_sweep3_cases
 
     assert [r["name"] for r in _rows()] == [c.name for c in ci_sweep3_cases()]
 

@@ -1,9 +1,9 @@
-"""The `sweep4` rows (validate/ci_sweep4.py): the three misses of the fresh sweep seed 6 and their
+"""The `sweep4` rows (validate/matrices/sweep4.py): the three misses of the fresh sweep seed 6 and their
 neighbours (one kv head at b=1, top_k 1 grouped experts, eager experts whose micro-steps route
 differently; foreach Adam with weight decay), measured by the live-tensor tracker
 (validate/results/cpu-ci-sweep4.jsonl); the engine re-predicts each peak within 0.02% and each
 phase within 0.02% or 160 B (a MoE row with the routing each micro-step measured, as the validator
-does: validate.routed_steps), where main missed by up to 1.58% (4.95% in a phase, 20% in the
+does: validate.run.routed_steps), where main missed by up to 1.58% (4.95% in a phase, 20% in the
 optimizer phase)."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 
 import memcalc
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
 from tests.configs import assert_matches_recorded
 from tests.strategies import cases
-from validate.routed_steps import predict_steps
+from validate.run.routed_steps import predict_steps
 
 ROWS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-sweep4.jsonl"
 
@@ -46,7 +46,7 @@ def test_sweep4_row_within_two_hundredths_of_a_percent(row):
 def test_the_rows_are_the_ci_matrix_rows_and_the_sweeps_misses():
     import sys
 
-    from validate.ci_sweep4 import ci_sweep4_cases
+    from validate.matrices.sweep4 import ci_sweep4_cases
 
     cases_ = ci_sweep4_cases()
     assert [r["name"] for r in _rows()] == [c.name for c in cases_]
@@ -70,7 +70,7 @@ def test_one_routing_for_every_micro_step_over_predicts_the_measured_step():
 
 @given(cases())
 def test_second_micro_step_holds_at_least_the_first(case):
-    """validate.routed_steps reads memcalc's forward and backward phases under gradient
+    """validate.run.routed_steps reads memcalc's forward and backward phases under gradient
     accumulation as its second micro-step's: at any one routing they bound the first's (a step of
     one micro-step), since the second holds everything the first does and the gradients."""
     model, training = case
@@ -102,7 +102,7 @@ def test_sweep412_is_the_seed_8_sweeps_worst():
     key in validate/results/fresh-sweep-seed8.jsonl: +0.078% before, a checkpointed layer's
     routing-weights product, memcalc.tape.graph.Returns; draw_cases no longer draws it since the
     strategies changed); sweep413 peaks at the same moment, small."""
-    from validate.ci_sweep4 import ci_sweep4_cases
+    from validate.matrices.sweep4 import ci_sweep4_cases
 
     sweep = ROWS.parent / "fresh-sweep-seed8.jsonl"
     if not sweep.exists():

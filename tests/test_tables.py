@@ -1,7 +1,7 @@
 """Tables are deterministic and --check notices a stale file."""
 import pytest
 
-from memcalc import tables
+from memcalc.queries import tables
 from memcalc.cli import main
 
 
@@ -45,7 +45,7 @@ def test_check_detects_a_difference(tmp_path):
 @pytest.mark.slow
 def test_plots_when_matplotlib_is_there(tmp_path):
     pytest.importorskip("matplotlib")
-    from memcalc.plots import write_plots
+    from memcalc.queries.plots import write_plots
 
     names = write_plots(tmp_path)
     assert names == ["breakdown.png", "depth.png"]

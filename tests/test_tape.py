@@ -3,9 +3,9 @@ against the unpruned maximum, the fast evaluator against Poly.eval."""
 import tests.strategies  # noqa: F401  (registers the hypothesis profiles)
 from hypothesis import given, strategies as st
 
-from memcalc.estimate import MomentSet
-from memcalc.poly import Poly
-from memcalc.symbols import b, s
+from memcalc.queries.estimate import MomentSet
+from memcalc.core.poly import Poly
+from memcalc.core.symbols import b, s
 from memcalc.tape.simulate import Moment, prune_convex
 
 MONOMIALS = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
@@ -61,7 +61,7 @@ def test_symbolic_peak_is_the_peak_at_every_shape():
 
 def test_cuda_rounding_adds_less_than_a_block_per_live_tensor():
     from memcalc import TrainingConfig, estimate
-    from memcalc.estimate import candidates
+    from memcalc.queries.estimate import candidates
 
     model, t = _small_gpt2(), TrainingConfig(micro_batch=3, seq_len=700)
     r = estimate(model, t)

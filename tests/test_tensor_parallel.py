@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from memcalc import ModelSpec, TrainingConfig, estimate
-from memcalc.errors import MemcalcError, NotModelledError, SpecError
-from memcalc.estimate import candidates
+from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
+from memcalc.queries.estimate import candidates
 
 from tests.closed_form import closed_form_rank_params
 from tests.strategies import HF_ONLY, PROGRAMS, small_models, tensor_parallel_degrees, trainings
@@ -122,7 +122,7 @@ def test_fsdp_across_tensor_parallel_groups_shards_the_rank_states(sharding):
 
 
 def test_fewest_gpus_counts_every_tensor_parallel_rank():
-    from memcalc.capacity import min_world_size
+    from memcalc.queries.capacity import min_world_size
 
     spec = ModelSpec.preset("llama-2-13b")
     t = TrainingConfig(micro_batch=1, seq_len=2048, precision="bf16", checkpointing="per-layer",

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from memcalc import trainer_args
-from memcalc.errors import MemcalcError, NotModelledError, UnknownNameError
-from memcalc.training import TrainingConfig
+from memcalc.inputs.trainers import trainer_args
+from memcalc.core.errors import MemcalcError, NotModelledError, UnknownNameError
+from memcalc.inputs.training import TrainingConfig
 
 transformers = pytest.importorskip("transformers")
 NO_CLIP = {"max_grad_norm": 0.0}  # 0: no clipping (TrainingConfig.max_grad_norm None)

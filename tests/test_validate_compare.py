@@ -4,11 +4,12 @@ import json
 from types import SimpleNamespace
 
 
-from memcalc.specs import ModelSpec
-from memcalc.training import TrainingConfig
-from validate import compare, runner
-from validate.case import Case, config_key
-from validate.compare import error_pct, markdown_table, read_jsonl, result_row, verdict
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+from validate.run import compare
+from validate.run import runner
+from validate.run.case import Case, config_key
+from validate.run.compare import error_pct, markdown_table, read_jsonl, result_row, verdict
 
 SPEC = ModelSpec.make(family="gpt2", vocab_size=100, hidden_size=16, num_layers=2, num_heads=2,
                       implementation="reference")
@@ -62,7 +63,7 @@ def test_jsonl_append_resume_and_torn_line(tmp_path, monkeypatch):
         calls.append(training.micro_batch)
         return _measurement(peak=1000 * training.micro_batch)
 
-    monkeypatch.setattr("validate.measure.measure", fake_measure)
+    monkeypatch.setattr("validate.measure.backends.measure", fake_measure)
     monkeypatch.setattr(runner, "predict", lambda *_case: (_report(), None))
     out = tmp_path / "r.jsonl"
     cases = [Case(f"c{b}", SPEC, TC.with_(micro_batch=b)) for b in (1, 2, 3)]
@@ -79,7 +80,7 @@ def test_failed_measurement_is_recorded_and_retried(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("validate.measure.measure", broken)
+    monkeypatch.setattr("validate.measure.backends.measure", broken)
     out = tmp_path / "r.jsonl"
     rows = runner.run_cases([Case("c", SPEC, TC)], out, "cpu")
     assert rows[0]["status"] == "error" and "boom" in rows[0]["error"]
@@ -99,7 +100,7 @@ def test_ci_matrix_covers_every_value_and_the_important_pairs():
     everything = ci_matrix()
     cases = [c for c in everything if c.name.startswith("ci") and c.name[2:].isdigit()]  # pairwise ciNN
     assert {c.training.optimizer for c in everything} - {c.training.optimizer for c in cases} == {
-        "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"}  # validate/ci_optim.py
+        "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"}  # validate/matrices/optim.py
     impl = lambda c: c.spec.implementation  # noqa: E731
     family = lambda c: ("qwen2" if c.hf_config else c.spec.family) + "-" + impl(c)  # noqa: E731
     t = lambda f: (lambda c: getattr(c.training, f))  # noqa: E731
@@ -117,7 +118,7 @@ def test_ci_matrix_covers_every_value_and_the_important_pairs():
 
 
 def test_family_rows_cover_every_family_with_each_setting():
-    from validate.ci_families import AXES, families_cases
+    from validate.matrices.families_a import AXES, families_cases
 
     cases = families_cases()
     family = lambda c: c.hf_config["model_type"]  # noqa: E731

@@ -10,15 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
-from memcalc.errors import MemcalcError  # noqa: E402
-from memcalc.specs import ModelSpec  # noqa: E402
-from memcalc.training import TrainingConfig  # noqa: E402
-from validate.dist_formulas import Layout, component_misses, phase_peaks  # noqa: E402
-from validate.dist_matrices import dist_model  # noqa: E402
-from validate.dist_tracker import DistTracker  # noqa: E402
-from validate.distributed import measure_distributed, resolve_parallelism  # noqa: E402
-from validate.launch import RankFailure  # noqa: E402
-from validate.measure import measure  # noqa: E402
+from memcalc.core.errors import MemcalcError  # noqa: E402
+from memcalc.inputs.specs import ModelSpec  # noqa: E402
+from memcalc.inputs.training import TrainingConfig  # noqa: E402
+from validate.distributed.formulas import Layout, component_misses, phase_peaks  # noqa: E402
+from validate.matrices.dist import dist_model  # noqa: E402
+from validate.distributed.tracker import DistTracker  # noqa: E402
+from validate.distributed.measure import measure_distributed, resolve_parallelism  # noqa: E402
+from validate.distributed.launch import RankFailure  # noqa: E402
+from validate.measure.backends import measure  # noqa: E402
 
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
@@ -138,7 +138,7 @@ def test_ddp_peak_is_single_process_peak_plus_one_bucket_copy_of_the_parameters(
     (dict(sequence_parallel=True, seq_len=30), "seq_len"),
 ])
 def test_tensor_parallel_runs_refuse_what_torch_or_the_split_cannot_do(changes, field):
-    from validate.distributed import check_distributed
+    from validate.distributed.measure import check_distributed
 
     spec = ModelSpec.make(family="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                           intermediate_size=64, implementation="reference")
@@ -151,8 +151,8 @@ def test_tensor_parallel_runs_refuse_what_torch_or_the_split_cannot_do(changes, 
 def _tp_losses(rank, world, port, sequence_parallel, queue):
     import torch.distributed as dist
 
-    from validate.models import build_reference
-    from validate.tensor_parallel import apply_tensor_parallel
+    from validate.models.reference import build_reference
+    from validate.distributed.tensor_parallel import apply_tensor_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -4,9 +4,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memcalc.specs import ModelSpec  # noqa: E402
-from memcalc.training import TrainingConfig  # noqa: E402
-from validate.measure import measure, memtracker_peaks  # noqa: E402
+from memcalc.inputs.specs import ModelSpec  # noqa: E402
+from memcalc.inputs.training import TrainingConfig  # noqa: E402
+from validate.measure.backends import measure, memtracker_peaks  # noqa: E402
 
 GPT2 = ModelSpec.make(family="gpt2", vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4,
                       max_position_embeddings=128, embd_dropout=0.1, attn_dropout=0.1,

@@ -5,10 +5,10 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # every test here runs real training steps
 
-from memcalc.specs import ModelSpec  # noqa: E402
-from memcalc.training import TrainingConfig  # noqa: E402
-from validate.measure import measure  # noqa: E402
-from validate.step import build_trainee, run_steps  # noqa: E402
+from memcalc.inputs.specs import ModelSpec  # noqa: E402
+from memcalc.inputs.training import TrainingConfig  # noqa: E402
+from validate.measure.backends import measure  # noqa: E402
+from validate.measure.step import build_trainee, run_steps  # noqa: E402
 
 REF_GPT2 = ModelSpec.make(family="gpt2", vocab_size=512, hidden_size=64, num_layers=4, num_heads=4,
                           max_position_embeddings=128, implementation="reference")
@@ -115,8 +115,8 @@ def test_first_step_differs_from_steady_state_by_optimizer_state():
 
 
 def test_reference_and_hf_models_have_the_spec_parameter_count():
-    from validate.hf import build_hf
-    from validate.models import build_reference
+    from validate.models.hf import build_hf
+    from validate.models.reference import build_reference
 
     training = TrainingConfig(micro_batch=1, seq_len=8, device="cpu")
     for spec in (REF_GPT2, REF_LLAMA, REF_LLAMA.with_(tie_embeddings=True, qkv_bias=True)):
@@ -126,7 +126,7 @@ def test_reference_and_hf_models_have_the_spec_parameter_count():
 
 
 def test_seq_len_beyond_positions_is_bad_input():
-    from memcalc.errors import MemcalcError
+    from memcalc.core.errors import MemcalcError
 
     with pytest.raises(MemcalcError, match="seq_len"):
         build_trainee(REF_GPT2, TrainingConfig(micro_batch=1, seq_len=129, device="cpu"))
@@ -136,8 +136,8 @@ def test_steps_the_fp16_scaler_skips_are_not_measured():
     """A GradScaler whose scale overflows fp16 skips optimizer.step() (no state made): those steps
     are not the step memcalc predicts, so run_steps runs on until `steps` were taken (found by
     scripts/fresh_sweep.py: an OLMo-2 row measured +72% 'over' because all three steps skipped)."""
-    from memcalc.errors import MemcalcError
-    from validate.step import MAX_SKIPPED
+    from memcalc.core.errors import MemcalcError
+    from validate.measure.step import MAX_SKIPPED
 
     training = TrainingConfig(micro_batch=2, seq_len=16, device="cpu", precision="fp16-amp")
     trainee = build_trainee(REF_GPT2, training)

@@ -3,7 +3,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from validate.tracker import LiveTensorTracker  # noqa: E402
+from validate.measure.tracker import LiveTensorTracker  # noqa: E402
 
 
 def test_counts_a_known_allocation_exactly_and_sees_the_free():

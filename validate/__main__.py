@@ -1,4 +1,4 @@
-"""`python -m validate ...`: see validate/cli.py. Checks for torch before importing anything that
+"""`python -m validate ...`: see validate/run/cli.py. Checks for torch before importing anything that
 needs it, so a missing install is one line, not a traceback."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def _main() -> int:
         print("validate: torch is not installed; fix: pip install 'memcalc[validate]' "
               "(the validator runs real training steps)", file=sys.stderr)
         return 2
-    from validate.cli import main
+    from validate.run.cli import main
 
     return main()
 

@@ -22,9 +22,9 @@ of model_state_bytes.
 """
 from __future__ import annotations
 
-from memcalc.errors import MemcalcError, UnknownNameError, closest_names
-from memcalc.regime import STATES_PER_PARAM, param_element_size
-from memcalc.training import FINE_TUNE_OPTIMIZERS, PRECISIONS, SHARDINGS
+from memcalc.core.errors import MemcalcError, UnknownNameError, closest_names
+from memcalc.engine.regime import STATES_PER_PARAM, param_element_size
+from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS, PRECISIONS, SHARDINGS
 
 # bytes per element of the parameters (and so of their gradients and optimizer states)
 PARAM_BYTES = {p: param_element_size(p) for p in PRECISIONS}

@@ -2,7 +2,7 @@
 
 Source: transformers' modeling_gpt2.py (Conv1D c_attn/c_proj/c_fc, wte, wpe, ln_*) and
 modeling_llama.py (q/k/v/o_proj, gate/up/down_proj, RMSNorm weights, lm_head), modeling_qwen3.py
-and modeling_gemma*.py (the same, plus q_norm/k_norm and the feed-forward norms); validate.models
+and modeling_gemma*.py (the same, plus q_norm/k_norm and the feed-forward norms); validate.models.reference
 registers the same tensors.
 """
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memcalc.specs import ModelSpec
+    from memcalc.inputs.specs import ModelSpec
 
 
 def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     """(name, numel) of one block's parameters, in registration order.
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> sum(n for _, n in block_param_shapes(ModelSpec.preset("gpt2")))
     7087872
     """
@@ -53,7 +53,7 @@ def mlp_param_shapes(spec: ModelSpec, sparse: bool) -> list[tuple[str, int]]:
     """(name, numel) of a Llama-style MLP: dense SwiGLU, or a MoE block (router (E, h), experts
     gate_up_proj (E, 2f, h) and down_proj (E, h, f), Qwen2-MoE's shared expert and its gate).
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> sum(n for _, n in mlp_param_shapes(ModelSpec.preset("mixtral-8x7b"), sparse=True))
     1409318912
     """
@@ -75,7 +75,7 @@ def mlp_param_shapes(spec: ModelSpec, sparse: bool) -> list[tuple[str, int]]:
 def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     """(name, numel) of the parameters outside the blocks: embeddings, final norm, output layer.
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> dict(outer_param_shapes(ModelSpec.preset("gpt2")))["wpe"]
     786432
     """
@@ -95,7 +95,7 @@ def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
 def parameter_count(spec: ModelSpec) -> int:
     """All trainable parameters.
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> parameter_count(ModelSpec.preset("llama-2-70b"))
     68976648192
     """
@@ -112,13 +112,13 @@ def active_parameter_count(spec: ModelSpec) -> int:
     """Parameters one token runs through: a MoE layer's router, its top_k experts and its
     shared expert (the published "active" figure); all parameters for a dense model.
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> active_parameter_count(ModelSpec.preset("mixtral-8x7b"))
     12879925248
     """
     if spec.moe is None:
         return parameter_count(spec)
-    from memcalc.moe import moe_layers
+    from memcalc.inputs.moe import moe_layers
 
     moe = spec.moe
     idle = (moe.num_experts - moe.top_k) * expert_param_count(spec)
@@ -129,7 +129,7 @@ def expert_param_count(spec: ModelSpec) -> int:
     """Parameters of one routed expert: gate_up (2f, h) and down (h, f), with GPT-OSS's biases
     (2f and h: modeling_gpt_oss.py GptOssExperts).
 
-    >>> from memcalc.specs import ModelSpec
+    >>> from memcalc.inputs.specs import ModelSpec
     >>> expert_param_count(ModelSpec.preset("gpt-oss-20b"))
     24891840
     """

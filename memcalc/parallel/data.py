@@ -3,19 +3,19 @@
 - sharding='none' is DistributedDataParallel: every rank holds the full model, and the Reducer
   allocates gradient buckets at construction that together hold one copy of every gradient
   (torch/csrc/distributed/c10d/reducer.cpp initialize_buckets; gradient_as_bucket_view=False),
-  alive for the whole run (memcalc.engine counts them).
+  alive for the whole run (memcalc.engine.core counts them).
 - sharding='zero1' is ZeroRedundancyOptimizer over DDP: optimizer states and the step's
   temporaries only for the rank's own parameters, assigned greedily, largest first, to the rank
   with the fewest elements so far (torch/distributed/optim/zero_redundancy_optimizer.py
   _partition_parameters); updated parameters are broadcast in place.
 - sharding='zero2'/'zero3' is FSDP2: each rank's optimizer works on its own unpadded shards.
-Measured on gloo CPU processes by validate.distributed (validate/results/dist-ci.md).
+Measured on gloo CPU processes by validate.distributed.measure (validate/results/dist-ci.md).
 """
 from __future__ import annotations
 
-from memcalc.allocator import round_up
+from memcalc.allocator.rules import round_up
 from memcalc.parallel.fsdp import rank_elements, shard_rows
-from memcalc.regime import Regime
+from memcalc.engine.regime import Regime
 from memcalc.tape.optimizer import step_scalar_bytes, transient_bytes
 
 __all__ = ["zero1_partition", "rank_optimizer_bytes", "ownership", "rank_optimizer_bytes_all"]
@@ -41,7 +41,7 @@ def rank_optimizer_bytes(param_bytes: list[int], regime: Regime, owned: list[int
     """(state bytes, peak step temporaries) of the optimizer on one rank's parameters; each
     state tensor is its own allocation (rounded on its own).
 
-    >>> from memcalc.training import TrainingConfig
+    >>> from memcalc.inputs.training import TrainingConfig
     >>> rank_optimizer_bytes([400, 800], Regime.of(TrainingConfig(micro_batch=1, seq_len=1, device="cpu")), [1])
     (1604, 1600)
     """
@@ -57,7 +57,7 @@ def rank_optimizer_bytes(param_bytes: list[int], regime: Regime, owned: list[int
 def ownership(param_bytes: list[int], param_elt: int, regime: Regime) -> list[list[int]]:
     """Which parameters each rank optimizes: all of them under DDP, its partition under zero1.
 
-    >>> from memcalc.training import TrainingConfig
+    >>> from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=1, world_size=2, sharding="zero1")
     >>> ownership([40, 80, 40], 4, Regime.of(t))
     [[1], [0, 2]]
@@ -74,7 +74,7 @@ def rank_optimizer_bytes_all(shapes: list[tuple[int, int]], param_elt: int,
     zeros_like of the local unpadded shard, so a rank holding a short last chunk holds less
     (validate/DISTRIBUTED_MEMORY.md 5.4).
 
-    >>> from memcalc.training import TrainingConfig
+    >>> from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=1, device="cpu", world_size=2, sharding="zero3")
     >>> rank_optimizer_bytes_all([(6, 3)], 4, Regime.of(t))
     [(36, 32), (20, 16)]

@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from memcalc.poly import Poly
+from memcalc.core.poly import Poly
 from memcalc.tape.graph import Storage
 
 if TYPE_CHECKING:
-    from memcalc.regime import Regime
+    from memcalc.engine.regime import Regime
     from memcalc.tape.graph import Graph
     from memcalc.tape.simulate import Memory
 
@@ -83,7 +83,7 @@ class Fsdp:
         self.shard = {g: sum(padded_shard_bytes(v.size.eval(1, 1), v.rows, world) for v in vs)
                       for g, vs in self.groups.items()}  # bytes of the padded shard S_g
         self.whole = True
-        """False: the sharded parameters are held as 0 bytes (memcalc.depth adds them per depth)."""
+        """False: the sharded parameters are held as 0 bytes (memcalc.engine.depth adds them per depth)."""
         self.layers = sorted((g for g in self.groups if g != "root"), key=int)
         self.mesh_bytes = 4 * world if device == "cpu" else 0  # DeviceMesh rank table (CPU)
         self.unsharded: dict[str, Storage] = {}

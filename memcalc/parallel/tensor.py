@@ -8,17 +8,17 @@ rows, the attention output and the MLP's last projection by input columns (their
 replicated). Embeddings, norms and the LM head stay whole on every rank. A rank's program is
 then the single-device program of a narrower model (`local_spec`) plus the collectives that
 memcalc.tape.ops.Ops.col_linear / row_linear add. Measured on gloo CPU ranks by
-validate.distributed (validate/results/dist-ci.md).
+validate.distributed.measure (validate/results/dist-ci.md).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memcalc.errors import NotModelledError, SpecError
-from memcalc.specs import ModelSpec
+from memcalc.core.errors import NotModelledError, SpecError
+from memcalc.inputs.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from memcalc.training import TrainingConfig
+    from memcalc.inputs.training import TrainingConfig
 
 __all__ = ["check_tensor_parallel", "local_spec"]
 
@@ -26,12 +26,12 @@ __all__ = ["check_tensor_parallel", "local_spec"]
 def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse, naming the field, what cannot be split evenly or is not modelled.
 
-    >>> from memcalc.training import TrainingConfig
+    >>> from memcalc.inputs.training import TrainingConfig
     >>> check_tensor_parallel(ModelSpec.preset("llama-2-7b"),
     ...     TrainingConfig(micro_batch=1, seq_len=8, world_size=3, tensor_parallel=3))
     Traceback (most recent call last):
     ...
-    memcalc.errors.SpecError: tensor_parallel: 3 does not divide num_heads=32; fix: use a divisor of 32 (e.g. 2)
+    memcalc.core.errors.SpecError: tensor_parallel: 3 does not divide num_heads=32; fix: use a divisor of 32 (e.g. 2)
     """
     t = training.tensor_parallel
     if t == 1:

@@ -16,7 +16,7 @@ bitsandbytes (bitsandbytes/optim/optimizer.py Optimizer2State.init_state, update
   (backends/cpu/ops.py, Python): 8-bit: both states dequantised to fp32, grad.float() * 1.0,
   sqrt and its quotient: 5 x 4n alive together (+4n p.float() for bf16 parameters); 32-bit:
   g.float() * 1.0, sqrt, + eps and the quotient: 3 x 4n (+4n for bf16). Freed when the kernel
-  returns (measured with validate.tracker seeing inside the kernel).
+  returns (measured with validate.measure.tracker seeing inside the kernel).
 - qmaps on the device: created at construction (fill_qmap) on CPU; on CUDA moved to the device
   at the first 8-bit parameter's init_state.
 
@@ -34,7 +34,7 @@ Adafactor (transformers/optimization.py Adafactor.step; beta1=None, relative_ste
 """
 from __future__ import annotations
 
-from memcalc.allocator import round_up
+from memcalc.allocator.rules import round_up
 
 BNB_8BIT = ("adamw-8bit", "paged-adamw-8bit")
 BNB = BNB_8BIT + ("paged-adamw",)

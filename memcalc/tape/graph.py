@@ -1,6 +1,6 @@
 """A forward program described tensor by tensor: what each op allocates, what autograd saves,
 and what its backward allocates (from PyTorch's tools/autograd/derivatives.yaml and the aten
-kernels; checked op by op against the live-tensor timeline that validate.tracker records).
+kernels; checked op by op against the live-tensor timeline that validate.measure.tracker records).
 
 The engine never runs these ops; `memcalc.tape.simulate` walks the program to find when each
 storage is born and freed, forward, backward and in the optimizer step.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from memcalc.poly import Poly
+from memcalc.core.poly import Poly
 
 
 @dataclass(eq=False, slots=True)
@@ -21,7 +21,7 @@ class Storage:
     category: str
     label: str
     count: Poly | None = None
-    """Set on the storages of one expert in a 'worst'-routing bound (memcalc.moe.worst_routings):
+    """Set on the storages of one expert in a 'worst'-routing bound (memcalc.inputs.moe.worst_routings):
     its size is a whole number of bytes per token times this token count, and the simulation
     counts it with the most the allocator's rounding can add to such a size (`count_slack`)
     instead of rounding it."""
@@ -126,7 +126,7 @@ def product_saves(x: "Value", y: "Value") -> list["Value"]:
     (the generated autograd code guards each save with should_compute_output; measured with
     torch 2.13: F.linear with a frozen weight saves no input, mul saves `_saved_self` None).
 
-    >>> from memcalc.poly import Poly
+    >>> from memcalc.core.poly import Poly
     >>> a = Value(Storage(Poly.const(4), "activations", "a"), Poly.const(4), True)
     >>> w = Value(Storage(Poly.const(4), "weights", "w"), Poly.const(4), False, True)
     >>> [v.storage.label for v in product_saves(a, w)]
@@ -168,15 +168,15 @@ class Graph:
         self.leaves: list[Value] = []  # activations made leaves requiring grad (require_grad_leaf)
         self.count: Poly | None = None
         """While set, new storages whose size is a whole multiple of it are one expert's in a
-        'worst'-routing bound (Storage.count; memcalc.programs.moe.eager_experts)."""
+        'worst'-routing bound (Storage.count; memcalc.families.moe.eager_experts)."""
         self.granularity = 1
-        """The allocator's rounding (memcalc.allocator.granularity) that Storage.count bounds."""
+        """The allocator's rounding (memcalc.allocator.rules.granularity) that Storage.count bounds."""
         self.cached_casts: set[int] = set()
         """Storage ids of autocast's cached weight casts (Ops.matmul_operand); a checkpoint
         recompute caches its own until it stops (memcalc.tape.simulate StepSimulator._recompute)."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
-        past it (memcalc.programs.base.run_layers; memcalc.depth reads the repeats from it)."""
+        past it (memcalc.families.base.run_layers; memcalc.engine.depth reads the repeats from it)."""
 
     # ---- leaves ------------------------------------------------------------------------------
     def param(self, label: str, size: Poly, elt: int = 4, trainable: bool = True,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from memcalc.poly import Poly
-from memcalc.regime import Regime, quantized_weight
+from memcalc.core.poly import Poly
+from memcalc.engine.regime import Regime, quantized_weight
 from memcalc.tape.graph import Alias, FreeTemps, Grad, Graph, Returns, Temp, Value, product_saves
 
 
@@ -23,10 +23,10 @@ def numel(v: Value) -> Poly:
 
 
 class Ops:
-    """Op builders bound to a graph and a regime (memcalc.regime: element sizes, device,
+    """Op builders bound to a graph and a regime (memcalc.engine.regime: element sizes, device,
     tensor/sequence parallelism).
 
-    >>> from memcalc.regime import Regime; from memcalc.training import TrainingConfig
+    >>> from memcalc.engine.regime import Regime; from memcalc.inputs.training import TrainingConfig
     >>> ops = Ops(Graph(), Regime.of(TrainingConfig(micro_batch=1, seq_len=8, precision="bf16-amp")))
     >>> ops.low, ops.param_elt
     (2, 4)
@@ -198,7 +198,7 @@ class Ops:
 
     def replicated_input(self, x: Value, name: str) -> Value:
         """Input of a module whose parameters are replicated DTensors (norms, embeddings, LM
-        head under tensor parallelism: validate.tensor_parallel.replicate_rest): wrapped by
+        head under tensor parallelism: validate.distributed.tensor_parallel.replicate_rest): wrapped by
         DTensor.from_local, a view. Its gradients from several uses inside the module are
         summed before they leave it (one more autograd node), which moves where sums happen."""
         return self.g.view(f"{name} from_local", x) if self.tp > 1 else x
@@ -274,8 +274,8 @@ def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out
                 name: str) -> Value:
     """peft's lora.Linear.forward after the base layer, when the linear `w` is targeted:
     result + lora_B(lora_A(dropout(x.to(fp32)))) * scaling, cast back to result's dtype
-    (peft/tuners/lora/layer.py Linear.forward; memcalc.lora)."""
-    from memcalc.regime import is_adapter, layer_of
+    (peft/tuners/lora/layer.py Linear.forward; memcalc.inputs.lora)."""
+    from memcalc.engine.regime import is_adapter, layer_of
 
     # the LM head is the module lm_head even when its weight is the tied embedding matrix
     lora, module = ops.regime.lora, "lm_head" if name == "lm_head" else w.label.rsplit(".", 1)[0]
@@ -339,7 +339,7 @@ def linear_4bit(ops: Ops, x: Value, w: Value, tokens: Poly, n_out: int, name: st
     saved but the packed weight (ctx.tensors, no saved-tensor hooks, so it never triggers a
     checkpoint recompute). Backward (MatMul4Bit.backward): [nested: absmax dequantised, fp32
     per block], the weight dequantised in its original dtype, cast to the gradient's dtype when
-    they differ, grad_A = grad @ W (measured op by op with validate.tracker)."""
+    they differ, grad_A = grad @ W (measured op by op with validate.measure.tracker)."""
     g, regime = ops.g, ops.regime
     c, q, n = regime.bnb_compute_elt, regime.quant_elt, w.quant
     double = regime.quantization == "nf4-double"

@@ -18,7 +18,7 @@ Temporaries in steady state:
 """
 from __future__ import annotations
 
-from memcalc.regime import STATES_PER_PARAM
+from memcalc.engine.regime import STATES_PER_PARAM
 
 
 def state_bytes_per_param(optimizer: str, param_elt: int) -> int:
@@ -48,7 +48,7 @@ def _loop_peak(sizes: list[int], per_param: int, carried: int) -> int:
 def transient_bytes(optimizer: str, impl: str, weight_decay: float, sizes: list[int]) -> int:
     """Peak temporaries of one optimizer.step() in steady state, over parameter byte sizes in
     model.parameters() order. For-loop Adam's `denom` of the previous parameter stays bound
-    until the next assignment (measured with validate.tracker), so it overlaps the next one's.
+    until the next assignment (measured with validate.measure.tracker), so it overlaps the next one's.
 
     >>> transient_bytes("adamw", "foreach", 0.01, [100, 300])
     400
@@ -81,7 +81,7 @@ def clip_bytes(numels: list[int], grad_elt: int, device: str, g: int) -> int:
     of N x max chunks (65536 elements a chunk) freed at its return. Then
     _clip_grads_with_norm_ holds the total, `total + 1e-6`, its reciprocal and the product
     (clip_coef) before clamp; `_foreach_mul_` scales in place. All in the gradients' dtype
-    (measured on CPU with validate.tracker). GradScaler.unscale_ before it (fp16-amp)
+    (measured on CPU with validate.measure.tracker). GradScaler.unscale_ before it (fp16-amp)
     unscales in place (torch._amp_foreach_non_finite_check_and_unscale_); its 0-dim found_inf
     and inv_scale are, like the scaler's other scalars, not modelled. Not selectable: foreach=False
     on CUDA (N 0-dim norms, at most N x 512 B more).

@@ -1,7 +1,7 @@
 """Walk a forward program through forward, backward and the optimizer step, tracking every
 storage's lifetime, and keep the moments that can set the peak.
 
-Rules, each from PyTorch's own machinery (and each checked against validate.tracker timelines):
+Rules, each from PyTorch's own machinery (and each checked against validate.measure.tracker timelines):
 - forward: an op's outputs are allocated, then tensors whose last forward use has passed are
   freed unless an autograd node saved them (Python references end at last use);
 - backward (torch/csrc/autograd/engine.cpp): nodes run in reverse creation order; a node
@@ -23,7 +23,7 @@ from itertools import compress
 from operator import ge
 from typing import TYPE_CHECKING
 
-from memcalc.poly import Poly
+from memcalc.core.poly import Poly
 from memcalc.tape.graph import (Alias, FreeTemps, Grad, Graph, Node, Returns, Storage, Temp, Value, count_slack,
                                 per_token)
 
@@ -41,7 +41,7 @@ class Moment:
     by_category: dict[str, Poly]
     sizes: tuple = ()  # (size Poly, how many live storages have it): for allocator rounding
     per_unit: "Moment | None" = None
-    """What each repeat of the layer stack adds (memcalc.depth), when derived."""
+    """What each repeat of the layer stack adds (memcalc.engine.depth), when derived."""
 
 
 def grad_category(param: Value) -> str:
@@ -132,7 +132,7 @@ class Memory:
         self._shared: dict[tuple, tuple] = {}  # a size's terms and their types -> its `_info` but the Poly
         self.where: object = None
         """Where the step is (a node index, (node, recomputed node), or a name): with `micro`
-        and the phase, the structural key of a recorded mark (memcalc.depth)."""
+        and the phase, the structural key of a recorded mark (memcalc.engine.depth)."""
         self.micro = 0
         self.log: list[tuple] | None = [] if record is not False else None
         """With record: every mark, unpruned, in order, as (key, label, categories seen, stamp,
@@ -162,7 +162,7 @@ class Memory:
         (TOTAL_SLOT bits each, balanced digits); None once a size has a fractional coefficient."""
         self._packed_sizes: dict[tuple, int] = {}
         """The live counts as one integer, count << index[key] summed: linear like them, so
-        memcalc.depth compares linear combinations of instants with one integer equality."""
+        memcalc.engine.depth compares linear combinations of instants with one integer equality."""
         self._seen: dict[tuple, int] = {}
 
     @property
@@ -397,7 +397,7 @@ class Memory:
 
 class RecordingMemory(Memory):
     """Memory in record mode (Memory(record=...) makes one): every mark logged, the live
-    storages counted per (category, size terms) and packed into one integer (memcalc.depth)."""
+    storages counted per (category, size terms) and packed into one integer (memcalc.engine.depth)."""
 
     def _recorded_key(self, size: Poly, cat: str, rounded: bool = True) -> tuple:
         """(local number, its bit in `packed`, its bytes in `packed_total`) of a storage of this size
@@ -443,7 +443,7 @@ class RecordingMemory(Memory):
             found = 0
             for mono, c in size_key:
                 if not isinstance(c, int):
-                    self.packed_total = None  # sequence parallelism: b*s/t (memcalc.depth copes)
+                    self.packed_total = None  # sequence parallelism: b*s/t (memcalc.engine.depth copes)
                     return 0
                 slot = self.index.setdefault(("mono", mono), -1 - sum(1 for k in self.index if k[0] == "mono"))
                 found += c << (self.TOTAL_SLOT * (-1 - slot))
@@ -539,7 +539,7 @@ class RecordedLive:
         found = self._read.get((stamp, packed))
         if found is None:
             found = self._read[stamp, packed] = self._live(stamp, packed)
-        return dict(found)  # (a copy: callers may rewrite theirs, memcalc.depth._growing)
+        return dict(found)  # (a copy: callers may rewrite theirs, memcalc.engine.depth._growing)
 
     def _live(self, stamp: int, packed: int) -> dict:
         data = packed.to_bytes(max(self._size, (packed.bit_length() + 7) // 8), "little")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memcalc.errors import NotModelledError
-from memcalc.poly import Poly
-from memcalc.regime import Regime
+from memcalc.core.errors import NotModelledError
+from memcalc.core.poly import Poly
+from memcalc.engine.regime import Regime
 from memcalc.tape.graph import Graph, Storage
-from memcalc.allocator import round_up
+from memcalc.allocator.rules import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
 from memcalc.tape.simulate import Memory, Moment, StepSimulator
@@ -42,9 +42,9 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
 
 def _transient(graph: Graph, regime: Regime) -> int:
     """Peak optimizer temporaries: one parameter group, or the HF Trainer's two (decay and
-    no-decay, memcalc.programs.call_path.trainer_param_groups), stepped one after the other."""
+    no-decay, memcalc.families.call_path.trainer_param_groups), stepped one after the other."""
     if regime.hf_trainer:
-        from memcalc.programs.call_path import trainer_param_groups
+        from memcalc.families.call_path import trainer_param_groups
 
         return max(transient_bytes(regime.optimizer, regime.optimizer_impl, decay, sizes)
                    for sizes, decay in trainer_param_groups(graph, regime.weight_decay))
@@ -83,7 +83,7 @@ def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
     module, 'weight', {'optim_bits': 32}); measured with validate --trainer)."""
     if not (regime.hf_trainer and regime.optimizer in ft.THIRTY_TWO_BIT):
         return [regime.optimizer] * len(graph.trainable_params)
-    from memcalc.programs.call_path import is_embedding
+    from memcalc.families.call_path import is_embedding
 
     return [ft.THIRTY_TWO_BIT[regime.optimizer] if is_embedding(v.label) else regime.optimizer
             for v in graph.trainable_params]
@@ -157,13 +157,13 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
                   record: bool | dict = False) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
-    With `record`, the Memory instead: its log holds every instant (for memcalc.depth, which
+    With `record`, the Memory instead: its log holds every instant (for memcalc.engine.depth, which
     adds clipping's and the optimizer's temporaries at each depth, and a memcalc.tape.
     finetune_optim optimizer's first-step states up to its peak parameter), and its
     `state_storages` what the steady state holds from the start.
 
-    >>> from memcalc.engine import build_graph
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> from memcalc.engine.core import build_graph
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
     >>> moments = simulate_step(build_graph(ModelSpec.preset("gpt2"), regime), regime, False, {})
     >>> sorted({m.phase for m in moments})
@@ -182,7 +182,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     if not first_step:
         for st in states:
             sim.mem.hold(st)
-    if record is not False:  # what the steady state holds and the first step lacks (memcalc.depth)
+    if record is not False:  # what the steady state holds and the first step lacks (memcalc.engine.depth)
         sim.mem.state_storages = states
     sim.hold_inputs()
     for micro in range(min(regime.grad_accum, 2)):  # micro-steps >= 2 are alike
@@ -191,7 +191,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     mem = sim.mem
     mem.phase, mem.where = "optimizer", "optimizer"
     if record is not False:  # the temporaries' bytes are not affine in depth (a largest parameter):
-        if regime.max_grad_norm is not None:  # memcalc.depth adds them at each depth, clipping's
+        if regime.max_grad_norm is not None:  # memcalc.engine.depth adds them at each depth, clipping's
             mem.mark("clip_grad_norm_")  # norms here (_clip), before the first step's states
         if first_step:
             for st in states:
@@ -235,8 +235,8 @@ def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_
     states. None for a memcalc.tape.finetune_optim optimizer (its states are made parameter
     by parameter: simulate_step twice).
 
-    >>> from memcalc.engine import build_graph
-    >>> from memcalc.specs import ModelSpec; from memcalc.training import TrainingConfig
+    >>> from memcalc.engine.core import build_graph
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
     >>> steady, first = simulate_both(build_graph(ModelSpec.preset("gpt2"), regime), regime, {})
     >>> graph = build_graph(ModelSpec.preset("gpt2"), regime)

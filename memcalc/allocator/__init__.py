@@ -1,0 +1,2 @@
+"""The device allocator's rules (the CUDA caching allocator's rounding).
+"""

@@ -1,0 +1,3 @@
+"""Trainer configs read into TrainingConfig fields: transformers.TrainingArguments, DeepSpeed JSON,
+axolotl YAML.
+"""

@@ -1,0 +1,249 @@
+"""TrainingConfig: how one training step runs (shapes, precision, optimizer, checkpointing)."""
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
+
+from memcalc.core.input_model import FrozenModel
+from memcalc.inputs.lora import LoRA
+
+Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
+TorchOptimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
+# fine-tuning optimizers (memcalc.tape.lowbit): bitsandbytes AdamW8bit, PagedAdamW8bit, PagedAdamW;
+# transformers' Adafactor with its defaults
+FineTuneOptimizer = Literal["adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"]
+Optimizer = Literal[TorchOptimizer, FineTuneOptimizer]
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
+Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
+Attention = Literal["eager", "sdpa"]
+Device = Literal["cuda", "cpu"]
+Sharding = Literal["none", "zero1", "zero2", "zero3"]
+AttentionMask = Literal["none", "ones", "padded"]
+Labels = Literal["input_ids", "separate"]
+Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
+MoERouting = Literal["worst", "balanced"]
+ExpertsImplementation = Literal["grouped_mm", "eager"]
+
+# Every enumeration comes from its Literal type: a new option is one line above plus its rules.
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+TORCH_OPTIMIZERS: tuple[str, ...] = get_args(TorchOptimizer)
+"""The torch.optim optimizers (the ci/gpu pairwise axes and the committed tables use these)."""
+FINE_TUNE_OPTIMIZERS: tuple[str, ...] = get_args(FineTuneOptimizer)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+CHECKPOINTINGS: tuple[str, ...] = get_args(Checkpointing)
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
+DEVICES: tuple[str, ...] = get_args(Device)
+SHARDINGS: tuple[str, ...] = get_args(Sharding)
+ATTENTION_MASKS: tuple[str, ...] = get_args(AttentionMask)
+LABELS: tuple[str, ...] = get_args(Labels)
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
+EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
+
+# torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
+# bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
+# optimization.py Adafactor: 0.0.
+DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "sgd-momentum": 0.0, "adam": 0.0, "adamw": 1e-2,
+                        "adamw-8bit": 1e-2, "paged-adamw-8bit": 1e-2, "paged-adamw": 1e-2,
+                        "adafactor": 0.0}
+
+
+class TrainingConfig(FrozenModel):
+    """One training step.
+
+    >>> TrainingConfig(micro_batch=4, seq_len=1024, device="cpu").resolved_optimizer_impl
+    'for-loop'
+    """
+
+    micro_batch: int = Field(gt=0)
+    """Sequences per forward/backward pass (b)."""
+    seq_len: int = Field(gt=0)
+    """Tokens per sequence (s)."""
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-steps per optimizer step; gradients stay alive between them."""
+    precision: Precision = "fp32"
+    """fp32; fp16-amp (autocast fp16 + GradScaler dynamic loss scaling); bf16-amp (autocast bf16);
+    bf16 (parameters, gradients and optimizer states in bf16)."""
+    optimizer: Optimizer = "adamw"
+    """torch.optim.SGD (momentum 0 or 0.9), Adam or AdamW; bitsandbytes AdamW8bit
+    ('adamw-8bit'), PagedAdamW8bit ('paged-adamw-8bit'), PagedAdamW ('paged-adamw'); transformers'
+    Adafactor with its defaults ('adafactor': factored second moment, relative step, no beta1)."""
+    optimizer_impl: OptimizerImpl | None = None
+    """foreach, fused or for-loop; None means torch's default on the device (foreach on cuda,
+    for-loop on cpu: torch/optim/optimizer.py _default_to_fused_or_foreach). Only for the
+    torch.optim optimizers: bitsandbytes and Adafactor have one implementation each (a Python
+    loop over parameters), so it must stay None for them."""
+    weight_decay: float | None = Field(default=None, ge=0.0)
+    """Optimizer weight decay; None means torch's default for the optimizer."""
+    checkpointing: Checkpointing = "none"
+    """Activation checkpointing: none, per-layer, sqrt (about sqrt(L) segments), every-k, or
+    selective (attention core recomputed, Korthikanti et al. 2022)."""
+    checkpoint_every: int | None = Field(default=None, gt=0)
+    """Layers per checkpointed segment, for checkpointing='every-k'."""
+    attention: Attention = "sdpa"
+    """eager (explicit softmax(QK^T)V) or sdpa (F.scaled_dot_product_attention)."""
+    device: Device = "cuda"
+    """Where the step runs: cuda (caching allocator rules apply) or cpu."""
+    world_size: int = Field(default=1, gt=0)
+    """Processes (one accelerator each) training together; the prediction is per rank."""
+    sharding: Sharding = "none"
+    """Data-parallel memory sharding: none (DDP, full replicas and gradient buckets); zero1
+    (optimizer states sharded, ZeroRedundancyOptimizer); zero2 (also gradients: FSDP2
+    fully_shard without resharding after forward); zero3 (also parameters: FSDP2 fully_shard)."""
+    tensor_parallel: int = Field(default=1, gt=0)
+    """Megatron-style tensor-parallel degree (column/row splits of attention and MLP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
+    max_grad_norm: float | None = Field(default=None, gt=0.0)
+    """Gradient clipping before optimizer.step(): torch.nn.utils.clip_grad_norm_(params,
+    max_grad_norm) after GradScaler.unscale_ under fp16-amp; None means no clipping (the HF
+    Trainer's default is 1.0; its 0 means no clipping, which is None here). clip_grad_norm_ runs
+    with its default foreach=None (memcalc.tape.optimizer.clip_bytes)."""
+    fsdp_mixed_precision: bool = False
+    """FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) with
+    precision='fp32': fp32 sharded parameters, gradients and optimizer states; all-gathered
+    parameters, activations and unsharded gradients in bf16; no autocast."""
+    lora: LoRA | None = None
+    """LoRA adapters (memcalc.LoRA, as peft runs them) on a frozen base model; None: no adapters."""
+    freeze: tuple[str, ...] = ()
+    """Parameters to freeze (requires_grad=False), as fnmatch patterns over torch parameter
+    names, e.g. "*embed_tokens*" or "model.layers.[0-3].*": no gradient, no optimizer state,
+    and no saved input for a weight gradient."""
+    quantization: Quantization = "none"
+    """Base weights quantised by bitsandbytes (QLoRA): none, nf4, nf4-double (double
+    quantisation), fp4, int8 (load_in_8bit)."""
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora(cls, v: object) -> object:
+        return LoRA(**v) if isinstance(v, dict) else v
+
+    @field_validator("freeze", mode="before")
+    @classmethod
+    def _freeze(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
+
+    # ---- the call path: what the training loop passes to an HF model (memcalc.families.call_path)
+    use_cache: bool = False
+    """HF models only: the forward keeps transformers' default use_cache=True (a train-mode call
+    without use_cache=False, as the HF Trainer makes): a DynamicCache holds a copy of every
+    layer's keys and values until the forward returns. HF's gradient checkpointing turns it off
+    (modeling_layers.GradientCheckpointingLayer), so it changes nothing under per-layer."""
+    attention_mask: AttentionMask = "none"
+    """HF models only: the attention_mask passed with the batch: none; ones (no padding: SDPA
+    still runs is_causal, masking_utils._ignore_causal_mask_sdpa); padded (some token is padding:
+    a (b, 1, s, s) boolean mask is built once, and SDPA converts it to a float mask that each
+    layer saves, and takes k and v repeated to every head instead of enable_gqa)."""
+    pad_tokens: int = Field(default=0, ge=0)
+    """Padding tokens at the end of each sequence with attention_mask='padded' (what the
+    validator builds; memory does not depend on how many, only that there are some)."""
+    labels: Labels = "input_ids"
+    """HF models only: labels=input_ids (the same tensor), or a separate (b, s) int64 labels
+    tensor in the batch (a data collator's copy, -100 at ignored positions; measured: the ignored
+    positions change no size, the tensor of its own adds b*s*8 bytes)."""
+    num_items_in_batch: bool = False
+    """HF models only: the loss gets num_items_in_batch (the HF Trainer passes it to models that
+    accept loss kwargs): cross-entropy with reduction='sum' divided by that int64 scalar."""
+    hf_trainer: bool = False
+    """The HF Trainer's own tensors (transformers 5.24 trainer.py, measured): all
+    grad_accum micro-batches of a step fetched before the first (get_batch_samples), on CPU
+    also accelerate's DataLoaderShard look-ahead batch (on CUDA it stays on the host), two fp32
+    scalars (the running _tr_loss and the last micro-step's detached loss), its decay / no-decay
+    optimizer groups, and 32-bit bitsandbytes states for nn.Embedding weights."""
+    experts_implementation: ExpertsImplementation = "grouped_mm"
+    """Mixture-of-experts models: transformers' experts path (config experts_implementation):
+    grouped_mm (the default; every tensor sized by tokens*top_k, so routing does not change
+    memory) or eager (a loop over the hit experts, tensors sized by each expert's tokens).
+    Dense models: no effect."""
+    moe_routing: MoERouting | tuple[tuple[int, ...], ...] = "worst"
+    """Mixture-of-experts models, eager experts: tokens per expert (memcalc.inputs.moe.token_counts).
+    'worst' (an upper bound of the peak over every routing, after the allocator's rounding:
+    memcalc.inputs.moe.worst_routings; the default, and what a capacity plan must use), 'balanced'
+    (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
+    summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.checkpointing == "every-k" and self.checkpoint_every is None:
+            raise ValueError("checkpointing='every-k' needs checkpoint_every (layers per segment)")
+        if self.checkpoint_every is not None and self.checkpointing != "every-k":
+            raise ValueError("checkpoint_every is only used with checkpointing='every-k'")
+        if self.world_size % self.tensor_parallel:
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} must divide "
+                             f"world_size={self.world_size}")
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel > 1")
+        if not isinstance(self.moe_routing, str) and any(n < 0 for row in self.moe_routing for n in row):
+            raise ValueError("moe_routing counts must be >= 0 (tokens per expert)")
+        if self.fsdp_mixed_precision and (self.sharding not in ("zero2", "zero3")
+                                          or self.precision != "fp32"):
+            raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
+                             "fp32 (the policy, not autocast, makes the bf16 copies)")
+        _check_call_path(self)
+        if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
+            raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
+                             "implementation, a loop over parameters); leave optimizer_impl unset")
+        return self
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel degree: world_size / tensor_parallel."""
+        return self.world_size // self.tensor_parallel
+
+    @property
+    def resolved_optimizer_impl(self) -> str:
+        """The implementation torch runs: the explicit one, else the device default."""
+        if self.optimizer_impl is not None:
+            return self.optimizer_impl
+        if self.optimizer in FINE_TUNE_OPTIMIZERS:
+            return "for-loop"  # bitsandbytes' Optimizer8bit.step and Adafactor.step loop over params
+        return "foreach" if self.device == "cuda" else "for-loop"
+
+    @property
+    def resolved_weight_decay(self) -> float:
+        """Weight decay, with torch's per-optimizer default filled in."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return DEFAULT_WEIGHT_DECAY[self.optimizer]
+
+    @classmethod
+    def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
+                          world_size: int = 1, attention_mask: str = "ones",
+                          pad_tokens: int = 0) -> "TrainingConfig":
+        """The step an HF Trainer runs (memcalc.inputs.trainers.trainer_args): `args` a dict of
+        TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
+        writes, or the TrainingArguments object; fields not given take transformers' defaults.
+        `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
+        collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
+
+        >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
+        ...     "gradient_checkpointing": True}, seq_len=2048)
+        >>> t.micro_batch, t.precision, t.checkpointing, t.optimizer_impl, t.max_grad_norm
+        (4, 'bf16-amp', 'per-layer', 'fused', 1.0)
+        """
+        from memcalc.inputs.trainers.trainer_args import training_fields
+
+        return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
+                                          pad_tokens))
+
+    def with_(self, **changes) -> "TrainingConfig":
+        """A copy with some fields changed, validated again.
+
+        >>> TrainingConfig(micro_batch=1, seq_len=8).with_(micro_batch=2).micro_batch
+        2
+        """
+        return type(self).make(**{**self.model_dump(), **changes})
+
+
+def _check_call_path(training: TrainingConfig) -> None:
+    """Cross-field checks of the call-path fields."""
+    if training.attention_mask == "padded" and training.pad_tokens == 0:
+        raise ValueError("attention_mask='padded' needs pad_tokens > 0 (padding tokens per "
+                         "sequence); with no padding use attention_mask='ones'")
+    if training.pad_tokens and training.attention_mask != "padded":
+        raise ValueError("pad_tokens is only used with attention_mask='padded'")
+    if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence
+        raise ValueError(f"pad_tokens={training.pad_tokens} exceeds seq_len={training.seq_len} "
+                         "(padding tokens per sequence); use pad_tokens <= seq_len")

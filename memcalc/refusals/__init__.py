@@ -1,0 +1,2 @@
+"""Whether a (model, training) step may be estimated: each refusal names the field and the fix.
+"""

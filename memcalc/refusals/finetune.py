@@ -1,0 +1,157 @@
+"""What the fine-tuning fields of TrainingConfig (lora, freeze, quantization) may be combined
+with, each refusal naming the field and the fix (memcalc.refusals.step calls `check_finetuning`).
+"""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
+
+from memcalc.core.errors import NotModelledError, SpecError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from memcalc.inputs.lora import LoRA
+
+LINEARS = {"llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+           "gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+LAYERS = {"llama": "model.layers", "gpt2": "transformer.h"}
+EMBEDDINGS = {"llama": ("model.embed_tokens",), "gpt2": ("transformer.wte", "transformer.wpe")}
+
+
+def linear_modules(model: ModelSpec) -> list[str]:
+    """Dotted names of the model's linear modules (HF names, as peft sees them), lm_head last.
+
+    >>> linear_modules(ModelSpec.preset("gpt2").with_(num_layers=1))[::2]
+    ['transformer.h.0.attn.c_attn', 'transformer.h.0.mlp.c_fc', 'lm_head']
+    """
+    prefix = LAYERS[model.family]
+    return [f"{prefix}.{i}.{name}" for i in range(model.num_layers)
+            for name in LINEARS[model.family]] + ["lm_head"]
+
+
+def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
+    """Refuse fine-tuning set-ups memcalc does not model, or that name what the model lacks.
+
+    >>> from memcalc.inputs.lora import LoRA
+    >>> check_finetuning(ModelSpec.preset("llama-2-7b"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...     lora=LoRA(targets=["query"])))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.SpecError: lora.targets: 'query' matches no linear module of llama-2-7b; fix: ...
+    """
+    lora, tuned = training.lora, training.lora is not None or bool(training.freeze)
+    if training.quantization != "none" and lora is None:
+        raise NotModelledError("quantization", "a quantised base model with nothing to train",
+                               "add LoRA adapters (--lora-rank ...), or use quantization none")
+    if training.quantization != "none":
+        check_quantization(model, training)
+    if tuned and (model.family not in LINEARS or model.sliding_window is not None):
+        field = "lora" if lora is not None else "freeze"
+        raise NotModelledError(field, "frozen parameters and LoRA are modelled and measured for the "
+                               "gpt2 and llama families without sliding windows, not for this "
+                               f"{model.family} model", "use a GPT-2 or llama-family model without "
+                               "a sliding window, or train every parameter")
+    if tuned and training.hf_trainer:
+        raise NotModelledError("hf_trainer", "the HF Trainer's parameter groups and held batches are "
+                               "measured without frozen parameters or LoRA", "drop hf_trainer, or train "
+                               "every parameter")
+    if tuned and training.world_size > 1:
+        raise NotModelledError("world_size", "frozen parameters and LoRA are modelled on one rank",
+                               "use world_size 1")
+    if lora is None:
+        return
+    if model.implementation != "hf":
+        raise NotModelledError("lora", "LoRA is modelled on the Hugging Face implementations "
+                               "(peft's module names)", "use implementation hf")
+    if model.family not in LINEARS:
+        raise NotModelledError("lora", f"LoRA is modelled and measured for the gpt2 and llama "
+                               f"families, not {model.family}", "use a GPT-2 or llama-family model")
+    if lora.layers is not None and max(lora.layers) >= model.num_layers:
+        raise SpecError("lora.layers", f"layer {max(lora.layers)} does not exist "
+                        f"(num_layers={model.num_layers})", f"use layers below {model.num_layers}")
+    check_modules_to_save(model, lora)
+    if lora.targets == "all-linear":
+        return
+    modules = linear_modules(model)
+    for target in lora.targets:
+        if any(e == target or e.endswith("." + target) for e in EMBEDDINGS[model.family]):
+            raise NotModelledError("lora.targets", f"{target!r} is an embedding: peft's "
+                                   "lora.Embedding is not modelled", "target linear modules")
+        hits = [m for m in modules if m == target or m.endswith("." + target)]
+        if not hits:
+            names = sorted({m.rsplit(".", 1)[-1] for m in modules})
+            raise SpecError("lora.targets", f"{target!r} matches no linear module of {model.name}",
+                            f"use some of {', '.join(names)} or 'all-linear'")
+        if hits == ["lm_head"] and model.tie_embeddings:
+            raise NotModelledError("lora.targets", "LoRA on an lm_head tied to the embedding is "
+                                   "not modelled", "drop lm_head from the targets")
+
+
+def check_freeze(model_params: list[str], patterns: tuple[str, ...]) -> None:
+    """Each freeze pattern must match some parameter name.
+
+    >>> check_freeze(["lm_head.weight"], ("*embed*",))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.SpecError: freeze: '*embed*' matches no parameter; fix: ...
+    """
+    for p in patterns:
+        if not any(fnmatchcase(name, p) for name in model_params):
+            raise SpecError("freeze", f"{p!r} matches no parameter",
+                            f"use fnmatch patterns over torch names, e.g. {model_params[0]}")
+
+
+def check_modules_to_save(model: ModelSpec, lora: "LoRA") -> None:
+    """modules_to_save: not a tied embedding or head (peft's tied-module handling is not
+    modelled), not also a LoRA target.
+
+    >>> from memcalc.inputs.lora import LoRA
+    >>> check_modules_to_save(ModelSpec.preset("gpt2"), LoRA(modules_to_save=["lm_head"]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.NotModelledError: lora.modules_to_save: 'lm_head' is tied to the embedding ...
+    """
+    tied = ("lm_head",) + EMBEDDINGS[model.family][:1]
+    for m in lora.modules_to_save:
+        if model.tie_embeddings and any(t == m or t.endswith("." + m) for t in tied):
+            raise NotModelledError("lora.modules_to_save", f"{m!r} is tied to the embedding (or is it): "
+                                   "peft's tied modules_to_save is not modelled", "untie, or drop it")
+        if lora.targets != "all-linear" and m in lora.targets or lora.targets == "all-linear" and m == "lm_head":
+            raise SpecError("lora.modules_to_save", f"{m!r} is also a LoRA target", "pick one of the two")
+
+
+def check_saved_modules(labels: list[str], lora: "LoRA | None") -> None:
+    """Each modules_to_save entry must wrap some module of the model (after the graph is built)."""
+    if lora is None:
+        return
+    for m in lora.modules_to_save:
+        if not any(".modules_to_save." in label and lora.saves_module(label.split(".modules_to_save.")[0])
+                   and label.split(".modules_to_save.")[0].endswith(m) for label in labels):
+            raise SpecError("lora.modules_to_save", f"{m!r} matches no module with parameters",
+                            "name modules such as lm_head or embed_tokens")
+
+
+def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
+    """QLoRA is modelled for bitsandbytes 4-bit (nf4, nf4-double, fp4) Linear4bit layers of
+    HF llama-family models without linear biases (weights loaded in bf16 under precision bf16,
+    else fp32; compute dtype bf16, fp16 under fp16-amp, fp32 under fp32).
+
+    >>> from memcalc.inputs.lora import LoRA
+    >>> check_quantization(ModelSpec.preset("llama-2-7b"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...     quantization="int8", lora=LoRA()))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.NotModelledError: quantization: 'int8' (load_in_8bit) is not modelled: ...
+    """
+    q = training.quantization
+    if q == "int8":
+        raise NotModelledError("quantization", "'int8' (load_in_8bit) is not modelled: its "
+                               "MatMul8bitLt path differs from Linear4bit", "use nf4, nf4-double or fp4")
+    if model.family != "llama" or model.implementation != "hf":
+        raise NotModelledError("quantization", f"{q!r} is modelled for HF llama-family models "
+                               "(GPT-2's Conv1D layers are converted differently)", "use a llama-family model")
+    if model.qkv_bias or model.out_bias or model.mlp_bias:
+        raise NotModelledError("quantization", "Linear4bit layers with biases are not modelled "
+                               "(bnb casts the bias in place)", "use a model without linear biases")

@@ -1,0 +1,3 @@
+"""Building the models the validator trains: reference models, HF models from a spec, peft set-ups, MoE
+routing records.
+"""

@@ -1,0 +1,161 @@
+"""One configuration to validate: a model spec, a TrainingConfig and, optionally, the HF config
+dict it came from. The TrainingConfig says everything, parallelism included (world_size,
+sharding, tensor_parallel): a case with more than one rank, or with a sharding, is measured on
+gloo ranks (validate.distributed.measure), any other in this process (validate.measure.backends).
+
+No torch here: matrices and the CLI build cases before anything is measured.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+
+
+def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None = None) -> str:
+    """Canonical JSON of a configuration: sorted keys, no spaces.
+
+    >>> k = config_key(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
+    >>> k.startswith('{"hf_config":null,"model":{"activation":"gelu_new"')
+    True
+    """
+    return json.dumps(_key_fields(spec, training, hf_config), sort_keys=True,
+                      separators=(",", ":"))
+
+
+def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None) -> dict:
+    return {"model": spec.model_dump(mode="json"), "training": _training_fields(training),
+            "hf_config": hf_config}
+
+
+def _training_fields(training: TrainingConfig) -> dict:
+    """training.model_dump(), less the call-path fields at their defaults (so that keys recorded
+    before those fields existed still match)."""
+    from memcalc.families.call_path import CALL_PATH_DEFAULTS
+
+    fields = training.model_dump(mode="json")
+    for name, default in CALL_PATH_DEFAULTS.items():
+        if fields.get(name) == default:
+            del fields[name]
+    return fields
+
+
+def call_path_label(training: TrainingConfig) -> str:
+    """The non-default call-path fields, for labels ('' when none).
+
+    >>> call_path_label(TrainingConfig(micro_batch=1, seq_len=8, use_cache=True))
+    ' | use_cache=True'
+    """
+    from memcalc.families.call_path import CALL_PATH_DEFAULTS
+
+    changed = [f"{n}={getattr(training, n)}" for n, d in CALL_PATH_DEFAULTS.items()
+               if getattr(training, n) != d]
+    return (" | " + " ".join(changed)) if changed else ""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration to validate.
+
+    >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
+    >>> Case("x", ModelSpec.preset("gpt2"), tc).distributed
+    False
+    >>> Case("x", ModelSpec.preset("gpt2"), tc.with_(world_size=2)).distributed
+    True
+    """
+
+    name: str
+    spec: ModelSpec
+    training: TrainingConfig
+    hf_config: dict | None = None
+    trainer_args: dict | None = None
+    """TrainingArguments fields: the case runs through transformers.Trainer
+    (validate.run.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the case runs on gloo ranks: more than one rank, or a sharding."""
+        return self.training.world_size > 1 or self.training.sharding != "none"
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (processes) the case runs on."""
+        return self.training.world_size
+
+    @property
+    def sharding(self) -> str:
+        """Data-parallel sharding: none, zero1, zero2 or zero3."""
+        return self.training.sharding
+
+    @property
+    def key(self) -> str:
+        """Canonical JSON of the configuration (what resume matches on). A distributed case's key
+        also holds its parallelism under 'parallel' (as recorded since the first dist-ci run).
+
+        >>> tc = TrainingConfig(micro_batch=1, seq_len=8, world_size=2, sharding="zero3")
+        >>> Case("x", ModelSpec.preset("gpt2"), tc).key.count('"world_size":2')
+        2
+        """
+        fields = _key_fields(self.spec, self.training, self.hf_config)
+        if self.trainer_args is not None:
+            fields["trainer_args"] = self.trainer_args
+        if self.distributed:
+            fields["parallel"] = {"world_size": self.world_size, "sharding": self.sharding}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def label(self) -> str:
+        """A short human label for tables.
+
+        >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
+        >>> Case("x", ModelSpec.preset("gpt2").with_(num_layers=2), tc).label
+        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none sdpa ga1'
+        >>> Case("y", ModelSpec.preset("qwen2-0.5b").with_(num_layers=2), tc).label.split("|")[0]
+        'y: hf qwen2-0.5b L2 h896 V151936 '
+        >>> Case("z", ModelSpec.preset("gpt2").with_(num_layers=2),
+        ...      tc.with_(world_size=4, tensor_parallel=2, sharding="zero3")).label
+        'z: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw | W4 zero3 TP2'
+        """
+        s, t = self.spec, self.training
+        if self.distributed:
+            return (f"{self.name}: {s.implementation} {s.family} L{s.num_layers} "
+                    f"h{s.hidden_size} V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} "
+                    f"{t.precision} {t.optimizer} | W{t.world_size} {t.sharding}"
+                    + (f" TP{t.tensor_parallel}" if t.tensor_parallel > 1 else "")
+                    + ("+SP" if t.sequence_parallel else ""))
+        ck = t.checkpointing + (f"/{t.checkpoint_every}" if t.checkpoint_every else "")
+        return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
+                f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
+                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
+                f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
+                + call_path_label(t) + _finetuning_label(t)
+                + (f" experts={t.experts_implementation}" if s.moe else "")
+                + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
+                   if self.trainer_args is not None else ""))
+
+
+def _finetuning_label(t: TrainingConfig) -> str:
+    """' | lora r8 a16 d0.05 q_proj,v_proj' and ' | freeze ...' (empty for full training).
+
+    >>> from memcalc.inputs.lora import LoRA
+    >>> _finetuning_label(TrainingConfig(micro_batch=1, seq_len=8, lora=LoRA(rank=8, targets="all-linear")))
+    ' | lora r8 a8 d0.0 all-linear'
+    """
+    out = ""
+    if t.lora is not None:
+        lo = t.lora
+        targets = lo.targets if isinstance(lo.targets, str) else ",".join(lo.targets)
+        out += f" | lora r{lo.rank} a{lo.alpha:g} d{lo.dropout} {targets}"
+        out += "".join(f" {k}" for k, on in (("rslora", lo.use_rslora), ("lora_bias", lo.lora_bias)) if on)
+        out += (f" bias={lo.bias}" if lo.bias != "none" else "") + (f" layers={list(lo.layers)}" if lo.layers else "")
+        out += f" save={','.join(lo.modules_to_save)}" if lo.modules_to_save else ""
+    if t.quantization != "none":
+        out += f" {t.quantization}"
+    if t.freeze:
+        out += " | freeze " + ",".join(t.freeze)
+    return out
+
+
+__all__ = ["Case", "config_key"]

@@ -1,0 +1,333 @@
+"""`python -m validate`: measure real training steps and compare them with memcalc's predictions.
+
+    python -m validate run --matrix ci --device cpu --out validate/results/cpu-ci.jsonl
+    python -m validate run --matrix dist-ci --device cpu --out validate/results/dist-ci.jsonl
+    python -m validate run --model gpt2 --num-layers 2 --micro-batch 2 --seq-len 128 --device cpu --json
+    python -m validate run --model gpt2 --num-layers 2 --micro-batch 2 --seq-len 64 \\
+        --device cpu --world-size 2 --sharding zero3 --no-predict
+    python -m validate demo --out tables/
+
+Model and training flags are generated from ModelSpec and TrainingConfig (flag = field name with
+dashes), so they cannot drift from the contracts; --world-size, --sharding and
+--tensor-parallel among them run the case on gloo ranks (validate.run.runner). Bad input: one line on
+stderr, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import re
+import sys
+import tempfile
+import types
+import typing
+from pathlib import Path
+
+from memcalc.cli.main import add_finetuning_args, lora_from_args
+from memcalc.core.errors import MemcalcError, SpecError
+from memcalc.inputs.hf.config import load_config
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+from validate.run.case import Case
+from validate.run.compare import is_distributed_row, markdown_table, mib, verdict
+from validate.matrices import MATRICES, get_matrix
+from validate.run.runner import run_cases
+
+EXIT_BAD_INPUT = 2
+EXIT_OUT_OF_TOLERANCE = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the house rule for bad input)."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"validate: {message}; fix: see python -m validate {self.prog.split()[-1]} --help\n")
+
+
+def _bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _field_kwargs(annotation) -> dict:
+    """argparse type/choices for a pydantic field annotation (Literal, int, float, bool, str, | None)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    if annotation is bool:
+        return {"type": _bool, "metavar": "true|false"}
+    return {"type": annotation if annotation in (int, float) else str}
+
+
+def _add_fields(parser, model, skip=()) -> list[str]:
+    group = parser.add_argument_group(f"{model.__name__} fields")
+    names = []
+    for name, info in model.model_fields.items():
+        if name in skip:
+            continue
+        group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                           help=f"{model.__name__}.{name}", **_field_kwargs(info.annotation))
+        names.append(name)
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (no torch needed to build or use it)."""
+    parser = _Parser(prog="validate", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="measure configurations and compare with memcalc")
+    src = run.add_argument_group("what to run (one of)")
+    src.add_argument("--matrix", help=f"a named matrix: {', '.join(MATRICES)}")
+    src.add_argument("--model", help="a memcalc preset name, e.g. gpt2, llama-2-7b")
+    src.add_argument("--hf-config", help="path of a Hugging Face config.json")
+    run.add_argument("--trainer", help="run through transformers.Trainer with these TrainingArguments: "
+                     "a JSON file (to_json_string()) or a JSON object, e.g. '{\"bf16\": true}' "
+                     "(with --model/--hf-config and --seq-len; --attention-mask/--pad-tokens say "
+                     "how the synthetic batches are padded)")
+    run.add_argument("--backend", choices=["auto", "cpu", "fake", "cuda"], default="auto",
+                     help="auto: cuda for --device cuda, else the live-tensor tracker")
+    run.add_argument("--out", help="JSON lines results file (a .md table is written next to it)")
+    run.add_argument("--tolerance", type=float, default=1.0, help="allowed |error| in %% (default 1.0)")
+    run.add_argument("--limit", type=int, help="run at most N configurations of the matrix")
+    run.add_argument("--only", help="run matrix configurations whose label matches this regex")
+    run.add_argument("--steps", type=int, default=3, help="steps per configuration (>= 2)")
+    run.add_argument("--json", action="store_true", help="print one JSON object per configuration")
+    run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
+    run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
+                     training_fields=_add_fields(run, TrainingConfig, skip=("lora",)))
+    add_finetuning_args(run, freeze_and_quantization=False)
+    demo = sub.add_parser("demo", help="the lecture's demonstrations, measured on CPU")
+    demo.add_argument("--out", default="tables", help="folder for tables and the plot")
+    demo.add_argument("--real", action="store_true",
+                      help="depth sweep with real compute instead of FakeTensorMode")
+    return parser
+
+
+# ---- building cases ----------------------------------------------------------------------------
+def _given(args, names) -> dict:
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def single_case(args) -> Case:
+    """The Case for --model / --hf-config plus field overrides."""
+    overrides = _given(args, args.model_fields)
+    impl = overrides.pop("implementation", None)
+    hf_config = None
+    if args.hf_config:
+        hf_config = load_config(args.hf_config)
+        spec = ModelSpec.from_hf_config(hf_config, implementation=impl or "hf")
+    elif args.model:
+        spec = ModelSpec.preset(args.model)
+        spec = spec.with_(implementation=impl) if impl else spec
+    else:
+        raise SpecError("model", "nothing to run", "give --matrix NAME, --model PRESET or --hf-config PATH")
+    if overrides:  # the HF model is then built from the changed spec, not from the file
+        spec, hf_config = spec.with_(**overrides), None
+    if spec.implementation != "hf":
+        hf_config = None
+    if args.trainer is not None:
+        return trainer_case(args, spec, hf_config)
+    fields = _given(args, args.training_fields)
+    lora = lora_from_args(args)
+    training = TrainingConfig.make(**fields, **({"lora": lora} if lora is not None else {}))
+    return Case(spec.name, spec, training, hf_config)
+
+
+def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
+    """--trainer: the TrainingArguments fields, and the TrainingConfig memcalc reads from them."""
+    from memcalc.inputs.trainers.trainer_args import trainer_args_dict
+
+    text = args.trainer.strip()
+    if text.startswith("{"):
+        from memcalc.core.files import parse_json_object
+
+        fields = parse_json_object(text, "--trainer", "trainer_args")
+    else:
+        fields = trainer_args_dict(text)
+    given = _given(args, args.training_fields)
+    if "seq_len" not in given:
+        raise SpecError("seq_len", "--trainer needs the sequence length", "pass --seq-len N")
+    extra = sorted(set(given) - {"seq_len", "attention_mask", "pad_tokens", "device"})
+    if extra:
+        raise SpecError(extra[0], "comes from the TrainingArguments with --trainer",
+                        f"set it in the --trainer fields, not as --{extra[0].replace('_', '-')}")
+    fields = {**fields, "use_cpu": True}
+    training = TrainingConfig.from_trainer_args(fields, seq_len=given["seq_len"], device="cpu",
+                                                attention_mask=given.get("attention_mask", "ones"),
+                                                pad_tokens=given.get("pad_tokens", 0))
+    return Case(spec.name, spec, training, hf_config, trainer_args=fields)
+
+
+def matrix_cases(args) -> list[Case]:
+    """The selected cases of --matrix, with --device/--only/--limit applied."""
+    if args.model or args.hf_config:
+        raise SpecError("matrix", "--matrix cannot be combined with --model/--hf-config",
+                        "give one of them")
+    cases = get_matrix(args.matrix, args.device)
+    if args.only:
+        try:
+            pattern = re.compile(args.only)
+        except re.error as err:
+            raise SpecError("only", f"bad regex ({err})", "give a Python regular expression") from None
+        cases = [c for c in cases if pattern.search(c.label)]
+    return cases[: args.limit] if args.limit is not None else cases
+
+
+def check_case(case: Case) -> None:
+    """Fail early, as bad input, on what cannot run (before anything is measured)."""
+    from validate.measure.step import check_runnable
+
+    check_runnable(case.spec, case.training)
+    if case.spec.implementation == "hf":
+        from validate.models.hf import CLASSES, hf_config_dict
+
+        if case.hf_config is None:
+            hf_config_dict(case.spec)
+        elif case.hf_config.get("model_type") not in CLASSES:
+            raise SpecError("hf_config.model_type", f"{case.hf_config.get('model_type')!r} is not supported",
+                            f"use one of {', '.join(CLASSES)}")
+        _require("transformers")
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise MemcalcError(module, "is not installed", "pip install 'memcalc[validate]'")
+
+
+def _backend(args, case: Case) -> str:
+    if args.backend != "auto":
+        return args.backend
+    return "cuda" if case.training.device == "cuda" else "cpu"
+
+
+# ---- commands ----------------------------------------------------------------------------------
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    bar = tqdm(total=total, unit="config", file=sys.stderr) if tqdm else None
+    count = [0]
+
+    def step(case):
+        count[0] += 1
+        if bar is not None:
+            if count[0] > 1:
+                bar.update(1)
+            bar.set_description(case.name)
+        else:
+            print(f"[{count[0]}/{total}] {case.name}", file=sys.stderr, flush=True)
+
+    def close():
+        if bar is not None:
+            bar.update(1)
+            bar.close()
+
+    return step, close
+
+
+def _default_out(args, cases: list[Case], distributed: bool) -> Path | None:
+    """--out, else validate/results/DEVICE-MATRIX.jsonl (distributed: MATRIX.jsonl, the
+    matrix names its kind) for a matrix, else None."""
+    if args.out:
+        return Path(args.out)
+    if not args.matrix:
+        return None
+    if distributed:
+        return Path("validate/results") / f"{args.matrix}.jsonl"
+    device = cases[0].training.device if cases else "cpu"
+    return Path("validate/results") / f"{device}-{args.matrix}.jsonl"
+
+
+def cmd_run(args) -> int:
+    """Run a matrix or one configuration; exit 1 if any is outside the tolerance."""
+    cases = matrix_cases(args) if args.matrix else [single_case(args)]
+    for case in cases:
+        check_case(case)
+    if args.steps < 2:
+        raise SpecError("steps", f"need >= 2, got {args.steps}", "pass --steps 3")
+    distributed = any(c.distributed for c in cases)
+    out = _default_out(args, cases, distributed)
+    target = out or Path(tempfile.mkdtemp(prefix="validate-")) / "run.jsonl"
+    step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
+    with _exclusive(target):
+        rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
+                         steps=args.steps, with_prediction=not args.no_predict)
+    close()
+    if out is not None:
+        out.with_suffix(".md").write_text(_md_header(args, rows, distributed)
+                                          + markdown_table(rows, args.tolerance))
+    failures = [(r, verdict(r, args.tolerance, not args.no_predict)) for r in rows]
+    failures = [(r, why) for r, why in failures if why]
+    for row in rows:
+        print(json.dumps(row, sort_keys=True) if args.json else _line(row), flush=True)
+    if failures:
+        tolerance = "" if distributed else f" (tolerance {args.tolerance}%)"
+        print(f"validate: {len(failures)} of {len(rows)} configurations failed{tolerance}: "
+              + "; ".join(f"{r['name']}: {w}" for r, w in failures[:5]), file=sys.stderr)
+        return EXIT_OUT_OF_TOLERANCE
+    return 0
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """Hold an advisory lock on PATH.lock: two runs appending to one file would interleave."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SpecError("out", f"another run is writing {str(path)!r}",
+                            "wait for it or give another --out") from None
+        yield
+
+
+def _md_header(args, rows: list[dict], distributed: bool) -> str:
+    what = args.matrix or args.model or args.hf_config
+    if distributed:
+        return (f"# validate: {what} (distributed, gloo on CPU)\n\n{len(rows)} configurations, "
+                f"steady-state peak per rank (steps >= 2), MiB; one number when all ranks "
+                f"agree.\n\n")
+    return (f"# validate: {what}\n\n{len(rows)} configurations, tolerance +-{args.tolerance}%, "
+            f"steady-state peak (steps >= 2), bytes shown in MiB.\n\n")
+
+
+def _line(row: dict) -> str:
+    """One row for the terminal."""
+    if is_distributed_row(row):
+        ranks = ", ".join(mib(x, 3) for x in row.get("measured_rank_peak_bytes") or [])
+        return (f"{row['label']}: ranks [{ranks}] MiB, predicted "
+                f"{mib(row.get('predicted_peak_bytes'), 3)}, {row['status']}"
+                + (f", {row.get('error')}" if row.get("error") else ""))
+    meas, pred, err = row.get("measured_peak_bytes"), row.get("predicted_peak_bytes"), row.get("error_pct")
+    in_mib = lambda x: "-" if x is None else f"{x / 2**20:.2f} MiB"  # noqa: E731
+    tail = f"error {err:+.2f}%" if err is not None else (row.get("no_prediction") or row.get("error") or "")
+    return f"{row['label']}: measured {in_mib(meas)}, predicted {in_mib(pred)}, {row['status']}, {tail}"
+
+
+def main(argv=None) -> int:
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            from validate.run.demo import run_demo
+
+            run_demo(Path(args.out), real=args.real)
+            return 0
+        return cmd_run(args)
+    except MemcalcError as err:
+        print(f"validate: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,80 @@
+"""Run cases: measure each (in this process, or on gloo ranks when its TrainingConfig says
+world_size > 1 or a sharding), predict it with memcalc, append its row to a JSON lines file.
+
+torch is imported only when a case is measured, so building and checking cases needs none.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from collections.abc import Callable
+
+from validate.run.case import Case
+from validate.run.compare import append_jsonl, done_keys, error_row, predict, read_jsonl, result_row
+from validate.distributed.job import BACKEND as DIST_BACKEND  # a distributed case's, whatever --backend
+
+
+def run_cases(cases: list[Case], out_path: str | Path, backend: str = "cpu",
+              progress: Callable[[Case], None] | None = None, steps: int = 3,
+              with_prediction: bool = True) -> list[dict]:
+    """Measure (and predict) each case not yet in `out_path`, appending rows as they finish.
+
+    Returns all rows of the file for the given cases (old and new), in case order.
+    """
+    done = done_keys(out_path)
+    for case in cases:
+        if progress is not None:
+            progress(case)
+        if case.key not in done:
+            append_jsonl(out_path, run_case(case, backend, steps, with_prediction))
+    latest = {r["key"]: r for r in read_jsonl(out_path)}
+    return [latest[c.key] for c in cases if c.key in latest]
+
+
+def run_case(case: Case, backend: str = "cpu", steps: int = 3,
+             with_prediction: bool = True) -> dict:
+    """One case's row: measured, then predicted; an error row when the measurement raised."""
+    backend = DIST_BACKEND if case.distributed else backend
+    start = time.perf_counter()
+    try:
+        measured = _measure(case, backend, steps)
+    except Exception as err:  # record and go on: one broken config must not stop a matrix
+        return error_row(case, err, backend, time.perf_counter() - start)
+    report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
+    return result_row(case, report, measured, why)
+
+
+def _measure(case: Case, backend: str, steps: int):
+    """A Measurement (single process) or the rank dicts (distributed)."""
+    if case.distributed:
+        from validate.distributed.measure import measure_distributed
+
+        return measure_distributed(case.spec, case.training, case.world_size, case.sharding,
+                                   steps=steps, hf_config=case.hf_config)
+    if case.trainer_args is not None:  # through transformers.Trainer
+        from validate.run.trainer_run import measure_trainer
+
+        return measure_trainer(case.spec, case.training, case.trainer_args, case.hf_config, steps)
+    from validate.measure.backends import measure
+
+    return measure(case.spec, case.training, backend, case.hf_config, steps=steps)
+
+
+def _predict(case: Case, measured=None, steps: int = 3):
+    """predict(), with an engine crash kept in the row (it then fails the verdict). A MoE case
+    measured in this process is predicted with the routing it measured (validate.models.moe_routing)."""
+    passes = getattr(measured, "extra", {}).get("routing_passes") if not case.distributed else None
+    try:
+        if passes:
+            from validate.models.moe_routing import predict_routed
+
+            report, extra = predict_routed(case.spec, case.training, passes, steps)
+            measured.extra.pop("routing_passes")
+            measured.extra["moe"] = extra
+            return report, None
+        return predict(case.spec, case.training)
+    except Exception as err:
+        return None, f"memcalc.estimate raised {type(err).__name__}: {err}"
+
+
+__all__ = ["run_cases", "run_case"]
