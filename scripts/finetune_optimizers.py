@@ -1,5 +1,5 @@
-"""Print the README's planning table for the fine-tuning optimizers: optimizer-state bytes per
-parameter on the device allocator and the steady-state peak (CUDA, micro-batch 1, s 2048,
+"""Print the planning table of docs/fine-tuning.md for the fine-tuning optimizers: optimizer-state
+bytes per parameter on the device allocator and the steady-state peak (CUDA, micro-batch 1, s 2048,
 per-layer checkpointing), plus the managed (paged) bytes outside the allocator.
 
     PYTHONPATH=. python scripts/finetune_optimizers.py

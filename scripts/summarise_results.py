@@ -1,5 +1,5 @@
 """Worst and mean |error| per group of a validator results file (JSON lines from `python -m
-validate run`), the figures README's Accuracy table gives: a row's group is its name up to its
+validate run`), the figures of docs/accuracy.md's tables: a row's group is its name up to its
 first digit (ci00-ci70 together as `ci`), and `all` is every row with a comparison.
 
     python scripts/summarise_results.py validate/results/cpu-ci.jsonl [--phases]

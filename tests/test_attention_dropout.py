@@ -14,9 +14,8 @@ from tests.strategies import cases
 
 RESULTS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-dropout.jsonl"
 
-# The fresh-sweep row that found the miss (scripts/fresh_sweep.py), measured by the validator's
-# live-tensor tracker on CPU (torch 2.13.0, transformers 5.24): forward 6082156 B, backward 5280376 B.
-# memcalc predicted forward 6041344 B before the norm-argument and position_ids fixes.
+# A fresh-sweep row (scripts/fresh_sweep.py), measured by the validator's live-tensor tracker on
+# CPU (torch 2.13.0, transformers 5.24): forward 6082156 B, backward 5280376 B.
 FRESH = (ModelSpec(family="gemma3", implementation="hf", vocab_size=16, hidden_size=64, num_layers=1,
                    num_heads=8, num_kv_heads=1, intermediate_size=128, activation="gelu_tanh",
                    attn_dropout=0.1, qk_norm=True, qkv_bias=True, out_bias=True, mlp_bias=False,

@@ -45,6 +45,5 @@ def test_tiny_steps_count_their_buffers(file, name):
 @pytest.mark.parametrize("name,left", [("cifb04-gpt_neox", 4), ("cifb05-gpt_neox", 16), ("head06", 4),
                                        ("ci17", 0), ("ci61", 16)])
 def test_checkpointed_bias_gradients_after_the_recomputed_tensors(name, left):
-    # before: -364/-80/+4/-384/-176 B short (over-predicted), buffers uncounted; `left`: the
-    # loss gradient's seed (4 B) and, on the fp16-amp rows, 12 B more (open)
+    # `left`: the loss gradient's seed (4 B) and, on the fp16-amp rows, 12 B more (open)
     assert _shortfall(_row("cpu-ci.jsonl", name)) == left

@@ -1,5 +1,6 @@
-"""The layout README promises: every import arrow between memcalc's and validate's modules points
-one way (scripts/import_cycles.py, imports at any depth), and the engine never imports torch."""
+"""The layout docs/how-it-works.md describes: every import arrow between memcalc's and validate's
+modules points one way (scripts/import_cycles.py, imports at any depth), and the engine never
+imports torch."""
 from __future__ import annotations
 
 import importlib.util

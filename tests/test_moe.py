@@ -200,8 +200,9 @@ def test_worst_routing_is_never_below_any_routing(step):
 
 
 def test_worst_routing_bounds_the_rounded_counterexample():
-    """Found with the old bound (the largest of a few extreme routings, unrounded): OLMoE 4
-    experts top-1, s 14, bf16 on cuda, counts (9, 2, 2, 1) were 1,024 B above it."""
+    """OLMoE 4 experts top-1, s 14, bf16 on cuda: counts such as (9, 2, 2, 1) are 1,024 B above the
+    largest of a few extreme routings without rounding, so "worst" must count the rounding each
+    per-expert storage can add; none of these routings is above it."""
     spec = ModelSpec.make(family="olmoe", vocab_size=64, hidden_size=32, num_layers=1, num_heads=2,
                           intermediate_size=64, qkv_bias=False, out_bias=False, mlp_bias=False,
                           tie_embeddings=False, activation="silu",
@@ -230,7 +231,7 @@ def test_worst_routing_is_never_below_a_measured_peak():
     """Every MoE ci row (validate/results/cpu-ci-moe.jsonl), predicted again under 'worst' from
     its recorded model and training: at least the prediction with the routing each step
     measured (re-predicted from the recorded routing); on the eager rows never below the
-    measured steady-state peak (README's "worst" row); on the grouped_mm rows the routed
+    measured steady-state peak (docs/moe.md's "worst" row); on the grouped_mm rows the routed
     prediction itself (routing changes nothing)."""
     over = []
     for row in _moe_rows():

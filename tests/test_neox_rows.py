@@ -1,7 +1,6 @@
 """The `neox` rows (validate/matrices/neox.py): checkpointed layers under autocast that run SDPA's CPU
 math kernel, measured by the live-tensor tracker (validate/results/cpu-ci-neox.jsonl); the
-engine re-predicts each within 0.01% (a second method: the recorded measurement), where it
-missed by up to 8.33% before."""
+engine re-predicts each within 0.01% (a second method: the recorded measurement)."""
 from __future__ import annotations
 
 import json

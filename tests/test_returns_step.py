@@ -4,7 +4,7 @@ broadcast input's shape); in a checkpoint region the saved tensors it unpacked a
 against the live-tensor tracker on `y * w.unsqueeze(-1)` with y (S, h) and w (S,) saved by the
 product only: the backward peak is the two products' (S, h) gradients with y and w alive, plus
 sum_to's (S, 1) sum only outside a checkpoint (the sweep's fresh8-015, memcalc.families.moe
-grouped_combine: +2,260 B before)."""
+grouped_combine)."""
 from __future__ import annotations
 
 import pytest

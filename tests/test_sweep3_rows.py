@@ -1,8 +1,8 @@
-"""The `sweep3` rows (validate/matrices/sweep3.py): three fresh-sweep misses and their neighbours (SDPA
+"""The `sweep3` rows (validate/matrices/sweep3.py): three fresh-sweep cases and their neighbours (SDPA
 math with grouped-query attention, Qwen2-MoE's masks and shared-expert gate, eager experts' routing
 product), measured by the live-tensor tracker (validate/results/cpu-ci-sweep3.jsonl); the engine
 re-predicts each peak within 0.03% and each phase within 0.03% or 160 B (the residual tens of bytes
-every row shows, main's worst -0.024%), where main missed by up to 3.50% (4.35% in a phase)."""
+every row shows)."""
 from __future__ import annotations
 
 import json

@@ -1,10 +1,9 @@
-"""The `sweep4` rows (validate/matrices/sweep4.py): the three misses of the fresh sweep seed 6 and their
+"""The `sweep4` rows (validate/matrices/sweep4.py): three cases of the fresh sweep seed 6 and their
 neighbours (one kv head at b=1, top_k 1 grouped experts, eager experts whose micro-steps route
 differently; foreach Adam with weight decay), measured by the live-tensor tracker
 (validate/results/cpu-ci-sweep4.jsonl); the engine re-predicts each peak within 0.02% and each
 phase within 0.02% or 160 B (a MoE row with the routing each micro-step measured, as the validator
-does: validate.run.routed_steps), where main missed by up to 1.58% (4.95% in a phase, 20% in the
-optimizer phase)."""
+does: validate.run.routed_steps)."""
 from __future__ import annotations
 
 import json
@@ -87,7 +86,7 @@ def test_second_micro_step_holds_at_least_the_first(case):
 def test_foreach_adam_weight_decay_copy_is_gone_before_the_sqrt():
     """sweep410-411 (foreach Adam, weight decay 0.1): the measured optimizer phase is the one
     memcalc predicts with a single parameter-sized temporary, as without weight decay (torch's
-    `del device_grads` before `_foreach_sqrt`); two at once were +20% over."""
+    `del device_grads` before `_foreach_sqrt`); two at once would be 20% over."""
     for row in (r for r in _rows() if r["name"] in ("sweep410", "sweep411")):
         key = json.loads(row["key"])
         spec, training = ModelSpec.make(**key["model"]), TrainingConfig.make(**key["training"])
@@ -99,9 +98,9 @@ def test_foreach_adam_weight_decay_copy_is_gone_before_the_sqrt():
 
 def test_sweep412_is_the_seed_8_sweeps_worst():
     """sweep412 is fresh8-015 of the seed-8 sweep (scripts/fresh_sweep.py --n 40 --seed 8, its row's
-    key in validate/results/fresh-sweep-seed8.jsonl: +0.078% before, a checkpointed layer's
-    routing-weights product, memcalc.tape.graph.Returns; draw_cases no longer draws it since the
-    strategies changed); sweep413 peaks at the same moment, small."""
+    key in validate/results/fresh-sweep-seed8.jsonl; a checkpointed layer's routing-weights product,
+    memcalc.tape.graph.Returns; today's strategies do not draw it again, so the test reads the key
+    from the recorded sweep); sweep413 peaks at the same moment, small."""
     from validate.matrices.sweep4 import ci_sweep4_cases
 
     sweep = ROWS.parent / "fresh-sweep-seed8.jsonl"

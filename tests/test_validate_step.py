@@ -134,8 +134,9 @@ def test_seq_len_beyond_positions_is_bad_input():
 
 def test_steps_the_fp16_scaler_skips_are_not_measured():
     """A GradScaler whose scale overflows fp16 skips optimizer.step() (no state made): those steps
-    are not the step memcalc predicts, so run_steps runs on until `steps` were taken (found by
-    scripts/fresh_sweep.py: an OLMo-2 row measured +72% 'over' because all three steps skipped)."""
+    are not the step memcalc predicts, so run_steps runs on until `steps` were taken (an OLMo-2
+    fp16-amp step whose optimizer steps are all skipped holds no optimizer state: 72% under the
+    steady step memcalc predicts)."""
     from memcalc.core.errors import MemcalcError
     from validate.measure.step import MAX_SKIPPED
 

@@ -7,7 +7,7 @@
   CUBLAS_WORKSPACE_CONFIG default ":4096:8" = 4 MiB x 8 on sm90 (4096 KiB*2 + 16 KiB*8 ~ 8 MiB on
   older GPUs; aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize). Not yet validated
   on a GPU.
-Block splitting is not modelled (README, Known gaps).
+Block splitting is not modelled (docs/known-gaps.md).
 """
 from __future__ import annotations
 

@@ -310,7 +310,7 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     p = ops.unary_saving_output("softmax", ops.to(masked, 4, "softmax dtype=float32"))
     # softmax(attn_weights, dtype=float32) casts inside the call: the caller's `attn_weights`
     # (the masked scores, low precision without autocast) lives until softmax returns
-    # (measured: pure bf16 Llama eager, b*heads*s*s*2 B alive at _softmax; memcalc was under by it)
+    # (measured: pure bf16 Llama eager, b*heads*s*s*2 B alive at _softmax)
     ops.scope_end([masked])
     p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
@@ -330,12 +330,13 @@ expansion is materialised later, once: by autocast's cast of k (a contiguous (b,
 copy; torch _to_copy of an overlapping tensor) or else by bmm's reshape of k^T, and by p @ v's
 reshape of v (after the softmax and dropout). Its backward (expand's sum) allocates the kv-sized
 gradient, as the copy's did. Measured (validate tracker, Llama/Gemma-3 fp16-amp and fp32 eager,
-b=2-3): no tensor at repeat_kv; memcalc held a (b, heads, s, d) k copy (and v early) and was over
-by it in the forward phase (+1.9% at b=2, s=256, h=64). With one sequence (b=1) nothing copies the
+b=2-3): no tensor at repeat_kv, no (b, heads, s, d) copy of k or v until those casts and
+reshapes. With one sequence (b=1) nothing copies the
 expansion but autocast's cast: bmm's reshapes merge the size-1 batch dimension too, so q @ k^T and
 p @ v save the stride-0 views, which keep the kv-sized rotated k and the fused projection (Phi-3's
 qkv, v a view of it) alive until their backward (measured, Phi-3 two heads one kv head, pure bf16,
-eager, sqrt checkpointing, b=1: forward +4.9%, backward -0.81% with the copies; validate/matrices/sweep4.py)."""
+eager, sqrt checkpointing, b=1: the forward and backward phases need these views; rows in
+validate/matrices/sweep4.py)."""
 
 
 def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, copies: tuple[bool, bool, bool]) -> Value:

@@ -108,7 +108,7 @@ def zero_window_mask(ops: Ops, regime: Regime, elt: int) -> Value:
     - sdpa: a (1, 1, s, s) bool mask expanded (a view) to the batch; padded, a (b, 1, s, s) one,
       its own `.to(torch.bool)` copy of the 2-D mask alive while it is built.
     Measured (validate tracker, qwen2_moe eager every-k, fp32, b=3, s=101): a second where.self
-    of b*s*s*4 B after the full mask, alive through every layer (forward phase -4.3% before);
+    of b*s*s*4 B after the full mask, alive through every layer (it sets the forward phase);
     sdpa with attention dropout: s*s B (+10,201)."""
     g = ops.g
     if regime.attention == "eager":

@@ -52,7 +52,7 @@ output is freed before the add (unless autograd saved it: under autocast the pro
 their low-precision casts instead). `_` keeps the attention weights (the dropout output, with
 attention dropout) until the layer returns. Measured: Llama/Qwen3/Mistral/Phi-3/Granite fp16-amp
 eager with attention dropout, the fp32 post_attention_layernorm output is gone at the second
-residual add (validate tracker: 79872 B at b=3, s=104, h=64; memcalc was over by it)."""
+residual add (validate tracker: 79872 B at b=3, s=104, h=64)."""
 
 
 def qk_norms(ops: Ops, spec: ModelSpec, q: Value, k: Value, p: Callable[..., Value],

@@ -84,8 +84,8 @@ def apply_rotary_pos_emb(ops: Ops, q: Value, k: Value,
     """`query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)` in an
     attention module: rotate(q, k), with both arguments held by the caller's locals until the call
     returns and rebinds them (measured, Mixtral and Qwen3-MoE per-layer fp32, b 2, s 32: the
-    forward phase peaks at k's rotary with the q and k projections alive, 2 * 8192 B that memcalc
-    had freed after their last use; a per-layer Llama forward phase -5.6% before).
+    forward phase peaks at k's rotary with the q and k projections alive, 2 * 8192 B past their
+    last use; a per-layer Llama forward phase peaks there too).
 
     >>> from memcalc.tape.graph import Graph; from memcalc.engine.regime import Regime
     >>> from memcalc.inputs.training import TrainingConfig

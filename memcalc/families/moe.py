@@ -111,7 +111,7 @@ def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Va
     # y's when they differ), grad * y (a temporary) summed to the weights' (S, 1)
     # gradient by validate_outputs' sum_to after apply returns (Returns: in a checkpointed
     # layer y and the weights, saved by this product only, are freed first; measured, Qwen2-MoE
-    # fp32 per-layer top_k 1, fresh8-015: +2,260 B = one (S, 1) fp32 before)
+    # fp32 per-layer top_k 1, fresh8-015: the (S, 1) fp32 sum is made after those frees)
     wide = S * (h * elt)
     back = [Grad(0), Temp(wide), Returns(), Grad(1), FreeTemps()] if elt == y.elt else \
         [Temp(wide), Temp(wide), Returns(), Grad(0), FreeTemps(), Grad(1)]
@@ -124,7 +124,7 @@ def grouped_combine(ops: Ops, spec: ModelSpec, x: Value, y: Value, held: list[Va
                   backward=[Temp(weighted.size), Grad(0), FreeTemps()], elt=elt)
     # sum's backward expands the (N, h) gradient; view's backward copies it to (S, h) (reshape).
     # With top_k 1 the expanded dimension has size 1 and the reshape is a view: no copy (measured,
-    # GPT-OSS top_k 1: one (N, h) gradient alive where memcalc held two; top_k 4: the copy)
+    # GPT-OSS top_k 1: one (N, h) gradient alive; top_k 4: two, the copy)
     back = [Alias(0)] if spec.moe.top_k == 1 else [Grad(0)]
     out = g.op("sum over top_k", [unperm], TOKENS * (h * elt), backward=back, elt=elt)
     # `return final_hidden_states.to(hidden_states.dtype)`: cast while the function's locals live
@@ -179,7 +179,7 @@ def eager_experts(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, weights: 
         # y's size, is summed to w's (n, 1) gradient by the engine's sum_to (validate_outputs).
         # Measured (tracker, Qwen3-MoE/Mixtral/OLMoE fp32 every-k, b=7, s=103): mul, mul (+n*h*4
         # each: the peak), then sum.dim_IntList with live bytes down by the temporary: the (n, 1)
-        # gradient is counted after the temporary is gone. memcalc had no temporary (-2.0%).
+        # gradient is counted after the temporary is gone.
         scaled = g.op("* routing weights", [y, w], n * (h * y.elt), saves=product_saves(y, w),
                       backward=[Grad(0), Temp(n * (h * y.elt)), FreeTemps(), Grad(1)], elt=y.elt) \
             if y.elt >= w.elt else \
@@ -252,8 +252,8 @@ def sparse_moe_block(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer:
 def _gate_times_shared(ops: Ops, gate: Value, shared: Value) -> Value:
     """`F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output`
     (modeling_qwen2_moe.Qwen2MoeSparseMoeBlock): an (N, 1) gate broadcast over the (N, h) shared
-    output, so the product is (N, h) (measured: +b*s*h*2 B at that mul under bf16-amp, where
-    memcalc held an (N, 1) product). Backward (MulBackward0, self's formula first): grad * shared
+    output, so the product is (N, h) (measured: +b*s*h*2 B at that mul under bf16-amp).
+    Backward (MulBackward0, self's formula first): grad * shared
     at full size, the shared output's grad, then the engine's sum_to reduces the first to (N, 1)
     (torch/csrc/autograd/engine.cpp validate_outputs), freeing the full one."""
     elt = max(gate.elt, shared.elt)

@@ -11,7 +11,7 @@ Temporaries in steady state:
   group at once; Adam with weight decay first makes `_foreach_add(grads, params)`, another full
   copy, deleted (`del device_grads`) before the sqrt (torch 2.13 adam.py _multi_tensor_adam;
   measured: the optimizer phase of Adam foreach with weight decay 0.1 equals its peak without,
-  fp32 and pure bf16; memcalc held both copies at once, +20% in that phase);
+  fp32 and pure bf16: one parameter-sized copy alive at a time, not two);
 - fused: none at Python level (one kernel);
 - SGD: for-loop/foreach with weight decay copy the grads (`grad.add(param)` / `_foreach_add`);
   otherwise in place.

@@ -93,9 +93,8 @@ def families_cases(device: str = "cpu") -> list[Case]:
             # out of place under any TorchDispatchMode (areAnyTensorSubclassLike). Reproduce:
             # torch.profiler over F.scaled_dot_product_attention(q, k, v, dropout_p=0.1,
             # is_causal=True) lists aten::add_ alone, aten::add inside a no-op TorchDispatchMode.
-            # These rows were made to run without dropout when a -1.2% miss here was put down to
-            # it; the miss was what the math kernel's frames hold, modelled since and measured by
-            # validate/matrices/neox.py (README Known gaps). The rows are kept as they were
+            # These rows run without dropout; the math kernel's checkpointed path with dropout is
+            # measured by validate/matrices/neox.py's rows (the in-place add: docs/known-gaps.md)
             dropout = 0.0
         windowed = row["family"] in WINDOWED or row.get("qwen3_window", False)
         cfg = family_config(row["family"], shape, row["window"], dropout, row.get("qwen3_window", False))

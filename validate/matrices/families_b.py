@@ -1,12 +1,12 @@
-"""ci rows for the families of issue 12, part b: Phi-3 (partial rotary, residual dropout),
+"""ci rows (named cifb...) for Phi-3 (partial rotary, residual dropout),
 GPT-NeoX (parallel and sequential residual, partial rotary, dropouts), OLMo-2, Granite and
 SmolLM3 (NoPE layers), each crossed pairwise with precisions, checkpointing modes, eager/SDPA,
 optimizers and their kernels (memcalc.families.hf_phi3, hf_gpt_neox, hf_olmo2, hf_granite,
 hf_llama).
 
-Attention dropout is drawn only without checkpointing (a choice made when checkpointing with
-SDPA's math kernel, which CPU runs under attention dropout, still missed; that path is modelled
-now and measured by validate/matrices/neox.py's rows; these rows are kept as they were). OLMo-2 rows
+Attention dropout is drawn only without checkpointing: checkpointed layers running SDPA's math
+kernel (which CPU runs under attention dropout) are measured by validate/matrices/neox.py's rows
+instead. OLMo-2 rows
 run bf16-amp where the design draws fp16-amp: at GradScaler's initial scale (65536) the randomly
 initialised OLMo-2's scaled gradients overflow fp16 in every measured step, the scaler skips
 optimizer.step(), and the measurement then holds no optimizer states (checked: no state after 3

@@ -1,7 +1,7 @@
 """ci rows for SDPA's CPU math kernel (attention dropout) with grouped kv heads (enable_gqa),
-found by the random validation sweep: pure bf16 Llama under per-layer and sqrt checkpointing
-(-1.70% / -0.65% / -1.07% before), a selective Gemma with one kv head under bf16 autocast
-(-3.08%), a sqrt Gemma under fp16 autocast (-0.39%).
+drawn first by the random validation sweep: pure bf16 Llama under per-layer and sqrt
+checkpointing, a selective Gemma with one kv head under bf16 autocast, a sqrt Gemma under fp16
+autocast.
 
 What the live-tensor tracker showed at the checkpointed forward's peak (the dropout of the math
 kernel, memcalc.families.attention.sdpa_math): pre_process_group_query_attention_input repeats k

@@ -1,5 +1,5 @@
 """ci rows for checkpointed layers under autocast that run SDPA's CPU math kernel (attention
-dropout), found by the fresh sweep (scripts/fresh_sweep.py) on HF GPT-NeoX: -8.33% before
+dropout), drawn first by the fresh sweep (scripts/fresh_sweep.py) on HF GPT-NeoX
 (memcalc.families.hf_gpt_neox, attention.sdpa_math, tape.simulate StepSimulator._recompute,
 loss.hf_causal_lm_loss).
 
@@ -9,8 +9,8 @@ return; the math kernel holds its arguments (autocast's casts of q, k, v), `quer
 attention weights cast back to the input dtype until it returns, and copies neither q nor k^T
 when the rotary cat made them contiguous; the recompute's autocast caches the weight casts (bias
 casts no op saves among them) until the recompute stops; ForCausalLMLoss keeps the padded labels
-until it returns. The same paths make an HF Llama (h 96, 6 heads, L 4, b 2, s 128, bf16-amp,
-per-layer) exact, -1.20% before (it was listed as a measurement artifact).
+until it returns. The same paths run in an HF Llama (h 96, 6 heads, L 4, b 2, s 128, bf16-amp,
+per-layer), one of the rows.
 
     python -m validate run --matrix ci --only '^neox' --device cpu
 """
@@ -58,7 +58,7 @@ def _training(b: int, s: int, precision: str, ck: str, optimizer: str, device: s
 
 def ci_neox_cases(device: str = "cpu") -> list[Case]:
     """The rows, named neox-...: the sweep's case with and without attention dropout, then
-    GPT-NeoX variants and the shared paths on other families, the README's HF Llama and a
+    GPT-NeoX variants and the shared paths on other families, an HF Llama (h 96, L 4) and a
     Mistral whose sliding window SDPA materialises (the masked math path).
 
     >>> cases = ci_neox_cases(); len(cases), cases[0].name, cases[0].spec.parallel_residual

@@ -1,17 +1,17 @@
-"""Rows from three fresh-sweep misses (scripts/fresh_sweep.py, attention dropout 0.1 on CPU),
-named sweep3NN, each with the neighbours that isolate its class:
+"""Rows from three configurations the fresh sweep drew (scripts/fresh_sweep.py, attention dropout
+0.1 on CPU), named sweep3NN, each with the neighbours that isolate its class:
 
 - SDPA's CPU math kernel with grouped-query attention (enable_gqa; kv heads < heads, the
   `sdpa` path with no mask): the kernel's repeat_interleave'd key and value are C++ locals held
   to its return, and k^T * sqrt(scale) is taken after the repeat, a temporary of the first
-  matmul (memcalc.families.attention.sdpa_math). Granite fp16-amp selective b=1: -3.50% before.
+  matmul (memcalc.families.attention.sdpa_math). Granite fp16-amp selective b=1.
 - Qwen2-MoE: the window-0 sliding mask Qwen2MoeModel always builds
   (memcalc.families.call_path.zero_window_mask), the (N, h) product of the shared expert's
   sigmoid gate, and the router's outputs held to the block's return (memcalc.families.moe).
-  Eager every-k bf16-amp: forward phase -4.3% before.
+  Eager every-k bf16-amp: the forward phase.
 - Eager experts: the routing-weights product's backward holds grad * y at full size before
   sum_to reduces it to the weights' (n, 1) gradient (memcalc.families.moe.eager_experts).
-  Qwen3-MoE fp32 every-k: -2.03% before.
+  Qwen3-MoE fp32 every-k.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ ROWS = (  # (model fields, training fields)
      dict(_MATH, micro_batch=2, experts_implementation="eager")),
     (_QWEN2_MOE, dict(micro_batch=3, seq_len=101, precision="bf16-amp", optimizer="sgd-momentum",
                       checkpointing="every-k", checkpoint_every=3, attention="eager",
-                      experts_implementation="eager", moe_routing="balanced", grad_accum=2)),  # the miss
+                      experts_implementation="eager", moe_routing="balanced", grad_accum=2)),  # the sweep's case
     (dict(_QWEN2_MOE, num_layers=1), dict(micro_batch=3, seq_len=101, precision="bf16-amp",
                                           optimizer="sgd-momentum", attention="eager",
                                           experts_implementation="eager")),  # no checkpointing

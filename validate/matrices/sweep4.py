@@ -1,32 +1,31 @@
-"""Rows from the last fresh sweep's misses (scripts/fresh_sweep.py --n 50 --seed 6), named
-sweep4NN, each with neighbours that isolate its class:
+"""Rows from configurations the random sweeps drew (scripts/fresh_sweep.py --n 50 --seed 6, and
+--seed 8), named sweep4NN, each with neighbours that isolate its class:
 
-- One kv head of several, one sequence, eager attention (Phi-3 pure bf16 sqrt, fresh6-042:
-  forward +4.9%, backward -0.81% before): repeat_kv's expand + reshape merges a size-1 kv
-  dimension, a view at any batch size, and at b=1 bmm's reshapes merge the size-1 batch
-  dimension too, so nothing copies the expansion but an autocast cast; q @ k^T and p @ v save
-  the stride-0 views, which keep the rotated k and the fused projection alive
-  (memcalc.families.attention.llama_eager, KV_EXPAND_VIEW).
+- One kv head of several, one sequence, eager attention (Phi-3 pure bf16 sqrt, fresh6-042):
+  repeat_kv's expand + reshape merges a size-1 kv dimension, a view at any batch size, and at
+  b=1 bmm's reshapes merge the size-1 batch dimension too, so nothing copies the expansion but
+  an autocast cast; q @ k^T and p @ v save the stride-0 views, which keep the rotated k and the
+  fused projection alive (memcalc.families.attention.llama_eager, KV_EXPAND_VIEW).
 - GPT-OSS with top_k 1 on the grouped_mm experts path (one head, per-layer, bf16-amp,
-  fresh6-029: +1.03% before): `weighted_out.view(N, 1, h).sum(dim=1)`'s backward expands the
-  gradient over a size-1 dimension and reshapes it as a view: no (S, h) copy
+  fresh6-029): `weighted_out.view(N, 1, h).sum(dim=1)`'s backward expands the gradient over a
+  size-1 dimension and reshapes it as a view: no (S, h) copy
   (memcalc.families.moe.grouped_combine). Mixtral shares the code (its peak, in the experts'
   backward, comes after the copy is freed: the row checks it stays put).
 - Eager experts with gradient accumulation whose micro-steps route differently (Qwen2-MoE
-  fp16-amp every-k, grad_accum 2, attention dropout, fresh6-037: +1.58% before): not an engine
-  miss; the validator predicted the step with one micro-step's routing for all of them, now each
-  micro-step with its own (validate.run.routed_steps).
+  fp16-amp every-k, grad_accum 2, attention dropout, fresh6-037): the validator predicts each
+  micro-step with its own routing (validate.run.routed_steps); one routing applied to every
+  micro-step would not be the step that ran.
 - A checkpointed layer's routing-weights product (Qwen2-MoE fp32 per-layer, grouped experts, top_k 1,
-  fresh8-015 of the seed-8 sweep: +0.078% before): y and the weights, recomputed and saved by the
-  product only, are freed when its backward's apply returns, before the engine's sum_to makes the
-  (S, 1) gradient (memcalc.tape.graph.Returns). Its small Mixtral and Qwen3-MoE neighbours showed
-  a forward phase -0.76% short: `apply_rotary_pos_emb`'s arguments stay alive in the attention's
-  locals until it returns (memcalc.families.hf_moe.attention; the Llama trunk's the same,
-  memcalc.families.hf_llama.HFLlama.attention: a per-layer Llama forward phase -5.6% before).
-- Found measuring a snapshot sample the first fix changed: foreach Adam with weight decay deletes
+  fresh8-015 of the seed-8 sweep): y and the weights, recomputed and saved by the product only,
+  are freed when its backward's apply returns, before the engine's sum_to makes the (S, 1)
+  gradient (memcalc.tape.graph.Returns). Its small Mixtral and Qwen3-MoE neighbours' forward
+  phases peak at k's rotary: `apply_rotary_pos_emb`'s arguments stay alive in the attention's locals
+  until it returns (memcalc.families.layers.apply_rotary_pos_emb, used by
+  memcalc.families.hf_moe.attention and memcalc.families.hf_llama.HFLlama.attention).
+- A sample of scripts/snapshot_predictions.py on CPU: foreach Adam with weight decay deletes
   its `grads + wd * params` copy before the sqrt's copy (torch/optim/adam.py `del device_grads`),
   so one parameter-sized copy, not two, is alive at once (memcalc.tape.optimizer.transient_bytes;
-  pure bf16 and fp32: the step's peak, in the optimizer, +20% before).
+  pure bf16 and fp32, where the optimizer sets the step's peak).
 """
 from __future__ import annotations
 
@@ -85,20 +84,20 @@ ROWS = (  # (model fields, training fields)
     (dict(_GPT_OSS, num_heads=4, num_kv_heads=2), dict(_GROUPED, seq_len=64, grad_accum=1, precision="bf16")),
     (_QWEN2_MOE, _ACCUM),  # the sweep's miss (fresh6-037)
     (dict(_TOP1, family="qwen3_moe", vocab_size=45, hidden_size=64, attn_dropout=0.1,
-          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)),  # the first micro-step's routing: +0.34% before
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)),  # micro-steps routed differently
      dict(_ACCUM, seq_len=6, precision="fp32", checkpointing="per-layer", checkpoint_every=None, attention="eager")),
     (_SAMPLE, dict(_ONE_SEQ, seq_len=100, optimizer="adam", optimizer_impl="foreach", weight_decay=0.1,
                    checkpointing="per-layer")),  # scripts/snapshot_predictions.py's sample 86, on CPU
     (_SAMPLE, dict(_ONE_SEQ, micro_batch=2, seq_len=100, precision="fp32", optimizer="adam",
                    optimizer_impl="foreach", weight_decay=0.1, checkpointing="per-layer")),
-    (_QWEN2_MOE_8, _FRESH8),  # fresh sweep seed 8's worst (fresh8-015): +0.078% before
+    (_QWEN2_MOE_8, _FRESH8),  # the seed-8 sweep's fresh8-015
     (dict(_QWEN2_MOE_8, vocab_size=16), _SMALL8),  # the same peak, small
     (dict(_QWEN2_MOE_8, family="mixtral", vocab_size=16, qkv_bias=False,  # no shared expert; forward phase
-          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),  # at k's rotary: -0.76% before
+          moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),  # at k's rotary
     (dict(_QWEN2_MOE_8, family="qwen3_moe", vocab_size=16, qkv_bias=False,  # q/k norms: their outputs held
           moe=dict(num_experts=4, top_k=1, expert_ffn_size=32)), _SMALL8),
     (dict(_QWEN2_MOE_8, family="llama", vocab_size=16, intermediate_size=32, qkv_bias=False, moe=None),
-     dict(_SMALL8, grad_accum=1)),  # the Llama trunk's rotary: -5.6% before
+     dict(_SMALL8, grad_accum=1)),  # the Llama trunk's rotary
 )
 
 

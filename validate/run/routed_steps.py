@@ -10,8 +10,8 @@ expert's weight-slice gradient is a full-size zero-filled tensor (select_backwar
 place. One micro-step's routing applied to the whole step then predicts a step that did not run
 (measured, Qwen2-MoE eager experts fp16-amp every-k, grad_accum 2, fresh sweep seed 6: a first
 micro-step routing three experts in the last layer, applied to the second micro-step that routed
-one, put the backward phase 1.58% over; with the same routing in both micro-steps, forced by
-seeding the dropout alike, memcalc was within 152 B of five measured steps). So each micro-step is
+one, puts the backward phase 1.58% over; with the same routing in both micro-steps, forced by
+seeding the dropout alike, memcalc is within 152 B of five measured steps). So each micro-step is
 predicted with its own routing: the first as a step of one micro-step (the same simulation of
 micro-step 0), the later ones as memcalc's second micro-step, which holds everything the first does
 and the gradients (at any one routing its phases bound the first's).
@@ -91,7 +91,7 @@ def predict_step(estimate: Callable, spec, training, passes: list) -> StepPredic
 
 def _one_micro_step(estimate: Callable, spec, training):
     """The estimate of the same step with one micro-step, or None where that step is refused
-    (then the step is predicted as before: each routing for every micro-step, a bound)."""
+    (then each routing is applied to every micro-step, and the largest is a bound)."""
     from memcalc.core.errors import MemcalcError
 
     try:
