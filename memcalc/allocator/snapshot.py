@@ -1,0 +1,206 @@
+"""CUDA memory snapshots (torch.cuda.memory._dump_snapshot), read safely, and the allocator's state
+when the recorded trace began.
+
+A snapshot is a pickle of builtin containers and scalars: {"segments": [...], "device_traces":
+[[event, ...] per device], "allocator_settings": {...}, ...}. `load_snapshot` reads it with an
+unpickler that resolves no global at all, so a file can never run code: a pickle that names any
+class or function (os.system via __reduce__, a torch class) is refused before anything is built.
+
+The recorded trace rarely starts from an empty allocator. `start_state` rebuilds the state at its
+first event:
+- segments alive at the start: the final segments the trace did not reserve, plus the segments the
+  trace releases (segment_free) without having reserved them;
+- blocks allocated at the start: the final allocated blocks at addresses the trace never allocates
+  (their size is in the snapshot), plus the blocks the trace frees before allocating them (only their
+  requested size is recorded);
+- everything else in a start segment is one cached free block per gap (free blocks are coalesced).
+The size of a block freed by the trace but allocated before it is not recorded. The replay takes
+round_size(requested) under the recorded settings (DeviceCachingAllocator::round_size), and when the
+block lies in a large-pool segment and is followed by a gap of at most 1 MiB before the next
+allocated block or the segment's end, the block owns that gap: a cached block of the large pool is
+always larger than 1 MiB (should_split leaves a remainder only when it is above kSmallSize, and every
+large-pool block is), so such a gap can only be the remainder alloc_found_block did not split off.
+In the small pool every remainder of 512 B or more is split, so round_size(requested) is exact.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memcalc.allocator.settings import K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorSettings
+from memcalc.core.errors import MemcalcError
+
+ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+           "snapshot", "user_defined", "segment_map", "segment_unmap")
+FIX = "pass the file torch.cuda.memory._dump_snapshot() wrote, after torch.cuda.memory._record_memory_history()"
+
+
+class _BuiltinsOnly(pickle.Unpickler):
+    """An unpickler that resolves no global: builtin containers and scalars only."""
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+    def persistent_load(self, pid: object):  # noqa: ANN201
+        raise pickle.UnpicklingError("refusing a persistent id")
+
+
+def load_snapshot(path: str | Path) -> dict:
+    """A CUDA memory snapshot read from `path` (plain or gzipped pickle), refusing anything but data.
+
+    >>> import pickle, tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "s.pickle")
+    >>> pickle.dump({"segments": [], "device_traces": [[]]}, open(f, "wb"))
+    >>> sorted(load_snapshot(f))
+    ['device_traces', 'segments']
+    >>> pickle.dump({"segments": 1}, open(f, "wb")); load_snapshot(f)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    memcalc.core.errors.MemcalcError: ...s.pickle: is a pickle but not a CUDA memory snapshot: 'segments' is not a list...
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise MemcalcError(str(path), "no such file", FIX)
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise MemcalcError(str(path), f"is a damaged gzip file ({err})", FIX) from None
+    try:
+        data = _BuiltinsOnly(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as err:
+        if str(err).startswith("refusing"):
+            raise MemcalcError(str(path), f"{err}: a memory snapshot holds only builtin containers and "
+                               "scalars, so this file is not one and is not read", FIX) from None
+        raise MemcalcError(str(path), f"is not a pickle ({err})", FIX) from None
+    except Exception as err:  # noqa: BLE001  a truncated or foreign file: any unpickling failure
+        raise MemcalcError(str(path), f"is not a pickle ({type(err).__name__}: {err})", FIX) from None
+    check_snapshot(data, str(path))
+    return data
+
+
+def check_snapshot(data: object, where: str = "snapshot") -> None:
+    """Refuse, naming the first thing wrong, anything that is not a snapshot with a trace."""
+    def bad(problem: str) -> MemcalcError:
+        return MemcalcError(where, f"is a pickle but not a CUDA memory snapshot: {problem}", FIX)
+
+    if not isinstance(data, dict):
+        raise bad(f"holds a {type(data).__name__}, not a dict")
+    for key in ("segments", "device_traces"):
+        if key not in data:
+            raise bad(f"no {key!r} key")
+        if not isinstance(data[key], list):
+            raise bad(f"{key!r} is not a list")
+    for seg in data["segments"]:
+        if not isinstance(seg, dict) or not {"address", "total_size", "blocks"} <= seg.keys():
+            raise bad("a segment lacks address, total_size or blocks")
+    for trace in data["device_traces"]:
+        if not isinstance(trace, list):
+            raise bad("a device trace is not a list")
+        for e in trace:
+            if not isinstance(e, dict) or not {"action", "addr", "size"} <= e.keys():
+                raise bad("a trace event lacks action, addr or size")
+            if e["action"] not in ACTIONS:
+                raise bad(f"unknown trace action {e['action']!r}")
+            if not isinstance(e["addr"], int) or not isinstance(e["size"], int):
+                raise bad("a trace event's addr or size is not an integer")
+
+
+@dataclass
+class StartSegment:
+    """A segment alive when the trace began: allocated blocks (address, size, requested), by address."""
+
+    base: int
+    size: int
+    stream: int
+    small: bool
+    allocated: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class StartState:
+    """The allocator's state at the first recorded event, and the trace that follows it."""
+
+    segments: list[StartSegment]
+    trace: list[dict]
+    inferred_sizes: int = 0  # blocks allocated before the trace whose size the replay decided
+    widened: int = 0  # of which the replay widened over an unsplit remainder of <= 1 MiB
+
+
+def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartState:
+    """The state when the trace of `device` began (module docstring: the rules)."""
+    traces = snap["device_traces"]
+    if device >= len(traces) or not traces[device]:
+        raise MemcalcError(f"device_traces[{device}]", "recorded no events", "record history with "
+                           "torch.cuda.memory._record_memory_history() before the step, then dump")
+    trace = traces[device]
+    if any(e["action"] in ("segment_map", "segment_unmap") for e in trace) or any(
+            s.get("is_expandable") for s in snap["segments"]):
+        raise MemcalcError("allocator_settings.expandable_segments", "this snapshot was recorded with "
+                           "expandable_segments:True, whose segments replay_snapshot cannot rebuild yet",
+                           "replay a snapshot recorded with expandable_segments:False (then ask for "
+                           "expandable_segments=True as a what-if)")
+    end = [s for s in snap["segments"] if s.get("device", 0) == device]
+    reserved_in_trace = {e["addr"] for e in trace if e["action"] == "segment_alloc"}
+    segs = {s["address"]: StartSegment(s["address"], s["total_size"], s.get("stream", 0),
+                                       s.get("segment_type") == "small")
+            for s in end if s["address"] not in reserved_in_trace}
+    seen = set()
+    for e in trace:
+        if e["action"] == "segment_alloc":
+            seen.add(e["addr"])
+        elif e["action"] == "segment_free" and e["addr"] not in seen and e["addr"] not in segs:
+            segs[e["addr"]] = StartSegment(e["addr"], e["size"], e.get("stream", 0), e["size"] == K_SMALL_BUFFER)
+    allocated_in_trace = {e["addr"] for e in trace if e["action"] == "alloc"}
+    known: dict[int, tuple[int, int]] = {}  # address -> (size, requested): final blocks, sizes recorded
+    for s in end:
+        if s["address"] in segs:
+            at = s["address"]
+            for b in s["blocks"]:
+                if b.get("state", "") in ("active_allocated", "active_pending_free") and at not in allocated_in_trace:
+                    known[at] = (b["size"], b.get("requested_size", b["size"]))
+                at += b["size"]
+    unknown: dict[int, int] = {}  # address -> requested: freed by the trace before any alloc there
+    done = set()
+    for e in trace:
+        a = e["addr"]
+        if e["action"] == "alloc":
+            done.add(a)
+        elif e["action"] in ("free_requested", "free_completed") and a not in done and a not in known:
+            unknown.setdefault(a, e["size"])
+    state = StartState(sorted(segs.values(), key=lambda s: s.base), trace)
+    _place_blocks(state, known, unknown, recorded)
+    return state
+
+
+def _place_blocks(state: StartState, known: dict[int, tuple[int, int]], unknown: dict[int, int],
+                  recorded: AllocatorSettings) -> None:
+    """Put every block allocated before the trace into its start segment, deciding unknown sizes."""
+    bases = [s.base for s in state.segments]
+    for addr in sorted({*known, *unknown}):
+        i = bisect_right(bases, addr) - 1
+        if i < 0 or addr >= bases[i] + state.segments[i].size:
+            raise MemcalcError(f"trace address {addr:#x}", "a block freed (or held) before the trace lies "
+                               "in no segment alive when the trace began", "pass an unmodified snapshot")
+        state.segments[i].allocated.append((addr, -1, -1))
+    for seg in state.segments:
+        blocks, out = seg.allocated, []
+        for j, (addr, _, _) in enumerate(blocks):
+            nxt = blocks[j + 1][0] if j + 1 < len(blocks) else seg.base + seg.size
+            if addr in known:
+                size, requested = known[addr]
+                out.append((addr, min(size, nxt - addr), requested))
+                continue
+            requested = unknown[addr]
+            size = recorded.round_size(requested)
+            gap = nxt - addr - size
+            state.inferred_sizes += 1
+            if gap < 0 or (not seg.small and 0 < gap <= K_SMALL_SIZE):
+                size += gap
+                state.widened += gap > 0
+            out.append((addr, size, requested))
+        seg.allocated = out
