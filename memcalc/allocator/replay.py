@@ -14,9 +14,11 @@ settings or the ones asked for. What the trace decides and no rule does:
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from memcalc.allocator.replica import AllocatorOutOfMemory, CachingAllocator
 from memcalc.allocator.settings import AllocatorSettings
@@ -90,7 +92,8 @@ def replay_snapshot(snapshot_or_path: dict | str | Path, *, device_limit: int | 
     if state.inferred_sizes:
         out.notes.append(f"{state.inferred_sizes} blocks allocated before the trace had no recorded size: "
                          f"round_size(requested), {state.widened} widened over an unsplit remainder")
-    _run_trace(a, state.trace, live, out)
+    with _gc_paused():
+        _run_trace(a, state.trace, live, out)
     out.recorded_peak_reserved_bytes, out.recorded_peak_requested_bytes = _recorded_peaks(
         state, out.start_reserved_bytes)
     _finish(a, out)
@@ -208,6 +211,13 @@ def replay_events(events: Iterable[tuple], settings: AllocatorSettings | str | N
         settings = AllocatorSettings.parse(settings)
     a = CachingAllocator(settings, device_limit)
     out = ReplayResult(settings=a.settings, device_limit=device_limit, reserved_curve=[(-1, 0)])
+    with _gc_paused():
+        _run_events(a, events, out)
+    _finish(a, out)
+    return out
+
+
+def _run_events(a: CachingAllocator, events: Iterable[tuple], out: ReplayResult) -> None:
     live, reserved = {}, 0
     placements, curve = out.placements, out.reserved_curve
     for i, e in enumerate(events):
@@ -233,5 +243,17 @@ def replay_events(events: Iterable[tuple], settings: AllocatorSettings | str | N
         if a.reserved_bytes != reserved:
             reserved = a.reserved_bytes
             curve.append((i, reserved))
-    _finish(a, out)
-    return out
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic collector held off during a replay: blocks link to their neighbours, and the
+    collector's passes over the thousands the replay creates cost a third of its time (measured with
+    benchmarks/bench_replay.py); reference counting frees them, the collector runs again after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

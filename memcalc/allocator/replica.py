@@ -109,6 +109,7 @@ class CachingAllocator:
                  device_total: int | None = None):
         s = self.settings = settings or AllocatorSettings()
         self.limit = device_limit
+        self.plain_rounding = not any(s.roundup_power2_divisions)  # round_size is then ceil to 512 B
         self.max_split = s.max_split_size
         self.max_non_split = s.max_non_split_rounding_size
         self.expandable_active = s.expandable_segments
@@ -130,11 +131,14 @@ class CachingAllocator:
     # -- the request path -------------------------------------------------------------------------
     def malloc(self, orig_size: int, stream: int = 0) -> Block:
         """DeviceCachingAllocator::malloc: a block for `orig_size` bytes on `stream`."""
-        size = self.settings.round_size(orig_size)
+        if self.plain_rounding:
+            size = ((orig_size + 511) >> 9) << 9 if orig_size > K_MIN_BLOCK else K_MIN_BLOCK
+        else:
+            size = self.settings.round_size(orig_size)
         pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
-        alloc_size = allocation_size(size)
         b = self.get_free_block(pool, size, stream)
         if b is None:
+            alloc_size = allocation_size(size)
             if self.gc_active:
                 self.garbage_collect_cached_blocks()
             b = self.alloc_block(pool, size, alloc_size, stream)

@@ -43,8 +43,9 @@ class AllocatorSettings:
     >>> s = AllocatorSettings.parse("expandable_segments:True,max_split_size_mb:128")
     >>> s.expandable_segments, s.max_split_size // MIB
     (True, 128)
-    >>> AllocatorSettings().round_size(1200), AllocatorSettings.parse("roundup_power2_divisions:4").round_size(1200)
-    (1536, 1280)
+    >>> four = AllocatorSettings.parse("roundup_power2_divisions:4")
+    >>> AllocatorSettings().round_size(5 * MIB + 1), four.round_size(5 * MIB + 1)
+    (5243392, 6291456)
     """
 
     max_split_size: int = SIZE_MAX
@@ -59,9 +60,9 @@ class AllocatorSettings:
 
         >>> AllocatorSettings.parse("roundup_power2_divisions:[256:4,>:8]").roundup_power2_divisions[7:10]
         (4, 4, 8)
-        >>> AllocatorSettings.parse("garbage_collection_threshold:2")
+        >>> AllocatorSettings.parse("garbage_collection_threshold:2")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        memcalc.core.errors.MemcalcError: PYTORCH_CUDA_ALLOC_CONF.garbage_collection_threshold: must lie in (0, 1), got 2; fix: e.g. garbage_collection_threshold:0.8
+        memcalc.core.errors.MemcalcError: PYTORCH_CUDA_ALLOC_CONF.garbage_collection_threshold: must lie in (0, 1)...
         """
         out = cls()
         for item in _split_items(conf):

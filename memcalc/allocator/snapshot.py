@@ -46,7 +46,7 @@ class _BuiltinsOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing {module}.{name}")
 
     def persistent_load(self, pid: object):  # noqa: ANN201
-        raise pickle.UnpicklingError("refusing a persistent id")
+        raise pickle.UnpicklingError(f"refusing persistent id {pid!r}")
 
 
 def load_snapshot(path: str | Path) -> dict:
@@ -110,6 +110,13 @@ def check_snapshot(data: object, where: str = "snapshot") -> None:
                 raise bad("a trace event's addr or size is not an integer")
 
 
+def _refuse_expandable() -> None:
+    raise MemcalcError("allocator_settings.expandable_segments", "this snapshot was recorded with "
+                       "expandable_segments:True, whose segments replay_snapshot cannot rebuild yet",
+                       "replay a snapshot recorded with expandable_segments:False (then ask for "
+                       "expandable_segments=True as a what-if)")
+
+
 @dataclass
 class StartSegment:
     """A segment alive when the trace began: allocated blocks (address, size, requested), by address."""
@@ -138,24 +145,31 @@ def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartSt
         raise MemcalcError(f"device_traces[{device}]", "recorded no events", "record history with "
                            "torch.cuda.memory._record_memory_history() before the step, then dump")
     trace = traces[device]
-    if any(e["action"] in ("segment_map", "segment_unmap") for e in trace) or any(
-            s.get("is_expandable") for s in snap["segments"]):
-        raise MemcalcError("allocator_settings.expandable_segments", "this snapshot was recorded with "
-                           "expandable_segments:True, whose segments replay_snapshot cannot rebuild yet",
-                           "replay a snapshot recorded with expandable_segments:False (then ask for "
-                           "expandable_segments=True as a what-if)")
+    reserved_in_trace, allocated_in_trace, freed_segments = set(), set(), []
+    unknown: dict[int, int] = {}  # address -> requested: freed by the trace before any alloc there
+    for e in trace:
+        act, addr = e["action"], e["addr"]
+        if act == "alloc":
+            allocated_in_trace.add(addr)
+        elif act == "free_completed" or act == "free_requested":
+            if addr not in allocated_in_trace and addr not in unknown:
+                unknown[addr] = e["size"]
+        elif act == "segment_alloc":
+            reserved_in_trace.add(addr)
+        elif act == "segment_free":
+            if addr not in reserved_in_trace:
+                freed_segments.append(e)
+        elif act == "segment_map" or act == "segment_unmap":
+            _refuse_expandable()
+    if any(s.get("is_expandable") for s in snap["segments"]):
+        _refuse_expandable()
     end = [s for s in snap["segments"] if s.get("device", 0) == device]
-    reserved_in_trace = {e["addr"] for e in trace if e["action"] == "segment_alloc"}
     segs = {s["address"]: StartSegment(s["address"], s["total_size"], s.get("stream", 0),
                                        s.get("segment_type") == "small")
             for s in end if s["address"] not in reserved_in_trace}
-    seen = set()
-    for e in trace:
-        if e["action"] == "segment_alloc":
-            seen.add(e["addr"])
-        elif e["action"] == "segment_free" and e["addr"] not in seen and e["addr"] not in segs:
+    for e in freed_segments:
+        if e["addr"] not in segs:
             segs[e["addr"]] = StartSegment(e["addr"], e["size"], e.get("stream", 0), e["size"] == K_SMALL_BUFFER)
-    allocated_in_trace = {e["addr"] for e in trace if e["action"] == "alloc"}
     known: dict[int, tuple[int, int]] = {}  # address -> (size, requested): final blocks, sizes recorded
     for s in end:
         if s["address"] in segs:
@@ -164,14 +178,8 @@ def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartSt
                 if b.get("state", "") in ("active_allocated", "active_pending_free") and at not in allocated_in_trace:
                     known[at] = (b["size"], b.get("requested_size", b["size"]))
                 at += b["size"]
-    unknown: dict[int, int] = {}  # address -> requested: freed by the trace before any alloc there
-    done = set()
-    for e in trace:
-        a = e["addr"]
-        if e["action"] == "alloc":
-            done.add(a)
-        elif e["action"] in ("free_requested", "free_completed") and a not in done and a not in known:
-            unknown.setdefault(a, e["size"])
+    for addr in known:
+        unknown.pop(addr, None)
     state = StartState(sorted(segs.values(), key=lambda s: s.base), trace)
     _place_blocks(state, known, unknown, recorded)
     return state
@@ -204,3 +212,25 @@ def _place_blocks(state: StartState, known: dict[int, tuple[int, int]], unknown:
                 state.widened += gap > 0
             out.append((addr, size, requested))
         seg.allocated = out
+
+
+def recorded_placements(state: StartState) -> list[tuple[object, int]]:
+    """Where the recording put each alloc: (segment, offset), segment named as replay_snapshot names
+    it (the base of a segment alive at the start, or ("new", k) for the k-th the trace reserved)."""
+    live = {s.base: s.size for s in state.segments}
+    names: dict[int, object] = {b: b for b in live}
+    bases, out, k = sorted(live), [], 0
+    for e in state.trace:
+        act, addr = e["action"], e["addr"]
+        if act == "segment_alloc":
+            live[addr], names[addr] = e["size"], ("new", k)
+            k += 1
+            bases.insert(bisect_right(bases, addr), addr)
+        elif act == "segment_free" and addr in live:
+            del live[addr]
+            bases.remove(addr)
+        elif act == "alloc":
+            i = bisect_right(bases, addr) - 1
+            inside = i >= 0 and addr < bases[i] + live[bases[i]]
+            out.append((names[bases[i]], addr - bases[i]) if inside else (None, addr))
+    return out

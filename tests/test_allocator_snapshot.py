@@ -1,0 +1,91 @@
+"""Reading snapshots safely, and `memcalc snapshot` on the command line."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memcalc import load_snapshot, replay_snapshot
+from memcalc.core.errors import MemcalcError
+
+DATA = Path(__file__).parent / "data" / "cuda-snapshots"
+SMALL = DATA / "cs336-small-forward.pickle"
+
+
+class _Evil:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_without_running(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]], "x": _Evil(str(marker))}))
+    with pytest.raises(MemcalcError, match="refusing (posix|os).system"):
+        load_snapshot(path)
+    with pytest.raises(MemcalcError):
+        replay_snapshot(path)
+    assert not marker.exists()
+    pickle.loads(path.read_bytes())  # the same file, read by plain pickle, does run the command
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("payload, problem", [
+    (pickle.dumps([1, 2, 3]), "holds a list, not a dict"),
+    (pickle.dumps({"segments": []}), "no 'device_traces' key"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "teleport", "addr": 0, "size": 1}]]}),
+     "unknown trace action 'teleport'"),
+    (b"not a pickle at all", "is not a pickle"),
+])
+def test_a_file_that_is_not_a_snapshot_gets_one_line(tmp_path, payload, problem):
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(payload)
+    with pytest.raises(MemcalcError, match=problem) as err:
+        load_snapshot(path)
+    assert "\n" not in str(err.value)
+
+
+def test_the_snapshot_gzipped_reads_the_same(tmp_path):
+    import gzip
+
+    path = tmp_path / "s.pickle.gz"
+    path.write_bytes(gzip.compress(SMALL.read_bytes()))
+    assert load_snapshot(path) == load_snapshot(SMALL)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memcalc.cli", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[1])
+
+
+def test_cli_snapshot_prints_the_peaks_and_the_what_if():
+    out = _cli("snapshot", str(SMALL))
+    assert out.returncode == 0, out.stderr
+    assert "the replay puts 100.00% of the allocations where the recording did" in out.stdout
+    assert "with expandable_segments:True this step reserves 1.05 GB (-4.9%" in out.stdout
+
+
+def test_cli_snapshot_json_carries_the_peaks():
+    out = _cli("snapshot", str(SMALL), "--json", "--max-split-size-mb", "64")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["recorded"]["peak_reserved_bytes"] == 1107296256  # the trace's own segment events
+    assert data["replayed"]["settings"] == "max_split_size_mb:64"
+    assert data["replayed"]["placements_agree_pct"] is None  # settings differ from the recording's
+    assert data["what_if"]["peak_reserved_bytes"] > 0
+
+
+def test_cli_snapshot_bad_file_exits_2_with_one_line(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("# not a snapshot\n")
+    out = _cli("snapshot", str(path))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "is not a pickle" in out.stderr
