@@ -14,18 +14,17 @@ Every rule cites the function of DeviceCachingAllocator it mirrors:
   unsplit cached block, in set order.
 A device limit stands for the bytes cudaMalloc can get: cudaMalloc (and cuMemCreate) fails when the
 reserved total would exceed it. Without one, cudaMalloc never fails.
-expandable_segments:True is in memcalc.allocator.expandable (its functions are methods here).
+expandable_segments:True is in memcalc.allocator.expandable (a base class of the replica).
 """
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 
-from memcalc.allocator import expandable as _es
+from memcalc.allocator.blocks import SIZE_SHIFT, STREAM_SHIFT, Block, Pool, Segment
+from memcalc.allocator.expandable import ExpandableSegments
 from memcalc.allocator.settings import (K_MIN_BLOCK, K_SMALL_SIZE, SIZE_MAX, AllocatorSettings,
                                         allocation_size)
 
-STREAM_SHIFT, SIZE_SHIFT = 124, 62
-ADDR_MASK = (1 << SIZE_SHIFT) - 1
 SYNTHETIC_BASE = 1 << 56  # where segments the replay invents are placed (above any real address)
 
 
@@ -37,62 +36,7 @@ class AllocatorOutOfMemory(Exception):  # noqa: N818  (torch's name: OutOfMemory
         self.size, self.reserved = size, reserved
 
 
-class Segment:
-    """One cudaMalloc'd segment: its base address, size and the key placements name it by."""
-
-    __slots__ = ("base", "size", "key")
-    expandable = False
-
-    def __init__(self, base: int, size: int, key: object):
-        self.base, self.size, self.key = base, size, key
-
-
-class Block:
-    """A block of a segment (struct Block): allocated, cached in a pool, or (expandable) unmapped."""
-
-    __slots__ = ("addr", "size", "stream", "pool", "seg", "es", "prev", "next", "allocated",
-                 "pending", "requested", "mapped", "gc_base", "key")
-
-    def __init__(self, addr: int, size: int, stream: int, pool: Pool, seg: object, es: object = None):
-        self.addr, self.size, self.stream, self.pool, self.seg, self.es = addr, size, stream, pool, seg, es
-        self.prev = self.next = None
-        self.allocated = self.pending = False
-        self.requested, self.mapped, self.gc_base, self.key = 0, True, 0, 0
-
-
-class Pool:
-    """A BlockPool: its cached blocks (sorted keys + key -> Block) and its unmapped blocks."""
-
-    __slots__ = ("small", "keys", "map", "ukeys", "umap", "gc_calls")
-
-    def __init__(self, small: bool):
-        self.small, self.keys, self.map, self.ukeys, self.umap, self.gc_calls = small, [], {}, [], {}, 0
-
-    def insert(self, b: Block) -> None:
-        """BlockPool::insert_into_blocks (records the gc counter)."""
-        b.gc_base = self.gc_calls
-        k = b.key = (b.stream << STREAM_SHIFT) | (b.size << SIZE_SHIFT) | b.addr
-        insort(self.keys, k)
-        self.map[k] = b
-
-    def erase(self, b: Block) -> None:
-        k = b.key
-        del self.map[k]
-        keys = self.keys
-        del keys[bisect_left(keys, k)]
-
-    def insert_unmapped(self, b: Block) -> None:
-        """BlockPool::unmapped is ordered by (stream, address) (BlockComparatorAddress)."""
-        k = b.key = (b.stream << STREAM_SHIFT) | b.addr
-        insort(self.ukeys, k)
-        self.umap[k] = b
-
-    def erase_unmapped(self, b: Block) -> None:
-        del self.umap[b.key]
-        del self.ukeys[bisect_left(self.ukeys, b.key)]
-
-
-class CachingAllocator:
+class CachingAllocator(ExpandableSegments):
     """The replica. `malloc`/`free` as torch's allocator serves them; stats as torch.cuda.memory_stats.
 
     >>> a = CachingAllocator()
@@ -170,7 +114,7 @@ class CachingAllocator:
             return None
         b = pool.map[keys[i]]
         if b.es is not None:
-            b = _es.pick_free_block(self, pool, i, stream)
+            b = self.pick_free_block(pool, i, stream)
             if b is None:
                 return None
         if size < self.max_split and b.size >= self.max_split:
@@ -270,7 +214,7 @@ class CachingAllocator:
         if self.gc_active and self.reserved_bytes + alloc_size > self.limit:
             return None  # the allowed maximum of set_per_process_memory_fraction
         if self.expandable_active:
-            return _es.try_allocate_expandable_block(self, pool, size, stream)
+            return self.try_allocate_expandable_block(pool, size, stream)
         if self.limit is not None and self.reserved_bytes + alloc_size > self.limit:
             return None
         base = self.segment_address(alloc_size)
@@ -316,9 +260,9 @@ class CachingAllocator:
                 elif b.prev is None and b.next is None:
                     self.release_block(b)
             for b in to_unmap:
-                _es.unmap_block(self, b)
+                self.unmap_block(b)
                 if b.prev is None and b.next is None:
-                    _es.release_expandable_segment(self, b)
+                    self.release_expandable_segment(b)
 
     empty_cache = release_cached_blocks
 

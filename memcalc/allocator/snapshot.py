@@ -59,7 +59,7 @@ def load_snapshot(path: str | Path) -> dict:
     ['device_traces', 'segments']
     >>> pickle.dump({"segments": 1}, open(f, "wb")); load_snapshot(f)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    memcalc.core.errors.MemcalcError: ...s.pickle: is a pickle but not a CUDA memory snapshot: 'segments' is not a list...
+    memcalc.core.errors.MemcalcError: ...s.pickle: is a pickle but not a CUDA memory snapshot: 'segments' is not...
     """
     p = Path(path)
     if not p.is_file():

@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
     _json_arg(p)
-    from memcalc.allocator.cli_snapshot import add_snapshot_parser
+    from memcalc.cli.snapshot import add_snapshot_parser
 
     add_snapshot_parser(sub)
     return parser
@@ -512,8 +512,8 @@ def _print_check(v: Verdict, where: str) -> None:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> dict:
-    """Run `snapshot` (memcalc.allocator.cli_snapshot)."""
-    from memcalc.allocator.cli_snapshot import cmd_snapshot as run
+    """Run `snapshot` (memcalc.cli.snapshot)."""
+    from memcalc.cli.snapshot import cmd_snapshot as run
 
     return run(args)
 
