@@ -89,3 +89,37 @@ def test_cli_snapshot_bad_file_exits_2_with_one_line(tmp_path):
     out = _cli("snapshot", str(path))
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "is not a pickle" in out.stderr
+
+
+MIB = 1 << 20
+BASE = 1 << 40
+
+
+def _snapshot(blocks: list[dict], trace: list[dict]) -> dict:
+    """One 20 MiB large-pool segment at BASE with the given final blocks, and a trace."""
+    return {"segments": [{"device": 0, "address": BASE, "total_size": 20 * MIB, "stream": 0,
+                          "segment_type": "large", "blocks": blocks}],
+            "device_traces": [[{"stream": 0, **e} for e in trace]]}
+
+
+def test_a_block_freed_by_the_trace_owns_an_unsplit_remainder_of_at_most_1_mib():
+    """P (3 MiB requested) was allocated before the trace and is freed in it; Q (final, 16.5 MiB
+    block) starts 3.5 MiB in. The 0.5 MiB between them cannot be a cached large-pool block
+    (should_split leaves only remainders above 1 MiB): P's block is 3.5 MiB."""
+    snap = _snapshot([{"size": int(3.5 * MIB), "state": "inactive"},
+                      {"size": int(16.5 * MIB), "requested_size": 16 * MIB, "state": "active_allocated"}],
+                     [{"action": "free_completed", "addr": BASE, "size": 3 * MIB}])
+    r = replay_snapshot(snap)
+    assert r.start_allocated_bytes == 20 * MIB and "1 widened" in r.notes[0]
+
+
+def test_the_first_request_into_the_gap_after_an_unknown_block_shows_where_it_ends():
+    """P (3 MiB requested) is followed by 17 MiB free at the start. The recording put the first
+    request into that gap 3.5 MiB in, while P was allocated: the gap starts there (a request takes
+    the front of a free block), so P's block is 3.5 MiB and the replay puts the request there too."""
+    trace = [{"action": "alloc", "addr": BASE + int(3.5 * MIB), "size": 2 * MIB},
+             {"action": "free_completed", "addr": BASE, "size": 3 * MIB}]
+    snap = _snapshot([{"size": int(3.5 * MIB), "state": "inactive"},
+                      {"size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated"},
+                      {"size": int(14.5 * MIB), "state": "inactive"}], trace)
+    assert replay_snapshot(snap).placements == [(BASE, int(3.5 * MIB))]

@@ -92,6 +92,9 @@ def replay_snapshot(snapshot_or_path: dict | str | Path, *, device_limit: int | 
     if state.inferred_sizes:
         out.notes.append(f"{state.inferred_sizes} blocks allocated before the trace had no recorded size: "
                          f"round_size(requested), {state.widened} widened over an unsplit remainder")
+    if state.private_pool_segments:
+        out.notes.append(f"{state.private_pool_segments} segments belong to private pools (CUDA graphs, "
+                         "MemPool), which the replica does not keep apart: replayed in the default pools")
     with _gc_paused():
         _run_trace(a, state.trace, live, out)
     out.recorded_peak_reserved_bytes, out.recorded_peak_requested_bytes = _recorded_peaks(

@@ -21,6 +21,10 @@ allocated block or the segment's end, the block owns that gap: a cached block of
 always larger than 1 MiB (should_split leaves a remainder only when it is above kSmallSize, and every
 large-pool block is), so such a gap can only be the remainder alloc_found_block did not split off.
 In the small pool every remainder of 512 B or more is split, so round_size(requested) is exact.
+When the gap after such a block is larger, the trace may still show where the block ends: the first
+request it puts into that gap while the block is allocated lands at the gap's start (a request takes
+the front of a free block); a landing up to 1 MiB past round_size(requested) means the block owns
+those bytes. Otherwise the block is round_size(requested).
 """
 from __future__ import annotations
 
@@ -135,7 +139,8 @@ class StartState:
     segments: list[StartSegment]
     trace: list[dict]
     inferred_sizes: int = 0  # blocks allocated before the trace whose size the replay decided
-    widened: int = 0  # of which the replay widened over an unsplit remainder of <= 1 MiB
+    widened: int = 0  # of which the replay widened over an unsplit remainder
+    private_pool_segments: int = 0  # segments of a CUDA graph's or MemPool's private pool of <= 1 MiB
 
 
 def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartState:
@@ -147,13 +152,14 @@ def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartSt
     trace = traces[device]
     reserved_in_trace, allocated_in_trace, freed_segments = set(), set(), []
     unknown: dict[int, int] = {}  # address -> requested: freed by the trace before any alloc there
-    for e in trace:
+    first_free: dict[int, int] = {}  # address -> index of that first free event
+    for index, e in enumerate(trace):
         act, addr = e["action"], e["addr"]
         if act == "alloc":
             allocated_in_trace.add(addr)
         elif act == "free_completed" or act == "free_requested":
             if addr not in allocated_in_trace and addr not in unknown:
-                unknown[addr] = e["size"]
+                unknown[addr], first_free[addr] = e["size"], index
         elif act == "segment_alloc":
             reserved_in_trace.add(addr)
         elif act == "segment_free":
@@ -181,13 +187,17 @@ def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartSt
     for addr in known:
         unknown.pop(addr, None)
     state = StartState(sorted(segs.values(), key=lambda s: s.base), trace)
-    _place_blocks(state, known, unknown, recorded)
+    state.private_pool_segments = sum(1 for s in end if tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0))
+    open_gaps = _place_blocks(state, known, unknown, recorded)
+    _close_gaps_from_trace(state, open_gaps, first_free, recorded)
     return state
 
 
 def _place_blocks(state: StartState, known: dict[int, tuple[int, int]], unknown: dict[int, int],
-                  recorded: AllocatorSettings) -> None:
-    """Put every block allocated before the trace into its start segment, deciding unknown sizes."""
+                  recorded: AllocatorSettings) -> list[tuple[int, int, StartSegment, int]]:
+    """Put every block allocated before the trace into its start segment, deciding unknown sizes;
+    returns the free gaps after an unknown-size large-pool block: (start, end, segment, index)."""
+    open_gaps = []
     bases = [s.base for s in state.segments]
     for addr in sorted({*known, *unknown}):
         i = bisect_right(bases, addr) - 1
@@ -210,8 +220,36 @@ def _place_blocks(state: StartState, known: dict[int, tuple[int, int]], unknown:
             if gap < 0 or (not seg.small and 0 < gap <= K_SMALL_SIZE):
                 size += gap
                 state.widened += gap > 0
+            elif gap > 0 and not seg.small:
+                open_gaps.append((addr + size, nxt, seg, len(out)))
             out.append((addr, size, requested))
         seg.allocated = out
+    return open_gaps
+
+
+def _close_gaps_from_trace(state: StartState, gaps: list[tuple[int, int, StartSegment, int]],
+                           first_free: dict[int, int], recorded: AllocatorSettings) -> None:
+    """The first request the trace puts into the free gap after an unknown-size block, while that
+    block is still allocated, lands at the gap's true start (alloc_found_block serves the front of a
+    free block): when it lands up to 1 MiB past round_size(requested) (up to max_non_split_rounding
+    for an oversize block), the block owns those bytes, an unsplit remainder."""
+    if not gaps:
+        return
+    gaps.sort(key=lambda g: g[0])
+    starts, done = [g[0] for g in gaps], [False] * len(gaps)
+    for index, e in enumerate(state.trace):
+        if e["action"] != "alloc":
+            continue
+        i = bisect_right(starts, e["addr"]) - 1
+        if i < 0 or done[i] or e["addr"] >= gaps[i][1]:
+            continue
+        done[i] = True
+        start, _, seg, j = gaps[i]
+        addr, size, requested = seg.allocated[j]
+        slack = recorded.max_non_split_rounding_size if size >= recorded.max_split_size else K_SMALL_SIZE
+        if index < first_free[addr] and 0 < e["addr"] - start <= slack:
+            seg.allocated[j] = (addr, e["addr"] - addr, requested)
+            state.widened += 1
 
 
 def recorded_placements(state: StartState) -> list[tuple[object, int]]:
