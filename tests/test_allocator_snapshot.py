@@ -123,3 +123,25 @@ def test_the_first_request_into_the_gap_after_an_unknown_block_shows_where_it_en
                       {"size": 2 * MIB, "requested_size": 2 * MIB, "state": "active_allocated"},
                       {"size": int(14.5 * MIB), "state": "inactive"}], trace)
     assert replay_snapshot(snap).placements == [(BASE, int(3.5 * MIB))]
+
+
+def test_a_release_the_allocator_makes_itself_is_not_taken_for_empty_cache():
+    """Recorded under max_split_size_mb:64 at a 120 MiB limit: a cached 100 MiB (oversize) segment
+    and a cached 20 MiB one. An 80 MiB request finds no cached block (100 >= 80 + 20,
+    get_free_block), cudaMalloc(80 MiB) fails at the limit, and release_available_cached_blocks frees
+    the 100 MiB segment alone. The replay must do the same, not empty the whole cache: the next 3 MiB
+    request lands in the 20 MiB segment that stayed."""
+    b20, b100, b80 = BASE, BASE + 20 * MIB, BASE + 120 * MIB
+    snap = {"allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"},
+            "segments": [{"device": 0, "address": b20, "total_size": 20 * MIB, "stream": 0, "segment_type": "large",
+                          "blocks": [{"size": 3 * MIB, "requested_size": 3 * MIB, "state": "active_allocated"},
+                                     {"size": 17 * MIB, "state": "inactive"}]},
+                         {"device": 0, "address": b80, "total_size": 80 * MIB, "stream": 0, "segment_type": "large",
+                          "blocks": [{"size": 80 * MIB, "requested_size": 80 * MIB, "state": "active_allocated"}]}],
+            "device_traces": [[{"action": "segment_free", "addr": b100, "size": 100 * MIB, "stream": 0},
+                               {"action": "segment_alloc", "addr": b80, "size": 80 * MIB, "stream": 0},
+                               {"action": "alloc", "addr": b80, "size": 80 * MIB, "stream": 0},
+                               {"action": "alloc", "addr": b20, "size": 3 * MIB, "stream": 0}]]}
+    r = replay_snapshot(snap, device_limit=120 * MIB)
+    assert r.placements == [(("new", 0), 0), (b20, 0)] and r.empty_cache_at == []
+    assert r.segment_events == [("segment_free", 100 * MIB), ("segment_alloc", 80 * MIB)]

@@ -28,7 +28,11 @@ class _NoGlobals(pickle.Unpickler):
 
 
 def _truth(path: Path) -> dict:
-    snap = _NoGlobals(path.open("rb")).load()
+    return _truth_of(_NoGlobals(path.open("rb")).load())
+
+
+def _truth_of(snap: dict) -> dict:
+    """Placements, segment events and peak reserved as the recording shows them."""
     trace = snap["device_traces"][0]
     end = {s["address"]: s["total_size"] for s in snap["segments"] if s["device"] == 0}
     reserved_by_trace = {e["addr"] for e in trace if e["action"] == "segment_alloc"}

@@ -6,11 +6,15 @@ settings or the ones asked for. What the trace decides and no rule does:
 - cudaMalloc's address: when the replica reserves a segment it takes the address the recording's
   segment_alloc got for the same request (same size, overlapping no live segment), else a fresh one.
   Addresses order equal-size cached blocks (best fit is (stream, size, address)).
-- A run of recorded segment_free events that the replica would not produce itself (its next request
-  finds a cached block, or its cudaMalloc fits under the device limit) is the program's own release:
-  torch.cuda.empty_cache(). The replica calls empty_cache() there. Otherwise (the next request fails
-  cudaMalloc at the limit) the replica releases by its own rules in that request.
+- A run of recorded segment_free events is the replica's own release when its next request would free
+  exactly those segments (no cached block fits, cudaMalloc fails at the device limit, and
+  release_available_cached_blocks or release_cached_blocks frees that set; or the garbage collector
+  runs): the replica then releases by its own rules in that request. Any other run is the program's
+  own release, torch.cuda.empty_cache(), and the replica calls empty_cache() there.
 - Frees follow the trace: a block returns to the cache at its free_completed event.
+- A recorded out-of-memory error (an `oom` event) is a request that failed: with a device limit the
+  replica tries it (and frees it at once if it fits, with a note); without one it reserves nothing,
+  as the recording did not.
 """
 from __future__ import annotations
 
@@ -110,8 +114,9 @@ def _run_trace(a: CachingAllocator, trace: list[dict], live: dict, out: ReplayRe
     release_run = False
     for i, e in enumerate(trace):
         act = e["action"]
+        if act != "segment_free":
+            release_run = False  # a run of segment_free events ends at any other event
         if act == "alloc":
-            release_run = False
             try:
                 blk = a.malloc(e["size"], e.get("stream", 0))
             except AllocatorOutOfMemory:
@@ -141,12 +146,12 @@ def _run_trace(a: CachingAllocator, trace: list[dict], live: dict, out: ReplayRe
                     a.empty_cache()
                     out.empty_cache_at.append(i)
         elif act == "oom":
-            release_run = False
-            try:
-                a.free(a.malloc(e["size"], e.get("stream", 0)))
-                out.notes.append(f"event {i}: the recording ran out of memory here, the replica did not")
-            except AllocatorOutOfMemory:
-                pass
+            if a.limit is not None:  # the replica tries the request under its own limit
+                try:
+                    a.free(a.malloc(e["size"], e.get("stream", 0)))
+                    out.notes.append(f"event {i}: the recording ran out of memory here, the replica did not")
+                except AllocatorOutOfMemory:
+                    pass
             hints.clear()
         if a.reserved_bytes != reserved:
             reserved = a.reserved_bytes
@@ -156,13 +161,17 @@ def _run_trace(a: CachingAllocator, trace: list[dict], live: dict, out: ReplayRe
 
 
 def _replica_releases(a: CachingAllocator, trace: list[dict], i: int, n: int) -> bool:
-    """Whether the request after the segment_free run at `i` makes the replica release by itself."""
-    j = i
+    """Whether the segment_free run at `i` is what the replica's next request releases by itself
+    (CachingAllocator.release_plan: the same segments), rather than the program's empty_cache()."""
+    run, j = set(), i
     while j < n and trace[j]["action"] in ("segment_free", "segment_alloc", "snapshot", "user_defined"):
+        if trace[j]["action"] == "segment_free":
+            run.add(trace[j]["addr"])
         j += 1
     if j == n or trace[j]["action"] not in ("alloc", "oom"):
         return False
-    return a.would_release(trace[j]["size"], trace[j].get("stream", 0))
+    plan = a.release_plan(trace[j]["size"], trace[j].get("stream", 0))
+    return plan is True or plan == run
 
 
 def _recorded_peaks(state: StartState, start_reserved: int) -> tuple[int, int]:

@@ -123,9 +123,12 @@ class CachingAllocator(ExpandableSegments):
             return None  # an oversized block may be rounded up only within max_non_split_rounding
         return b
 
-    def would_release(self, orig_size: int, stream: int = 0) -> bool:
-        """Whether malloc(orig_size) would release cached memory: no cached block fits and either
-        the garbage collector is over its threshold or cudaMalloc would fail at the device limit."""
+    def release_plan(self, orig_size: int, stream: int = 0) -> set[int] | bool:
+        """What malloc(orig_size) would release before its cudaMalloc succeeds, without doing it:
+        False (nothing: a cached block fits, or cudaMalloc fits under the limit), True (the garbage
+        collector runs; not predicted here), or the bases of the segments it would free
+        (release_available_cached_blocks' choice when that makes room, else every unsplit cached
+        block, as release_cached_blocks frees them)."""
         size = self.settings.round_size(orig_size)
         pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
         if self.find_free_block(pool, size, stream) is not None:
@@ -133,7 +136,33 @@ class CachingAllocator(ExpandableSegments):
         if self.gc_active and self.reserved_bytes > self.settings.garbage_collection_threshold * self.limit:
             return True
         need = allocation_size(size) if not self.expandable_active else size
-        return self.limit is not None and self.reserved_bytes + need > self.limit
+        if self.limit is None or self.reserved_bytes + need <= self.limit:
+            return False
+        chosen = self._release_available_choice(pool, size, stream)
+        if chosen and self.reserved_bytes - sum(b.size for b in chosen) + need <= self.limit:
+            return {b.seg.base for b in chosen}
+        return {b.seg.base for p in (self.large_pool, self.small_pool) for b in p.map.values()
+                if b.es is None and b.prev is None and b.next is None}
+
+    def _release_available_choice(self, pool: Pool, size: int, stream: int) -> list[Block]:
+        """The blocks release_available_cached_blocks would free ([] when it would return false)."""
+        if self.max_split == SIZE_MAX:
+            return []
+        need = max(size, self.max_split)
+        keys = pool.keys
+        i = bisect_left(keys, (stream << STREAM_SHIFT) | (need << SIZE_SHIFT))
+        if i < len(keys) and keys[i] >> STREAM_SHIFT == stream and pool.map[keys[i]].es is None:
+            return [pool.map[keys[i]]]
+        chosen, released = [], 0
+        while i > 0 and released < need:
+            i -= 1
+            b = pool.map[keys[i]]
+            if b.size < self.max_split or b.stream != stream:
+                break
+            if b.es is None:
+                chosen.append(b)
+                released += b.size
+        return chosen if released >= need else []
 
     def should_split(self, b: Block, size: int) -> bool:
         """should_split: small pool or expandable: any remainder >= 512 B; large: > 1 MiB, under max_split."""
@@ -314,6 +343,7 @@ class CachingAllocator(ExpandableSegments):
         """A live segment's address range (so that cudaMalloc's answers never overlap it)."""
         insort(self._bases, base)
         self._sizes[base] = size
+        self._next_synthetic = max(self._next_synthetic, -(-(base + size) // (2 << 20)) * (2 << 20))
 
     def unregister_segment(self, base: int) -> None:
         del self._bases[bisect_left(self._bases, base)]
@@ -371,5 +401,4 @@ class CachingAllocator(ExpandableSegments):
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
         self.register_segment(base, size)
-        self._next_synthetic = max(self._next_synthetic, -(-(base + size) // (2 << 20)) * (2 << 20))
         return out

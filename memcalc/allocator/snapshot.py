@@ -23,8 +23,10 @@ large-pool block is), so such a gap can only be the remainder alloc_found_block 
 In the small pool every remainder of 512 B or more is split, so round_size(requested) is exact.
 When the gap after such a block is larger, the trace may still show where the block ends: the first
 request it puts into that gap while the block is allocated lands at the gap's start (a request takes
-the front of a free block); a landing up to 1 MiB past round_size(requested) means the block owns
-those bytes. Otherwise the block is round_size(requested).
+the front of a free block). Without such a request the block is round_size(requested), except an
+oversize block (>= max_split_size), which is never split and so took a whole free block: it owns the
+gap. (Checked on recordings the replica makes of itself, cut between any two requests, under four
+settings with and without a device limit: tests/test_allocator_recordings.py.)
 """
 from __future__ import annotations
 
@@ -229,14 +231,19 @@ def _place_blocks(state: StartState, known: dict[int, tuple[int, int]], unknown:
 
 def _close_gaps_from_trace(state: StartState, gaps: list[tuple[int, int, StartSegment, int]],
                            first_free: dict[int, int], recorded: AllocatorSettings) -> None:
-    """The first request the trace puts into the free gap after an unknown-size block, while that
-    block is still allocated, lands at the gap's true start (alloc_found_block serves the front of a
-    free block): when it lands up to 1 MiB past round_size(requested) (up to max_non_split_rounding
-    for an oversize block), the block owns those bytes, an unsplit remainder."""
+    """Where an unknown-size large-pool block ends when more than 1 MiB of free space follows it.
+
+    The first request the trace puts into that gap while the block is still allocated lands at the
+    gap's true start (alloc_found_block serves the front of a free block): the block ends there.
+    When no request enters the gap while the block lives, the block is round_size(requested), except
+    an oversize one (>= max_split_size): such a block is never split (should_split), so when it was
+    allocated it took a whole free block, and it is taken to own the gap."""
     if not gaps:
         return
     gaps.sort(key=lambda g: g[0])
-    starts, done = [g[0] for g in gaps], [False] * len(gaps)
+    starts = [g[0] for g in gaps]
+    ends = [end if seg.allocated[j][1] >= recorded.max_split_size else start for start, end, seg, j in gaps]
+    done = [False] * len(gaps)
     for index, e in enumerate(state.trace):
         if e["action"] != "alloc":
             continue
@@ -245,10 +252,12 @@ def _close_gaps_from_trace(state: StartState, gaps: list[tuple[int, int, StartSe
             continue
         done[i] = True
         start, _, seg, j = gaps[i]
-        addr, size, requested = seg.allocated[j]
-        slack = recorded.max_non_split_rounding_size if size >= recorded.max_split_size else K_SMALL_SIZE
-        if index < first_free[addr] and 0 < e["addr"] - start <= slack:
-            seg.allocated[j] = (addr, e["addr"] - addr, requested)
+        if index < first_free[seg.allocated[j][0]]:
+            ends[i] = e["addr"]
+    for (start, _, seg, j), end in zip(gaps, ends):
+        addr, _, requested = seg.allocated[j]
+        if end != start:
+            seg.allocated[j] = (addr, end - addr, requested)
             state.widened += 1
 
 
