@@ -5,7 +5,8 @@
 For each snapshot (default: the largest in tests/data/cuda-snapshots): the time to load it
 (memcalc.load_snapshot, restricted unpickler), to replay it from the loaded dict
 (memcalc.replay_snapshot: start-state reconstruction + every event), with expandable_segments=True,
-and replay_events over the same requests from an empty allocator. Best and median of N runs.
+and replay_events over the same requests from an empty allocator. Best and median of N runs, in
+wall-clock seconds and in this process's CPU seconds (the figure to quote on a shared machine).
 """
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from memcalc import load_snapshot, replay_events, replay_snapshot
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "cuda-snapshots"
 
 
-def _times(fn, repeat: int) -> tuple[float, float]:
-    out = []
+def _times(fn, repeat: int) -> tuple[float, float, float, float]:
+    wall, cpu = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        out.append(time.perf_counter() - t)
-    return min(out), statistics.median(out)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return min(wall), statistics.median(wall), min(cpu), statistics.median(cpu)
 
 
 def _as_events(snap: dict) -> list[tuple]:
@@ -53,9 +55,9 @@ def main(argv: list[str]) -> None:
                 ("replay_snapshot", _times(lambda: replay_snapshot(snap), repeat)),
                 ("replay_snapshot expandable", _times(lambda: replay_snapshot(snap, expandable_segments=True), repeat)),
                 (f"replay_events ({len(events):,} events)", _times(lambda: replay_events(events), repeat))]
-        print(f"{path.name}: {n:,} events (best / median of {repeat}, seconds)")
-        for name, (best, med) in rows:
-            print(f"  {name:<34} {best:.4f} / {med:.4f}")
+        print(f"{path.name}: {n:,} events (best / median of {repeat}, seconds: wall, then CPU)")
+        for name, (best, med, cpu_best, cpu_med) in rows:
+            print(f"  {name:<34} {best:.4f} / {med:.4f}    cpu {cpu_best:.4f} / {cpu_med:.4f}")
 
 
 if __name__ == "__main__":
