@@ -90,7 +90,13 @@ def load_snapshot(path: str | Path) -> dict:
 
 
 def check_snapshot(data: object, where: str = "snapshot") -> None:
-    """Refuse, naming the first thing wrong, anything that is not a snapshot with a trace."""
+    """Refuse, naming the first thing wrong, anything that is not a snapshot with a trace.
+
+    >>> check_snapshot({"segments": [], "device_traces": [[{"action": "alloc", "addr": 0, "size": 8}]]})
+    >>> check_snapshot({"segments": []})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    memcalc.core.errors.MemcalcError: snapshot: is a pickle but not a CUDA memory snapshot: no 'device_traces' key...
+    """
     def bad(problem: str) -> MemcalcError:
         return MemcalcError(where, f"is a pickle but not a CUDA memory snapshot: {problem}", FIX)
 
@@ -146,7 +152,15 @@ class StartState:
 
 
 def start_state(snap: dict, device: int, recorded: AllocatorSettings) -> StartState:
-    """The state when the trace of `device` began (module docstring: the rules)."""
+    """The state when the trace of `device` began (module docstring: the rules).
+
+    >>> MB = 2**20
+    >>> snap = {"segments": [{"address": 0, "total_size": 20 * MB, "segment_type": "large",
+    ...                       "blocks": [{"size": 20 * MB, "state": "inactive"}]}],
+    ...         "device_traces": [[{"action": "free_completed", "addr": 0, "size": 3 * MB + 1}]]}
+    >>> [(a, s / MB, r) for a, s, r in start_state(snap, 0, AllocatorSettings()).segments[0].allocated]
+    [(0, 3.00048828125, 3145729)]
+    """
     traces = snap["device_traces"]
     if device >= len(traces) or not traces[device]:
         raise MemcalcError(f"device_traces[{device}]", "recorded no events", "record history with "
@@ -263,7 +277,13 @@ def _close_gaps_from_trace(state: StartState, gaps: list[tuple[int, int, StartSe
 
 def recorded_placements(state: StartState) -> list[tuple[object, int]]:
     """Where the recording put each alloc: (segment, offset), segment named as replay_snapshot names
-    it (the base of a segment alive at the start, or ("new", k) for the k-th the trace reserved)."""
+    it (the base of a segment alive at the start, or ("new", k) for the k-th the trace reserved).
+
+    >>> snap = {"segments": [], "device_traces": [[
+    ...     {"action": "segment_alloc", "addr": 4096, "size": 2**21}, {"action": "alloc", "addr": 4608, "size": 8}]]}
+    >>> recorded_placements(start_state(snap, 0, AllocatorSettings()))
+    [(('new', 0), 512)]
+    """
     live = {s.base: s.size for s in state.segments}
     names: dict[int, object] = {b: b for b in live}
     bases, out, k = sorted(live), [], 0
