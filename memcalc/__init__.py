@@ -20,7 +20,9 @@ _LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
          "plan": "memcalc.queries.planner", "Plan": "memcalc.queries.planner",
          "GPUS": "memcalc.inputs.gpus", "GPU": "memcalc.inputs.gpus", "parse_budget": "memcalc.inputs.gpus",
          "local_gpus": "memcalc.inputs.gpus", "check": "memcalc.queries.preflight",
-         "Verdict": "memcalc.queries.preflight"}
+         "Verdict": "memcalc.queries.preflight",
+         "load_snapshot": "memcalc.allocator.snapshot", "replay_snapshot": "memcalc.allocator.replay",
+         "replay_events": "memcalc.allocator.replay", "AllocatorSettings": "memcalc.allocator.settings"}
 
 __all__ = ["MemcalcError", "SpecError", "UnknownNameError", "MemoryReport", "estimate",
            "candidates", "optimal_segment_size", "sqrt_segment_size", "ModelSpec", "TrainingConfig", "LoRA", *_LAZY]

@@ -23,7 +23,8 @@ def test_public_api_is_pinned():
         "ModelSpec", "TrainingConfig", "LoRA", "model_state_bytes", "zero_paper_mixed_precision_bytes",
         "max_micro_batch", "max_seq_len", "max_layers", "fits", "Capacity", "estimate_grid", "plan",
         "check", "Verdict",
-        "Plan", "GPUS", "GPU", "parse_budget", "local_gpus"])
+        "Plan", "GPUS", "GPU", "parse_budget", "local_gpus",
+        "load_snapshot", "replay_snapshot", "replay_events", "AllocatorSettings"])
     for name in memcalc.__all__:
         assert getattr(memcalc, name) is not None
 

@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
     _json_arg(p)
+    from memcalc.cli.snapshot import add_snapshot_parser
+
+    add_snapshot_parser(sub)
     return parser
 
 
@@ -508,8 +511,15 @@ def _print_check(v: Verdict, where: str) -> None:
         print(f"  fits with {fields}: peak {c.peak_bytes / GIB:.2f} GiB ({c.why})")
 
 
+def cmd_snapshot(args: argparse.Namespace) -> dict:
+    """Run `snapshot` (memcalc.cli.snapshot)."""
+    from memcalc.cli.snapshot import cmd_snapshot as run
+
+    return run(args)
+
+
 COMMANDS = {"estimate": cmd_estimate, "check": cmd_check, "capacity": cmd_capacity, "plan": cmd_plan,
-            "gpus": cmd_gpus, "tables": cmd_tables}
+            "gpus": cmd_gpus, "tables": cmd_tables, "snapshot": cmd_snapshot}
 
 
 def main(argv: list[str] | None = None) -> int:
