@@ -81,24 +81,31 @@ def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
                   **dict(zip(("qkv_bias", "out_bias", "mlp_bias"), draw(st.sampled_from(biases(family, impl))))),
                   activation=draw(st.sampled_from(activations(family, impl))),
                   attn_dropout=draw(st.sampled_from(DROPOUTS)))
-    for kind in ("embd", "resid"):
-        if kind in can.dropouts:
-            fields[f"{kind}_dropout"] = draw(st.sampled_from(DROPOUTS))
-    if "embd" in can.dropouts and decl.config_keys.get("embd_dropout") == decl.config_keys.get("resid_dropout"):
-        fields["embd_dropout"] = fields["resid_dropout"]  # one config key sets both (GPT-NeoX's hidden_dropout)
-    if can.upcast_attention and impl == "hf":
-        fields["reorder_and_upcast_attn"] = draw(st.booleans())
-    if can.grouped_query:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
-        fields["num_kv_heads"] = draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0]))
-    if can.intermediate_required or can.partial_rotary:
+    # drawn in the order the strategy has drawn since the sweeps were recorded (scripts/fresh_sweep.py
+    # re-draws them: tests/test_sweep4_rows.py)
+    tied = decl.config_keys.get("embd_dropout", "embd") == decl.config_keys.get("resid_dropout")
+    if "embd" in can.dropouts and not tied:  # GPT-2: embedding and residual dropout
+        fields.update(embd_dropout=draw(st.sampled_from(DROPOUTS)), resid_dropout=draw(st.sampled_from(DROPOUTS)))
+        if can.upcast_attention:
+            fields["reorder_and_upcast_attn"] = impl == "hf" and draw(st.booleans())
+    elif tied:  # GPT-NeoX's hidden_dropout on embeddings and residuals, partial rotary
+        p = draw(st.sampled_from(DROPOUTS))
+        fields.update(embd_dropout=p, resid_dropout=p, rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])),
+                      parallel_residual=draw(st.booleans()), intermediate_size=draw(st.sampled_from([64, 128])))
+    else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
+        if can.grouped_query:
+            fields["num_kv_heads"] = draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0]))
         fields["intermediate_size"] = draw(st.sampled_from([64, 96, 128, 192, 256]))
-    if can.partial_rotary:
-        fields["rotary_fraction"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
-    if can.parallel_residual:
-        fields["parallel_residual"] = draw(st.booleans())
     if can.moe:
         fields["moe"] = draw(moe_specs(family, fields["num_layers"]))
-    if can.no_rope_layers and impl == "hf" and draw(st.booleans()):  # SmolLM3's NoPE layers
+    if "resid" in can.dropouts and "embd" not in can.dropouts:  # Phi-3, StableLM: residual dropout only
+        fields["resid_dropout"] = draw(st.sampled_from(DROPOUTS))
+        if can.partial_rotary:
+            fields["rotary_fraction"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
+        if can.parallel_residual:
+            fields["parallel_residual"] = draw(st.booleans())
+    # SmolLM3's NoPE layers (its attention_bias sets q/k/v and o_proj biases together)
+    if can.no_rope_layers and impl == "hf" and draw(st.booleans()) and fields["qkv_bias"] == fields["out_bias"]:
         fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
     elif impl == "hf":  # HF SmolLM3 (NoPE) has no q/k norms or windows
         fields.update(draw(_hf_variant(family, fields)))

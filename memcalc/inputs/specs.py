@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from memcalc.core.errors import UnknownNameError, closest_names
 from memcalc.core.input_model import FrozenModel
 from memcalc.families.declaration import Supports, resolve
-from memcalc.families.registry import FAMILY_NAMES, declaration
+from memcalc.families.registry import FAMILIES, FAMILY_NAMES, declaration, families_with
 from memcalc.inputs.layer_pattern import is_sliding
 from memcalc.inputs.moe import MoESpec
 
@@ -204,7 +204,7 @@ def check_declared(spec: ModelSpec) -> None:
         raise ValueError(f"intermediate_size is required for the {family} family")
     if (spec.moe is not None) != can.moe:
         raise ValueError(f"moe must be set exactly for the mixture-of-experts families "
-                         f"{', '.join(d.name for d in _moe())} (family is {family})")
+                         f"{', '.join(d.name for d in FAMILIES.values() if d.supports.moe)} (family is {family})")
     if spec.moe is not None and any(i >= spec.num_layers for i in spec.moe.dense_layers):
         raise ValueError(f"moe.dense_layers lists a layer >= num_layers={spec.num_layers}")
     if spec.moe is not None and spec.moe.router_jitter_noise and not can.router_jitter:
@@ -265,12 +265,4 @@ def _check_variants(spec: ModelSpec, can: Supports) -> None:
 
 def _names(field: str, value: object = True) -> str:
     """The families whose Supports.<field> is `value`, as a phrase."""
-    from memcalc.families.registry import families_with
-
     return "/".join(families_with(**{field: value}))
-
-
-def _moe() -> list:
-    from memcalc.families.registry import FAMILIES
-
-    return [d for d in FAMILIES.values() if d.supports.moe]
