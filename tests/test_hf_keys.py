@@ -14,7 +14,7 @@ CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConf
            "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
            "olmoe": "OlmoeConfig", "gpt_oss": "GptOssConfig",
            "phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig", "olmo2": "Olmo2Config", "granite": "GraniteConfig",
-           "smollm3": "SmolLM3Config"}
+           "smollm3": "SmolLM3Config", "stablelm": "StableLmConfig"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.

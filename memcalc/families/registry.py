@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from memcalc.families.declaration import FamilyDeclaration, HFType
 
-DECLARATION_MODULES = ("gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "moe", "gpt_oss")
+DECLARATION_MODULES = ("gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "moe", "gpt_oss",
+                       "stablelm")
 """The modules of memcalc.families.declarations, in the order families are listed to users."""
 
 
