@@ -22,8 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def draw_cases(n: int, seed: int, finetune_share: float = 0.4) -> list:
-    """n Cases drawn over every program (device cpu: the step is measured on this CPU)."""
+def draw_cases(n: int, seed: int, finetune_share: float = 0.4, programs: list | None = None) -> list:
+    """n Cases drawn over every program, or over `programs` ((family, implementation) pairs: a
+    past sweep's, to draw it again once the registry has more), device cpu: the step is measured
+    on this CPU."""
     from hypothesis import HealthCheck, Phase, given, settings, strategies as st
     from hypothesis import seed as seeded
 
@@ -37,7 +39,7 @@ def draw_cases(n: int, seed: int, finetune_share: float = 0.4) -> list:
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def collect(data: st.DataObject) -> None:
-        model, training = data.draw(cases())
+        model, training = data.draw(cases() if programs is None else cases(programs=programs))
         training = training.with_(device="cpu")
         if data.draw(st.floats(0, 1)) < finetune_share:
             training = data.draw(finetune_steps(model, training))

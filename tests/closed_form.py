@@ -21,6 +21,10 @@ def closed_form_rank_params(spec: ModelSpec, t: int) -> int:
         norms = (2 * L + 1) * 2 * h
         attn = 4 * h * h // t + (3 * h // t + h if spec.qkv_bias else 0)
         mlp = 2 * h * f // t + f // t + h
+    elif spec.family == "stablelm":  # LayerNorms with biases (one a layer with the parallel residual), no o/MLP biases
+        norms = ((1 if spec.parallel_residual else 2) * L + 1) * 2 * h
+        attn = h * (a + 2 * kv) * d // t + ((a + 2 * kv) * d // t if spec.qkv_bias else 0) + a * d * h // t
+        mlp = 3 * h * f // t
     elif spec.family == "phi3":  # fused qkv_proj and gate_up_proj hold the same weights, no biases
         norms = (2 * L + 1) * h
         attn = h * (a + 2 * kv) * d // t + a * d * h // t

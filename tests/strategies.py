@@ -1,13 +1,11 @@
 """Shared hypothesis strategies: small random ModelSpecs and TrainingConfigs (fast to simulate).
 
-Every program the engine has is drawn: both families (gpt2, llama) in both implementations (hf,
-reference), the HF-only families (phi3, gpt_neox, olmo2, granite; SmolLM3's NoPE layers on hf
-llama; GPT-2's reorder_and_upcast_attn) and the Gemma generations (hf), with Qwen3's q/k norms and
-sliding windows on the HF llama program, multi-head, grouped-query and multi-query attention, tied
-or untied embeddings, biases on or off, dropouts, every precision, optimizer and checkpointing
-mode, and, where asked for, data parallelism (DDP, zero1, zero2, zero3), tensor parallelism and
-FSDP2 mixed precision; and the transformers mixture-of-experts families (both experts paths,
-worst and balanced routing).
+Every program the registry declares is drawn (memcalc.families.registry: each family in each
+implementation it has), with every option its declaration supports (q/k norms, sliding windows,
+soft-capping, partial rotary, parallel residual, NoPE layers, experts), multi-head, grouped-query
+and multi-query attention, tied or untied embeddings, the biases its class builds, dropouts,
+every precision, optimizer and checkpointing mode, and, where asked for, data parallelism (DDP,
+zero1, zero2, zero3), tensor parallelism and FSDP2 mixed precision.
 Sizes stay small (1-4 layers, hidden 32-128) so that one example simulates in milliseconds;
 1024 positions hold every seq_len the tests draw (at most 512: GPT-2 accepts no more tokens
 than its position table has rows).
@@ -23,6 +21,7 @@ import random
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from memcalc.families.registry import FAMILIES, declaration, families_with
 from memcalc.inputs.moe import MoESpec, moe_layers
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
@@ -33,111 +32,110 @@ settings.register_profile("long", max_examples=500, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("MEMCALC_HYPOTHESIS_PROFILE", "quick"))
 
-FAMILIES = ["gpt2", "llama"]
-IMPLEMENTATIONS = ["hf", "reference"]
-HF_ONLY = ["phi3", "gpt_neox", "olmo2", "granite"]  # issue 12 part b: HF programs only
-GEMMAS = ["gemma", "gemma2", "gemma3"]  # transformers' code only (implementation hf)
-MOE_FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"]  # transformers only (hf_moe, hf_gpt_oss)
-PROGRAMS = [(f, i) for f in FAMILIES for i in IMPLEMENTATIONS] + [(f, "hf") for f in HF_ONLY + GEMMAS + MOE_FAMILIES]
+PROGRAMS = [(d.name, impl) for d in FAMILIES.values() for impl in d.programs]
+"""Every (family, implementation) the registry declares (memcalc.families.registry): a new
+family is drawn by every property test without a line here."""
+MOE_FAMILIES = list(families_with(moe=True))
+TP_PROGRAMS = [(f, i) for f, i in PROGRAMS if declaration(f).supports.tensor_parallel == "all"
+               or (declaration(f).supports.tensor_parallel == "reference" and i == "reference")]
+"""The programs the engine splits by tensor parallelism."""
 PRECISIONS = ["fp32", "fp16-amp", "bf16-amp", "bf16"]
 OPTIMIZERS = ["sgd", "sgd-momentum", "adam", "adamw"]
 CHECKPOINTING = ["none", "per-layer", "sqrt", "every-k", "selective"]
 SHARDINGS = ["none", "zero1", "zero2", "zero3"]
-# what each program runs as its MLP activation (hf_gpt2.activation; the reference GPT-2 is
-# nn.GELU(approximate='tanh'); both Llama programs are SwiGLU)
-ACTIVATIONS = {("gpt2", "hf"): ["gelu_new", "gelu", "gelu_tanh"], ("gpt2", "reference"): ["gelu_tanh"],
-               ("llama", "hf"): ["silu"], ("llama", "reference"): ["silu"],
-               ("phi3", "hf"): ["silu"], ("olmo2", "hf"): ["silu"], ("granite", "hf"): ["silu"],
-               ("gpt_neox", "hf"): ["gelu", "gelu_new", "gelu_tanh"],
-               **{(f, "hf"): ["gelu_tanh"] for f in GEMMAS},  # GemmaMLP's gelu_pytorch_tanh
-               **{(f, "hf"): ["silu"] for f in MOE_FAMILIES}}
+# the reference models' MLPs (validate.models.reference: nn.GELU(approximate='tanh'), SwiGLU) and
+# biases (any combination); the HF classes' are their declarations' activations and biases
+REFERENCE_ACTIVATIONS = {"gpt2": ["gelu_tanh"], "llama": ["silu"]}
 DROPOUTS = [0.0, 0.1]
-# (qkv_bias, out_bias, mlp_bias) each program can build: HF GPT-2's Conv1D layers always have
-# biases; HF's llama-family classes have none (Llama, Mistral), q/k/v only (Qwen2), attention
-# (attention_bias) and/or MLP (mlp_bias) biases (validate.models.hf._llama_model_type); the reference
-# models take any combination (validate.models.reference)
 ANY_BIASES = [(q, o, m) for q in (False, True) for o in (False, True) for m in (False, True)]
-BIASES = {("gpt2", "hf"): [(True, True, True)], ("gpt2", "reference"): ANY_BIASES,
-          ("llama", "hf"): [(False, False, False), (True, False, False), (True, True, False),
-                            (False, False, True), (True, True, True)],
-          ("llama", "reference"): ANY_BIASES,
-          # Phi-3: none; OLMo-2: attention_bias on q/k/v/o; Granite: that and mlp_bias; GPT-NeoX:
-          # attention_bias on query_key_value and dense, MLP biases always (validate.models.hf)
-          ("phi3", "hf"): [(False, False, False)], ("olmo2", "hf"): [(False, False, False), (True, True, False)],
-          ("granite", "hf"): [(q, q, m) for q in (False, True) for m in (False, True)],
-          ("gpt_neox", "hf"): [(False, False, True), (True, True, True)],
-          **{(f, "hf"): [(False, False, False), (True, True, False)] for f in GEMMAS},
-          # validate.models.hf._moe_config: Mixtral none; Qwen2-MoE q/k/v (qkv_bias); Qwen3-MoE and OLMoE
-          # all four attention projections (attention_bias)
-          ("mixtral", "hf"): [(False, False, False)],
-          ("qwen2_moe", "hf"): [(False, False, False), (True, False, False)],
-          ("qwen3_moe", "hf"): [(False, False, False), (True, True, False)],
-          ("olmoe", "hf"): [(False, False, False), (True, True, False)],
-          # GPT-OSS: attention_bias on q/k/v/o; the experts' biases always (mlp_bias=True)
-          ("gpt_oss", "hf"): [(False, False, True), (True, True, True)]}
+
+
+def activations(family: str, impl: str) -> list[str]:
+    """The MLP activations a program runs."""
+    return REFERENCE_ACTIVATIONS[family] if impl == "reference" else list(declaration(family).activations)
+
+
+def biases(family: str, impl: str) -> list[tuple[bool, bool, bool]]:
+    """The (qkv_bias, out_bias, mlp_bias) a program's class can build."""
+    return ANY_BIASES if impl == "reference" else list(declaration(family).biases)
+
+
 WINDOWS = [None, 8, 32, 200]  # shorter than, around and longer than the drawn seq_len
 
 
 @st.composite
 def small_models(draw, max_layers: int = 4, programs=PROGRAMS) -> ModelSpec:
     """Any program (family x implementation) at hidden 32-128 and 1..max_layers layers, with
-    multi-head, grouped-query (llama) or multi-query attention, tied or untied embeddings, each
-    bias on or off, and dropouts where the family has them."""
+    multi-head, grouped-query or multi-query attention where the family has it, tied or untied
+    embeddings, each bias the class builds, and every option its declaration supports
+    (dropouts, partial rotary, parallel residual, NoPE layers, q/k norms, sliding windows,
+    soft-capping, experts)."""
     family, impl = draw(st.sampled_from(list(programs)))
+    decl = declaration(family)
+    can = decl.supports
     head_dim = draw(st.sampled_from([8, 16, 32]))
     heads = draw(st.sampled_from([h for h in (1, 2, 4, 8) if 32 <= h * head_dim <= 128]))
     fields = dict(family=family, implementation=impl, vocab_size=draw(st.integers(16, 256)),
                   hidden_size=heads * head_dim, num_heads=heads, num_layers=draw(st.integers(1, max_layers)),
                   max_position_embeddings=1024, tie_embeddings=draw(st.booleans()),
-                  **dict(zip(("qkv_bias", "out_bias", "mlp_bias"), draw(st.sampled_from(BIASES[family, impl])))),
-                  activation=draw(st.sampled_from(ACTIVATIONS[family, impl])),
+                  **dict(zip(("qkv_bias", "out_bias", "mlp_bias"), draw(st.sampled_from(biases(family, impl))))),
+                  activation=draw(st.sampled_from(activations(family, impl))),
                   attn_dropout=draw(st.sampled_from(DROPOUTS)))
-    if family == "gpt2":
-        fields.update(embd_dropout=draw(st.sampled_from(DROPOUTS)),
-                      resid_dropout=draw(st.sampled_from(DROPOUTS)),
-                      reorder_and_upcast_attn=impl == "hf" and draw(st.booleans()))
-    elif family == "gpt_neox":  # hidden_dropout on embeddings and residuals, partial rotary
+    # drawn in the order the strategy has drawn since the sweeps were recorded (scripts/fresh_sweep.py
+    # re-draws them: tests/test_sweep4_rows.py)
+    tied = decl.config_keys.get("embd_dropout", "embd") == decl.config_keys.get("resid_dropout")
+    if "embd" in can.dropouts and not tied:  # GPT-2: embedding and residual dropout
+        fields.update(embd_dropout=draw(st.sampled_from(DROPOUTS)), resid_dropout=draw(st.sampled_from(DROPOUTS)))
+        if can.upcast_attention:
+            fields["reorder_and_upcast_attn"] = impl == "hf" and draw(st.booleans())
+    elif tied:  # GPT-NeoX's hidden_dropout on embeddings and residuals, partial rotary
         p = draw(st.sampled_from(DROPOUTS))
         fields.update(embd_dropout=p, resid_dropout=p, rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])),
                       parallel_residual=draw(st.booleans()), intermediate_size=draw(st.sampled_from([64, 128])))
     else:  # GQA: any divisor of the heads, 1 (MQA) and `heads` (MHA) included
-        fields.update(num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
-                      intermediate_size=draw(st.sampled_from([64, 96, 128, 192, 256])))
-    if family in MOE_FAMILIES:
+        if can.grouped_query:
+            fields["num_kv_heads"] = draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0]))
+        fields["intermediate_size"] = draw(st.sampled_from([64, 96, 128, 192, 256]))
+    if can.moe:
         fields["moe"] = draw(moe_specs(family, fields["num_layers"]))
-    if family == "phi3":
-        fields.update(resid_dropout=draw(st.sampled_from(DROPOUTS)),
-                      rotary_fraction=draw(st.sampled_from([0.25, 0.5, 1.0])))
-    if (family, impl) == ("llama", "hf") and draw(st.booleans()):  # SmolLM3's NoPE layers
+    if "resid" in can.dropouts and "embd" not in can.dropouts:  # Phi-3, StableLM: residual dropout only
+        fields["resid_dropout"] = draw(st.sampled_from(DROPOUTS))
+        if can.partial_rotary:
+            fields["rotary_fraction"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
+        if can.parallel_residual:
+            fields["parallel_residual"] = draw(st.booleans())
+    # SmolLM3's NoPE layers (its attention_bias sets q/k/v and o_proj biases together)
+    if can.no_rope_layers and impl == "hf" and draw(st.booleans()) and fields["qkv_bias"] == fields["out_bias"]:
         fields.update(no_rope_layers=tuple(range(fields["num_layers"] - 1, -1, -2)))
-    if impl == "hf" and family in GEMMAS or (impl == "hf" and family == "llama" and "no_rope_layers" not in fields):
-        fields.update(draw(_hf_variant(family, fields)))  # HF SmolLM3 (NoPE) has no q/k norms or windows
-    if family == "gpt_oss":  # alternating local/global layers (layer_types), a window always
-        fields.update(sliding_window=draw(st.sampled_from([w for w in WINDOWS if w is not None])),
-                      sliding_window_pattern=draw(st.integers(1, 3)))
+    elif impl == "hf":  # HF SmolLM3 (NoPE) has no q/k norms or windows
+        fields.update(draw(_hf_variant(family, fields)))
     return ModelSpec.make(**fields)
 
 
 @st.composite
 def _hf_variant(draw, family: str, fields: dict) -> dict:
-    """What transformers' llama-like and Gemma classes add: Qwen3's q/k norms, sliding windows
-    (Mistral's rule, Qwen2/Qwen3's max_window_layers, Gemma-2/3's alternation) and Gemma-2/3's
+    """What transformers' classes add, as the family declares it: q/k norms, sliding windows
+    (Mistral's rule, Qwen2/Qwen3's max_window_layers, Gemma-2/3's and GPT-OSS's alternation) and
     soft-capping, within what each class builds (validate.models.hf)."""
+    can, out = declaration(family).supports, {}
     plain = (fields["qkv_bias"], fields["out_bias"], fields["mlp_bias"]) in ((False, False, False), (True, True, False))
-    if family == "llama":
-        out = {"qk_norm": plain and draw(st.booleans())}
+    if can.qk_norm != "never":
+        out["qk_norm"] = can.qk_norm == "always" or (plain and draw(st.booleans()))
+    if can.sliding == "optional":
         window = draw(st.sampled_from(WINDOWS))
         rule = draw(st.sampled_from(["mistral", "qwen2"]))
         if window is not None and (rule == "qwen2" or not any((fields["qkv_bias"], fields["out_bias"],
                                                                  fields["mlp_bias"]))):
             out.update(sliding_window=window,
                        max_window_layers=draw(st.integers(0, fields["num_layers"])) if rule == "qwen2" else None)
-        return out
-    if family == "gemma":
-        return {}
-    return {"sliding_window": draw(st.sampled_from([w for w in WINDOWS if w is not None])),
-            "sliding_window_pattern": draw(st.integers(1, 3)), "qk_norm": family == "gemma3",
-            "attn_softcap": family == "gemma2" and draw(st.booleans()), "logit_softcap": draw(st.booleans())}
+    elif can.sliding == "patterned":
+        out.update(sliding_window=draw(st.sampled_from([w for w in WINDOWS if w is not None])),
+                   sliding_window_pattern=draw(st.integers(1, 3)))
+    if can.attn_softcap:
+        out["attn_softcap"] = draw(st.booleans())
+    if can.logit_softcap:
+        out["logit_softcap"] = draw(st.booleans())
+    return out
 
 
 @st.composite
@@ -158,10 +156,9 @@ def moe_specs(draw, family: str, layers: int) -> MoESpec:
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
     none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
-    if model is None or (model.family, model.implementation) == ("gpt2", "hf") or model.family in HF_ONLY \
-            or model.no_rope_layers or model.moe is not None:
-        return [1]  # HF GPT-2's Conv1D, the part-b families and 3-D expert weights are not split
-    if model.family not in FAMILIES or model.qk_norm or model.sliding_window is not None:
+    if model is None or (model.family, model.implementation) not in TP_PROGRAMS or model.moe is not None:
+        return [1]  # HF GPT-2's Conv1D, families without tensor parallelism, 3-D expert weights
+    if model.no_rope_layers or model.qk_norm or model.sliding_window is not None:
         return [1]  # not modelled (memcalc.parallel.tensor.check_tensor_parallel)
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 
@@ -181,7 +178,8 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         optimizer=draw(st.sampled_from(OPTIMIZERS)),
         optimizer_impl=draw(st.sampled_from([None, "foreach", "for-loop", "fused"])),
         checkpointing=mode, checkpoint_every=draw(st.integers(1, 3)) if mode == "every-k" else None,
-        attention=draw(st.sampled_from(["eager"] if model is not None and model.family in ("gemma2", "gpt_oss")
+        attention=draw(st.sampled_from(["eager"] if model is not None
+                                       and declaration(model.family).supports.sdpa_refusal is not None
                                        else ["eager", "sdpa"])),  # Gemma-2 and GPT-OSS have no SDPA path
         device=draw(st.sampled_from(["cpu", "cuda"])),
         experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
@@ -280,7 +278,7 @@ def moe_steps(draw, aux: bool = False) -> tuple[ModelSpec, TrainingConfig, rando
     Qwen3-MoE, OLMoE): 2-8 experts, any top_k, 1-2 layers, eager experts, any precision,
     checkpointing mode and device; with `aux`, the auxiliary loss on (output_router_logits) and,
     for Mixtral, router jitter or none. With a seeded random.Random for `random_routing`."""
-    family = draw(st.sampled_from(["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]))
+    family = draw(st.sampled_from([f for f in MOE_FAMILIES if declaration(f).programs["hf"].startswith("hf_moe:")]))
     E = draw(st.integers(2, 8))
     moe = MoESpec(num_experts=E, top_k=draw(st.integers(1, E)), expert_ffn_size=draw(st.sampled_from([32, 64, 128])),
                   shared_expert_ffn_size=64 if family == "qwen2_moe" else None, output_router_logits=aux,

@@ -4,7 +4,8 @@ load and give their published parameter counts; memory-relevant settings are ref
 import pytest
 
 from memcalc.core.errors import MemcalcError, NotModelledError
-from memcalc.inputs.hf.keys import INERT, MODELLED, REFUSED_UNLESS, TYPE_INERT
+from memcalc.families.registry import MODEL_TYPES, hf_type
+from memcalc.inputs.hf.keys import INERT, REFUSED_UNLESS
 from memcalc.inputs.specs import ModelSpec
 
 CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
@@ -13,7 +14,7 @@ CLASSES = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "mistral": "MistralConf
            "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
            "olmoe": "OlmoeConfig", "gpt_oss": "GptOssConfig",
            "phi3": "Phi3Config", "gpt_neox": "GPTNeoXConfig", "olmo2": "Olmo2Config", "granite": "GraniteConfig",
-           "smollm3": "SmolLM3Config"}
+           "smollm3": "SmolLM3Config", "stablelm": "StableLmConfig"}
 
 # Published config.json files (huggingface.co/<repo>/blob/main/config.json) and the parameter
 # counts on their model cards.
@@ -93,8 +94,14 @@ PUBLISHED = [(GPT2, 124_439_808), (LLAMA_2_7B, 6_738_415_616), (QWEN2_05B, 494_0
 def test_every_key_of_the_transformers_config_is_accounted_for(model_type):
     transformers = pytest.importorskip("transformers")
     keys = set(getattr(transformers, CLASSES[model_type])().to_dict())
-    unknown = keys - MODELLED[model_type] - set(INERT) - set(REFUSED_UNLESS) - set(TYPE_INERT.get(model_type, {}))
-    assert not unknown, f"{model_type}: classify {sorted(unknown)} in memcalc/inputs/hf/keys.py"
+    declared = hf_type(model_type)[1]
+    unknown = keys - declared.modelled - set(INERT) - set(REFUSED_UNLESS) - set(declared.inert)
+    assert not unknown, f"{model_type}: classify {sorted(unknown)} in its family's declaration"
+
+
+def test_the_registry_declares_the_model_types_and_config_classes_listed_here():
+    assert set(MODEL_TYPES) == set(CLASSES)
+    assert {t: hf_type(t)[1].config_class for t in MODEL_TYPES} == CLASSES
 
 
 @pytest.mark.parametrize("config,published", PUBLISHED, ids=lambda c: str(c)[:20])

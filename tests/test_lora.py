@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from memcalc import LoRA
 from memcalc.engine.core import build_graph, estimate_peak
 from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
-from memcalc.refusals.finetune import LINEARS
+from memcalc.refusals.finetune import lora_layout
 from memcalc.engine.regime import Regime
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
@@ -45,7 +45,7 @@ def _closed_form_adapters(model: ModelSpec, lora: LoRA) -> int:
               "mlp.down_proj": (f, h), "attn.c_attn": (h, 3 * a * d), "attn.c_proj": (a * d, h),
               "mlp.c_fc": (h, f), "mlp.c_proj": (f, h)}
     total = 0
-    for name in LINEARS[model.family]:
+    for name in lora_layout(model).linears:
         if lora.targets == "all-linear" or name.rsplit(".", 1)[1] in lora.targets:
             n_in, n_out = shapes[name]
             total += lora.rank * (n_in + n_out)
@@ -92,7 +92,7 @@ def test_lora_never_costs_more_than_training_everything_plus_its_activations(cas
     lora = LoRA(rank=4, dropout=0.1, targets="all-linear")
     n = t.micro_batch * t.seq_len
     widest = max(model.hidden_size, model.ffn_size, 3 * model.hidden_size)
-    linears = len(LINEARS[model.family]) * model.num_layers
+    linears = len(lora_layout(model).linears) * model.num_layers
     adapters = _closed_form_adapters(model, lora)
     bound = linears * 8 * n * widest * 4 + 4 * adapters * 4
     assert estimate_peak(model, t.with_(lora=lora)) <= estimate_peak(model, t) + bound

@@ -47,6 +47,8 @@ SPECS.update({  # issue 12, part b
     ("hf", "gpt_neox"): dict(family="gpt_neox", vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                              intermediate_size=48, max_position_embeddings=64, activation="gelu",
                              rotary_fraction=0.25, parallel_residual=True),
+    ("hf", "stablelm"): dict(_LLAMA_LIKE, family="stablelm", num_kv_heads=2, qkv_bias=True, out_bias=False,
+                             rotary_fraction=0.5, parallel_residual=True),
 })
 _GEMMA = dict(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
               intermediate_size=48, qkv_bias=True, out_bias=True, mlp_bias=False, activation="gelu_tanh")

@@ -16,6 +16,7 @@ import memcalc
 from memcalc import LoRA, ModelSpec, TrainingConfig
 from memcalc.inputs import lora
 from memcalc.inputs.hf import keys as hf_keys
+from memcalc.families.registry import hf_type
 from memcalc.inputs.trainers import axolotl, deepspeed, trainer_args
 from memcalc.core.errors import MemcalcError
 from tests.fuzz_strategies import JSON_TREES, outcome, run_cli
@@ -301,7 +302,7 @@ HF_BASES = {"llama": LLAMA, "qwen2_moe": QWEN2_MOE, "gemma2": GEMMA2, "mistral":
 @given(st.sampled_from(sorted(HF_BASES)), st.data())
 def test_hf_config_values(name, data):
     base = HF_BASES[name]
-    keys = sorted((hf_keys.MODELLED.get(base["model_type"], hf_keys.MODELLED["llama"]) - {"model_type"})
+    keys = sorted((hf_type(base["model_type"])[1].modelled - {"model_type"})
                   | set(hf_keys.REFUSED_UNLESS))
     cfg = {**base, **data.draw(_keyed(keys))}
     outcome(lambda: ModelSpec.from_hf_config(cfg), seconds=3)

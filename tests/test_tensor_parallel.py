@@ -10,15 +10,14 @@ from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.queries.estimate import candidates
 
 from tests.closed_form import closed_form_rank_params
-from tests.strategies import HF_ONLY, PROGRAMS, small_models, tensor_parallel_degrees, trainings
+from tests.strategies import TP_PROGRAMS, small_models, tensor_parallel_degrees, trainings
 
 
 @st.composite
 def tp_cases(draw):
     """Any program the engine splits (not HF GPT-2), on a single-device step it then splits
     over every rank (world_size = tensor_parallel: no data parallelism)."""
-    programs = [p for p in PROGRAMS if p != ("gpt2", "hf") and p[0] not in HF_ONLY]
-    spec = draw(small_models(max_layers=3, programs=programs))
+    spec = draw(small_models(max_layers=3, programs=TP_PROGRAMS))
     t = draw(st.sampled_from(tensor_parallel_degrees(spec)))
     training = draw(trainings(model=spec))
     return spec, training.with_(world_size=t, tensor_parallel=t)

@@ -1,12 +1,16 @@
 """Forward programs per implementation, op by op, behind one protocol (memcalc.families.base),
-picked from a registry by (implementation, family)."""
+picked by (implementation, family) from the families' declarations (memcalc.families.registry)."""
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from memcalc.core.errors import NotModelledError
-from memcalc.families.base import Program
-from memcalc.inputs.specs import ModelSpec
+from memcalc.families.registry import program_refs
+
+if TYPE_CHECKING:
+    from memcalc.families.base import Program
+    from memcalc.inputs.specs import ModelSpec
 
 
 class _Registry(dict):
@@ -18,8 +22,6 @@ class _Registry(dict):
         if isinstance(found, str):
             module, _, name = found.partition(":")
             found = getattr(import_module(f"memcalc.families.{module}"), name)
-            if isinstance(found, dict):  # hf_moe.PROGRAMS, by family
-                found = found[key[1]]
             dict.__setitem__(self, key, found)
         return found
 
@@ -33,21 +35,7 @@ class _Registry(dict):
         return [(k, self[k]) for k in self]
 
 
-PROGRAMS: dict[tuple[str, str], Program] = _Registry({
-    ("hf", "gpt2"): "hf_gpt2:PROGRAM",
-    ("hf", "llama"): "hf_llama:PROGRAM",  # also Mistral, Qwen2, Qwen3, SmolLM3 (memcalc.inputs.hf.config)
-    ("hf", "phi3"): "hf_phi3:PROGRAM",  # Phi-3, Phi-4
-    ("hf", "gpt_neox"): "hf_gpt_neox:PROGRAM",  # Pythia
-    ("hf", "olmo2"): "hf_olmo2:PROGRAM",
-    ("hf", "granite"): "hf_granite:PROGRAM",
-    ("hf", "gemma"): "hf_gemma:PROGRAM",
-    ("hf", "gemma2"): "hf_gemma:PROGRAM",
-    ("hf", "gemma3"): "hf_gemma:PROGRAM",
-    ("reference", "gpt2"): "ref_gpt2:PROGRAM",
-    ("reference", "llama"): "ref_llama:PROGRAM",
-    **{("hf", family): "hf_moe:PROGRAMS" for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
-    ("hf", "gpt_oss"): "hf_gpt_oss:PROGRAM",
-})
+PROGRAMS: dict[tuple[str, str], Program] = _Registry(program_refs())
 
 
 def program_for(spec: ModelSpec) -> Program:

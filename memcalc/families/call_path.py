@@ -15,6 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from memcalc.core.errors import NotModelledError
+from memcalc.families.registry import declaration, families_with
 from memcalc.families.sizes import size
 from memcalc.tape.graph import Alias, Grad, Value
 
@@ -198,11 +199,12 @@ def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError(changed[0], "the reference models have no HF call path; "
                                f"{changed[0]}={getattr(training, changed[0])!r} is not modelled there",
                                f"use implementation='hf' or drop {changed[0]}")
-    if changed and (model.family not in ("gpt2", "llama") or model.sliding_window is not None
+    if changed and (not declaration(model.family).supports.call_path or model.sliding_window is not None
                     or model.reorder_and_upcast_attn):
+        names = " and ".join(families_with(call_path=True))
         raise NotModelledError(changed[0], f"the HF call path ({changed[0]}="
-                               f"{getattr(training, changed[0])!r}) is modelled and measured for HF "
-                               "GPT-2 and Llama-family programs without sliding windows, GPT-2's "
+                               f"{getattr(training, changed[0])!r}) is modelled and measured for the HF "
+                               f"{names} programs without sliding windows, GPT-2's "
                                f"upcast attention or experts, not for this {model.family} model",
                                f"drop {changed[0]} (the default call path is modelled)")
     if changed and training.tensor_parallel > 1:

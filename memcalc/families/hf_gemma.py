@@ -20,6 +20,7 @@ from __future__ import annotations
 from memcalc.families.base import TOKENS, Embedded, param_maker, size
 from memcalc.families.hf_llama import HFLlama
 from memcalc.families.layers import rms_normalise, rotary_buffers, rotary_tables, swiglu_mlp
+from memcalc.families.registry import declaration
 from memcalc.families.masks import build_masks
 from memcalc.core.poly import Poly
 from memcalc.engine.regime import Regime
@@ -83,7 +84,7 @@ class HFGemma(HFLlama):
         """One Gemma/Gemma2/Gemma3DecoderLayer."""
         block_input = x
         h = spec.hidden_size
-        sandwich = spec.family in ("gemma2", "gemma3")
+        sandwich = declaration(spec.family).sandwich_norms  # Gemma-2/3's norms around the MLP
         p = param_maker(ops, f"model.layers.{layer}.")
         n1 = gemma_rms_norm(ops, x, p("input_layernorm.weight", h), TOKENS)
         attn, weights = self.attention(ops, spec, regime, n1, layer, context, p)

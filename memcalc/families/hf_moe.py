@@ -122,5 +122,5 @@ class HFRouterFirst(HFMoE):
         return rank
 
 
-PROGRAMS = {"mixtral": HFRouterFirst(), "qwen2_moe": HFRouterFirst(), "olmoe": HFRouterFirst(),
-            "qwen3_moe": HFQwen3MoE()}
+# one program per family (memcalc.families.declarations.moe)
+MIXTRAL, QWEN2_MOE, OLMOE, QWEN3_MOE = HFRouterFirst(), HFRouterFirst(), HFRouterFirst(), HFQwen3MoE()

@@ -11,6 +11,7 @@ it returns.
 from __future__ import annotations
 
 from memcalc.families.base import size
+from memcalc.families.registry import declaration
 from memcalc.engine.regime import Regime
 from memcalc.inputs.specs import ModelSpec
 from memcalc.tape.graph import Value
@@ -25,7 +26,7 @@ def mask_kinds(spec: ModelSpec) -> list[str]:
     """
     if spec.sliding_window is None:
         return ["full"]
-    if spec.family in ("gemma2", "gemma3"):  # Gemma2Model / Gemma3TextModel: both, always
+    if declaration(spec.family).supports.sliding == "patterned":  # Gemma2Model / Gemma3TextModel: both, always
         return ["full", "sliding"]
     if spec.max_window_layers is None:  # MistralModel: create_sliding_window_causal_mask only
         return ["sliding"]

@@ -14,37 +14,54 @@ if TYPE_CHECKING:
 
 
 def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
-    """(name, numel) of one block's parameters, in registration order.
+    """(name, numel) of one block's parameters, in registration order: the inventory the family
+    declares (FamilyDeclaration.block_parameters, memcalc.families.registry).
 
     >>> from memcalc.inputs.specs import ModelSpec
     >>> sum(n for _, n in block_param_shapes(ModelSpec.preset("gpt2")))
     7087872
     """
+    from memcalc.families.declaration import resolve
+    from memcalc.families.registry import declaration
+
     h, f = spec.hidden_size, spec.ffn_size
     q, kv = spec.num_heads * spec.head_size, spec.kv_heads * spec.head_size
-    if spec.family in FAMILY_BLOCKS:
-        return FAMILY_BLOCKS[spec.family](spec, h, f, q, kv)
-    if spec.family == "gpt2":  # biases as the spec configures them (the reference model's flags)
-        return [("ln_1.weight", h), ("ln_1.bias", h), ("attn.c_attn.weight", h * (q + 2 * kv))] \
-            + [("attn.c_attn.bias", q + 2 * kv)] * spec.qkv_bias \
-            + [("attn.c_proj.weight", q * h)] + [("attn.c_proj.bias", h)] * spec.out_bias \
-            + [("ln_2.weight", h), ("ln_2.bias", h), ("mlp.c_fc.weight", h * f)] \
-            + [("mlp.c_fc.bias", f)] * spec.mlp_bias + [("mlp.c_proj.weight", f * h)] \
-            + [("mlp.c_proj.bias", h)] * spec.mlp_bias
+    return resolve(declaration(spec.family).block_parameters)(spec, h, f, q, kv)
+
+
+def gpt2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+    """GPT2Block: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj); biases as the spec
+    configures them (the reference model's flags)."""
+    return [("ln_1.weight", h), ("ln_1.bias", h), ("attn.c_attn.weight", h * (q + 2 * kv))] \
+        + [("attn.c_attn.bias", q + 2 * kv)] * spec.qkv_bias \
+        + [("attn.c_proj.weight", q * h)] + [("attn.c_proj.bias", h)] * spec.out_bias \
+        + [("ln_2.weight", h), ("ln_2.bias", h), ("mlp.c_fc.weight", h * f)] \
+        + [("mlp.c_fc.bias", f)] * spec.mlp_bias + [("mlp.c_proj.weight", f * h)] \
+        + [("mlp.c_proj.bias", h)] * spec.mlp_bias
+
+
+def llama_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
+    """LlamaDecoderLayer and the classes shaped like it: q/k/v/o (biases as configured), the
+    declaration's q/k norms of a MoE block ('head': Qwen3-MoE's per head, 'projection': OLMoE's over
+    the whole projection), the MLP (dense or MoE), Qwen3/Gemma-3's per-head q/k norms (qk_norm),
+    Gemma-2/3's norms around the MLP (sandwich_norms)."""
+    from memcalc.families.registry import declaration
+
+    decl = declaration(spec.family)
     shapes = [("input_layernorm.weight", h), ("q_proj.weight", h * q), ("k_proj.weight", h * kv),
               ("v_proj.weight", h * kv), ("o_proj.weight", q * h)]
     if spec.qkv_bias:
         shapes += [("q_proj.bias", q), ("k_proj.bias", kv), ("v_proj.bias", kv)]
     if spec.out_bias:
         shapes += [("o_proj.bias", h)]
-    if spec.family in ("qwen3_moe", "olmoe"):  # q_norm/k_norm: per head (Qwen3) or whole (OLMoE)
-        per_head = spec.family == "qwen3_moe"
+    if decl.qk_norm_parameters is not None:  # q_norm/k_norm: per head (Qwen3) or whole (OLMoE)
+        per_head = decl.qk_norm_parameters == "head"
         shapes += [("q_norm.weight", spec.head_size if per_head else q),
                    ("k_norm.weight", spec.head_size if per_head else kv)]
     shapes += [("post_attention_layernorm.weight", h)] + mlp_param_shapes(spec, sparse=spec.moe is not None)
     if spec.qk_norm:  # Qwen3Attention / Gemma3Attention q_norm, k_norm over head_dim
         shapes += [("q_norm.weight", spec.head_size), ("k_norm.weight", spec.head_size)]
-    if spec.family in ("gemma2", "gemma3"):  # Gemma2DecoderLayer's norms around the MLP
+    if decl.sandwich_norms:  # Gemma2DecoderLayer's norms around the MLP
         shapes += [("pre_feedforward_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
     return shapes
 
@@ -79,11 +96,14 @@ def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     >>> dict(outer_param_shapes(ModelSpec.preset("gpt2")))["wpe"]
     786432
     """
+    from memcalc.families.registry import declaration
+
     h, V = spec.hidden_size, spec.vocab_size
     shapes = [("wte", V * h)]
-    if spec.family == "gpt2":
+    outer = declaration(spec.family).outer_parameters
+    if outer == "gpt2":
         shapes += [("wpe", spec.max_position_embeddings * h), ("ln_f.weight", h), ("ln_f.bias", h)]
-    elif spec.family == "gpt_neox":
+    elif outer == "layernorm":
         shapes += [("final_layer_norm.weight", h), ("final_layer_norm.bias", h)]
     else:
         shapes += [("norm.weight", h)]
@@ -133,12 +153,15 @@ def expert_param_count(spec: ModelSpec) -> int:
     >>> expert_param_count(ModelSpec.preset("gpt-oss-20b"))
     24891840
     """
+    from memcalc.families.registry import declaration
+
     h, f = spec.hidden_size, spec.moe.expert_ffn_size
-    return 3 * h * f + (2 * f + h if spec.family == "gpt_oss" else 0)
+    return 3 * h * f + (2 * f + h if declaration(spec.family).expert_biases else 0)
 
 
-# ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py)
-def _phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+# ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py),
+# named by their declarations' block_parameters
+def phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """Phi3DecoderLayer: self_attn (o_proj registered before the fused qkv_proj), mlp (fused
     gate_up_proj, down_proj), the two RMSNorms; no biases."""
     return [("o_proj.weight", q * h), ("qkv_proj.weight", h * (q + 2 * kv)),
@@ -146,7 +169,7 @@ def _phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple
             ("input_layernorm.weight", h), ("post_attention_layernorm.weight", h)]
 
 
-def _gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[tuple[str, int]]:
+def gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[tuple[str, int]]:
     """GPTNeoXLayer: two LayerNorms with biases, fused query_key_value and dense (biases with
     attention_bias), the MLP's two linears (always biased)."""
     attn = [("query_key_value.weight", h * 3 * q)] + [("query_key_value.bias", 3 * q)] * spec.qkv_bias \
@@ -157,7 +180,7 @@ def _gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[t
            ("dense_4h_to_h.weight", f * h), ("dense_4h_to_h.bias", h)]
 
 
-def _olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """Olmo2DecoderLayer: q/k/v/o (biases with attention_bias), q_norm (a*d) and k_norm (kv*d)
     over the whole projection, the SwiGLU MLP, the two post-norms."""
     bias = spec.qkv_bias
@@ -169,7 +192,7 @@ def _olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple
            ("post_attention_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
 
 
-def _gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """GptOssDecoderLayer (modeling_gpt_oss.py): self_attn's sinks (one per head: its own
     parameter, listed before its submodules') and q/k/v/o (biases with attention_bias); mlp
     router (E, h) + bias (E), experts gate_up_proj (E, h, 2f) + bias (E, 2f), down_proj (E, f, h)
@@ -182,7 +205,3 @@ def _gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tu
            ("experts.gate_up_proj_bias", E * 2 * f), ("experts.down_proj", E * f * h),
            ("experts.down_proj_bias", E * h), ("input_layernorm.weight", h),
            ("post_attention_layernorm.weight", h)]
-
-
-FAMILY_BLOCKS = {"phi3": _phi3_block, "gpt_neox": _gpt_neox_block, "olmo2": _olmo2_block,
-                 "gpt_oss": _gpt_oss_block}

@@ -15,24 +15,15 @@ from pydantic import Field, model_validator
 
 from memcalc.core.errors import UnknownNameError, closest_names
 from memcalc.core.input_model import FrozenModel
+from memcalc.families.declaration import Supports, resolve
+from memcalc.families.registry import FAMILIES, FAMILY_NAMES, declaration, families_with
 from memcalc.inputs.layer_pattern import is_sliding
 from memcalc.inputs.moe import MoESpec
 
 if TYPE_CHECKING:
     import os
 
-Family = Literal["gpt2", "llama", "phi3", "gpt_neox", "olmo2", "granite", "gemma", "gemma2", "gemma3",
-                 "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"]
-# families whose blocks are Llama-shaped (RMSNorm, SwiGLU MLP of intermediate_size, rotary)
-LLAMA_LIKE = ("llama", "phi3", "olmo2", "granite")
-GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3")
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
-"""Llama-style families whose MLPs are mixtures of experts (ModelSpec.moe), named as transformers'
-model types: Mixtral; Qwen2-MoE (shared expert); Qwen3-MoE (per-head q/k RMSNorm); OLMoE (q/k
-RMSNorm over the whole projection); GPT-OSS (attention sinks, alternating sliding-window layers,
-biased experts with a clamped SwiGLU: memcalc.families.hf_gpt_oss)."""
-# families whose layers alternate local (sliding_window) and global by sliding_window_pattern
-PATTERNED = ("gemma2", "gemma3", "gpt_oss")
+Family = Literal[FAMILY_NAMES]  # the declared families (memcalc.families.registry)
 Implementation = Literal["hf", "reference"]
 Activation = Literal["gelu_new", "gelu", "gelu_tanh", "silu"]
 
@@ -47,12 +38,11 @@ class ModelSpec(FrozenModel):
     name: str = "custom"
     """A label for reports; presets carry their own name."""
     family: Family
-    """'gpt2' (LayerNorm, GELU MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also
-    Mistral, Qwen2, Qwen3, SmolLM3), or a family with its own HF program: 'phi3' (fused
-    qkv_proj and gate_up_proj), 'gpt_neox' (Pythia: LayerNorm, GELU, fused query_key_value,
-    parallel residual), 'olmo2' (post-norms, q/k norms), 'granite' (Llama with scalar multipliers),
-    'gemma' / 'gemma2' / 'gemma3' (memcalc.families.hf_gemma); the mixture-of-experts families
-    of MOE_FAMILIES, 'gpt_oss' among them (memcalc.families.hf_gpt_oss)."""
+    """A declared family (memcalc.families.registry.FAMILY_NAMES; each declaration in
+    memcalc.families.declarations says what it reads, runs and supports): 'gpt2' (LayerNorm, GELU
+    MLP, learned positions), 'llama' (RMSNorm, SwiGLU, rotary; also Mistral, Qwen2, Qwen3,
+    SmolLM3), and families with their own HF programs (Phi-3, GPT-NeoX, OLMo-2, Granite, the Gemma
+    generations, the mixture-of-experts families)."""
     implementation: Implementation = "hf"
     """Whose code runs the model: 'hf' (Hugging Face transformers) or 'reference' (validate.models.reference).
     Implementations save different tensors for backward, so the activation model follows it."""
@@ -126,83 +116,8 @@ class ModelSpec(FrozenModel):
                              f"{self.hidden_size}; choose a divisor or set head_dim")
         if self.kv_heads > self.num_heads or self.num_heads % self.kv_heads:
             raise ValueError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
-        if (self.family in LLAMA_LIKE or self.family in MOE_FAMILIES) and self.intermediate_size is None:
-            raise ValueError(f"intermediate_size is required for the {self.family} family")
-        if (self.moe is not None) != (self.family in MOE_FAMILIES):
-            raise ValueError(f"moe must be set exactly for the mixture-of-experts families "
-                             f"{', '.join(MOE_FAMILIES)} (family is {self.family})")
-        if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
-            raise ValueError(f"moe.dense_layers lists a layer >= num_layers={self.num_layers}")
-        if self.moe is not None and self.moe.router_jitter_noise and self.family != "mixtral":
-            raise ValueError(f"moe.router_jitter_noise is Mixtral's; transformers' {self.family} has "
-                             "no router jitter (set it to 0)")
-        if self.family == "gpt2" and (self.num_kv_heads not in (None, self.num_heads)):
-            raise ValueError("gpt2 family has no grouped-query attention; drop num_kv_heads")
-        if self.family in ("llama", "olmo2", "granite", *GEMMA_FAMILIES, *MOE_FAMILIES) and \
-                (self.embd_dropout or self.resid_dropout):
-            raise ValueError(f"{self.family} family has only attn_dropout; set embd/resid_dropout to 0")
-        if self.family in GEMMA_FAMILIES and self.intermediate_size is None:
-            raise ValueError("intermediate_size is required for the gemma families")
-        self._check_family_fields()
-        self._check_variants()
+        check_declared(self)
         return self
-
-    def _check_family_fields(self) -> None:
-        """Fields only some families read are refused elsewhere, not ignored."""
-        if self.rotary_fraction != 1.0 and self.family not in ("phi3", "gpt_neox"):
-            raise ValueError(f"rotary_fraction applies to phi3 and gpt_neox, not {self.family}; set it to 1.0")
-        if self.parallel_residual and self.family != "gpt_neox":
-            raise ValueError(f"parallel_residual applies to gpt_neox, not {self.family}; set it to false")
-        if self.no_rope_layers and self.family != "llama":
-            raise ValueError(f"no_rope_layers applies to the llama family, not {self.family}; set it to ()")
-        if any(not 0 <= i < self.num_layers for i in self.no_rope_layers):
-            raise ValueError(f"no_rope_layers must be layer indices in [0, {self.num_layers})")
-        if self.reorder_and_upcast_attn and (self.family, self.implementation) != ("gpt2", "hf"):
-            raise ValueError("reorder_and_upcast_attn applies to HF GPT-2 only; set it to false")
-        if self.family == "gpt_neox" and self.num_kv_heads not in (None, self.num_heads):
-            raise ValueError("gpt_neox has no grouped-query attention; drop num_kv_heads")
-        if self.family == "gpt_neox" and self.head_size * self.num_heads != self.hidden_size:
-            raise ValueError("gpt_neox needs head_dim = hidden_size / num_heads; drop head_dim")
-        if self.family == "gpt_neox" and self.embd_dropout != self.resid_dropout:
-            raise ValueError("gpt_neox's hidden_dropout sets embd_dropout and resid_dropout together; "
-                             "make them equal")
-        if self.family == "gpt_oss":
-            _check_gpt_oss(self)
-        if self.family == "mixtral" and self.moe is not None and not self.moe.norm_topk_prob:
-            # MixtralTopKRouter.forward divides router_top_value by its sum whatever the config
-            # (modeling_mixtral.py; Mixtral has no norm_topk_prob key)
-            raise ValueError("mixtral's router always renormalises the top-k weights; set "
-                             "moe.norm_topk_prob=True")
-        if self.family == "gpt_neox" and self.qkv_bias != self.out_bias:
-            raise ValueError("gpt_neox's attention_bias sets q/k/v and output biases together; "
-                             "make qkv_bias equal out_bias")
-
-    def _check_variants(self) -> None:
-        """Fields only some families' code has (the HF classes that run them)."""
-        if self.implementation == "reference" and (self.qk_norm or self.sliding_window is not None
-                                                   or self.family in GEMMA_FAMILIES):
-            raise ValueError("qk_norm, sliding_window and the gemma families are modelled for "
-                             "implementation='hf' only; use implementation='hf'")
-        if self.family in GEMMA_FAMILIES and self.activation != "gelu_tanh":
-            raise ValueError("the gemma families run GeGLU with gelu_pytorch_tanh; set activation='gelu_tanh'")
-        if self.qk_norm != (self.family == "gemma3") and self.family != "llama":
-            raise ValueError(f"qk_norm is {'always' if self.family == 'gemma3' else 'never'} "
-                             f"on in the {self.family} family; set qk_norm={self.family == 'gemma3'}")
-        if self.family == "gpt2" and (self.sliding_window is not None or self.logit_softcap):
-            raise ValueError("gpt2 family has no sliding window or soft-capping; drop them")
-        if self.attn_softcap and self.family != "gemma2":
-            raise ValueError("attn_softcap is Gemma-2's (gemma2 family); set it to false")
-        if self.logit_softcap and self.family not in ("gemma2", "gemma3"):
-            raise ValueError("logit_softcap is Gemma-2/3's; set it to false")
-        if (self.family in PATTERNED) != (self.sliding_window is not None) and self.family != "llama":
-            raise ValueError("gemma2/gemma3/gpt_oss need sliding_window (their local layers), the other "
-                             "families but llama have none; set or drop sliding_window")
-        patterned = self.family in PATTERNED
-        if (self.sliding_window_pattern is not None) != patterned:
-            raise ValueError("sliding_window_pattern is set for gemma2/gemma3/gpt_oss only (their "
-                             "local/global alternation); set or drop it")
-        if self.max_window_layers is not None and (self.family != "llama" or self.sliding_window is None):
-            raise ValueError("max_window_layers is Qwen2/Qwen3's rule with a sliding_window; drop it")
 
     def layer_is_sliding(self, layer: int) -> bool:
         """Whether decoder layer `layer` (0-based) attends through the sliding window.
@@ -277,14 +192,77 @@ class ModelSpec(FrozenModel):
         return type(self).make(**{**self.model_dump(), **changes})
 
 
-def _check_gpt_oss(spec: ModelSpec) -> None:
-    """GptOssForCausalLM's fixed structure: attention_bias sets the q/k/v and o_proj biases
-    together; the experts always carry biases (mlp_bias=True stands for them); no shared expert,
-    no dense layers; the router's softmax over the top-k logits sums to 1 (norm_topk_prob=True)."""
-    moe = spec.moe
-    if spec.qkv_bias != spec.out_bias or not spec.mlp_bias:
-        raise ValueError("gpt_oss's attention_bias sets q/k/v and o_proj biases together and its "
-                         "experts always have biases; set qkv_bias = out_bias and mlp_bias=True")
-    if moe is not None and (moe.shared_expert_ffn_size is not None or moe.dense_layers or not moe.norm_topk_prob):
-        raise ValueError("gpt_oss has no shared expert and no dense layers, and its router's softmax "
-                         "over the top-k normalises them; drop those moe fields")
+def check_declared(spec: ModelSpec) -> None:
+    """What the family's declaration (memcalc.families.registry) says its class can build: each
+    field only some families read is refused elsewhere, not ignored."""
+    decl = declaration(spec.family)
+    can, family = decl.supports, spec.family
+    if spec.implementation not in decl.programs:
+        raise ValueError(f"the {family} family is modelled for implementation "
+                         f"{' or '.join(repr(i) for i in decl.programs)} only; use one of them")
+    if can.intermediate_required and spec.intermediate_size is None:
+        raise ValueError(f"intermediate_size is required for the {family} family")
+    if (spec.moe is not None) != can.moe:
+        raise ValueError(f"moe must be set exactly for the mixture-of-experts families "
+                         f"{', '.join(d.name for d in FAMILIES.values() if d.supports.moe)} (family is {family})")
+    if spec.moe is not None and any(i >= spec.num_layers for i in spec.moe.dense_layers):
+        raise ValueError(f"moe.dense_layers lists a layer >= num_layers={spec.num_layers}")
+    if spec.moe is not None and spec.moe.router_jitter_noise and not can.router_jitter:
+        raise ValueError(f"moe.router_jitter_noise is Mixtral's; transformers' {family} has "
+                         "no router jitter (set it to 0)")
+    if not can.grouped_query and spec.num_kv_heads not in (None, spec.num_heads):
+        raise ValueError(f"{family} family has no grouped-query attention; drop num_kv_heads")
+    for kind in ("embd", "attn", "resid"):
+        if getattr(spec, f"{kind}_dropout") and kind not in can.dropouts:
+            raise ValueError(f"{family} family has no {kind}_dropout (it has "
+                             f"{', '.join(sorted(can.dropouts))}); set {kind}_dropout to 0")
+    _check_fields(spec, can)
+    _check_variants(spec, can)
+    if decl.check is not None:
+        resolve(decl.check)(spec)
+
+
+def _check_fields(spec: ModelSpec, can: Supports) -> None:
+    """Fields only some families read are refused elsewhere, not ignored."""
+    family = spec.family
+    if spec.rotary_fraction != 1.0 and not can.partial_rotary:
+        raise ValueError(f"rotary_fraction applies to {_names('partial_rotary')}, not {family}; set it to 1.0")
+    if spec.parallel_residual and not can.parallel_residual:
+        raise ValueError(f"parallel_residual applies to {_names('parallel_residual')}, not {family}; "
+                         "set it to false")
+    if spec.no_rope_layers and not can.no_rope_layers:
+        raise ValueError(f"no_rope_layers applies to {_names('no_rope_layers')}, not {family}; set it to ()")
+    if any(not 0 <= i < spec.num_layers for i in spec.no_rope_layers):
+        raise ValueError(f"no_rope_layers must be layer indices in [0, {spec.num_layers})")
+    if spec.reorder_and_upcast_attn and (not can.upcast_attention or spec.implementation != "hf"):
+        raise ValueError("reorder_and_upcast_attn applies to HF GPT-2 only; set it to false")
+
+
+def _check_variants(spec: ModelSpec, can: Supports) -> None:
+    """Fields only some families' code has (the HF classes that run them)."""
+    family = spec.family
+    if spec.implementation == "reference" and (spec.qk_norm or spec.sliding_window is not None):
+        raise ValueError("qk_norm and sliding_window are modelled for implementation='hf' only; "
+                         "use implementation='hf'")
+    if can.qk_norm != "optional" and spec.qk_norm != (can.qk_norm == "always"):
+        raise ValueError(f"qk_norm is {can.qk_norm} on in the {family} family; "
+                         f"set qk_norm={can.qk_norm == 'always'}")
+    if spec.attn_softcap and not can.attn_softcap:
+        raise ValueError(f"attn_softcap is {_names('attn_softcap')}'s; set it to false")
+    if spec.logit_softcap and not can.logit_softcap:
+        raise ValueError(f"logit_softcap is {_names('logit_softcap')}'s; set it to false")
+    patterned = can.sliding == "patterned"
+    if can.sliding != "optional" and patterned != (spec.sliding_window is not None):
+        raise ValueError(f"{_names('sliding', 'patterned')} need sliding_window (their local layers), "
+                         f"the other families but {_names('sliding', 'optional')} have none; set or "
+                         "drop sliding_window")
+    if (spec.sliding_window_pattern is not None) != patterned:
+        raise ValueError(f"sliding_window_pattern is set for {_names('sliding', 'patterned')} only "
+                         "(their local/global alternation); set or drop it")
+    if spec.max_window_layers is not None and (can.sliding != "optional" or spec.sliding_window is None):
+        raise ValueError("max_window_layers is Qwen2/Qwen3's rule with a sliding_window; drop it")
+
+
+def _names(field: str, value: object = True) -> str:
+    """The families whose Supports.<field> is `value`, as a phrase."""
+    return "/".join(families_with(**{field: value}))

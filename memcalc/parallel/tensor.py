@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memcalc.core.errors import NotModelledError, SpecError
+from memcalc.families.registry import declaration, families_with
 from memcalc.inputs.specs import ModelSpec
 
 if TYPE_CHECKING:
@@ -53,16 +54,16 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("tensor_parallel", f"tensor parallelism of {model.family}'s experts "
                                "(3-D expert parameters; expert parallelism) is not modelled",
                                "use tensor_parallel=1 with data-parallel sharding (zero1-3)")
-    if model.family not in ("gpt2", "llama") or model.qk_norm or model.sliding_window is not None \
+    can = declaration(model.family).supports
+    if can.tensor_parallel == "none" or model.qk_norm or model.sliding_window is not None \
             or model.no_rope_layers:
+        names = " and ".join(families_with(tensor_parallel="all") + families_with(tensor_parallel="reference"))
         raise NotModelledError("tensor_parallel", "tensor parallelism is modelled and measured for "
-                               "GPT-2 and Llama/Mistral/Qwen2 without sliding windows only (not for "
+                               f"the {names} families without sliding windows only (not for "
                                f"{model.family}, q/k norms, sliding windows or NoPE layers)",
                                "use tensor_parallel=1 (data parallelism and FSDP are modelled)")
-    if model.implementation == "hf" and model.family == "gpt2":
-        raise NotModelledError("tensor_parallel", "HF GPT-2's Conv1D layers are not split by "
-                               "torch's ColwiseParallel/RowwiseParallel",
-                               "use implementation='reference' for GPT-2 with tensor_parallel > 1")
+    if can.tensor_parallel == "reference" and model.implementation != "reference":
+        raise NotModelledError("tensor_parallel", *can.tensor_parallel_refusal)
 
 
 def local_spec(model: ModelSpec, tensor_parallel: int) -> ModelSpec:

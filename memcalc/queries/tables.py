@@ -35,12 +35,13 @@ def configs(presets: list[str]=None, regimes: list[str]=None):
     (only `regimes`, names of REGIMES, when given)."""
     from memcalc.inputs.presets import PRESETS
     from memcalc.inputs.specs import ModelSpec
-    from memcalc.refusals.step import NO_SDPA
+    from memcalc.families.registry import declaration
     from memcalc.inputs.training import TrainingConfig
 
     for name in presets or PRESETS:
         model = ModelSpec.preset(name)
-        attention = "eager" if model.family in NO_SDPA else "sdpa"  # what its class can run
+        no_sdpa = declaration(model.family).supports.sdpa_refusal is not None
+        attention = "eager" if no_sdpa else "sdpa"  # what its class can run
         for regime, fields in REGIMES.items():
             if regimes and regime not in regimes:
                 continue
@@ -199,7 +200,7 @@ def _tasks(presets: list[str] | None) -> list[tuple]:
     before memcalc.queries.jobs forks the workers."""
     from memcalc.families import program_for
     from memcalc.inputs.specs import ModelSpec
-    from memcalc.refusals.step import NO_SDPA
+    from memcalc.families.registry import declaration
 
     import memcalc.queries.capacity  # noqa: F401 (the tasks' modules, imported before the fork)
     import memcalc.inputs.gpus  # noqa: F401
@@ -209,7 +210,7 @@ def _tasks(presets: list[str] | None) -> list[tuple]:
         program_for(model)  # its module imported here, before the fork
 
     def cost(name: str) -> tuple:
-        return (models[name].family in NO_SDPA, models[name].num_layers)
+        return (declaration(models[name].family).supports.sdpa_refusal is not None, models[name].num_layers)
 
     multi = [(_multi_gpu_preset, (name,)) for name in MULTI_GPU_PRESETS if not presets or name in presets]
     names = sorted(models, key=cost, reverse=True)

@@ -7,17 +7,27 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from memcalc.core.errors import NotModelledError, SpecError
+from memcalc.families.registry import FAMILIES, declaration
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 
 if TYPE_CHECKING:
+    from memcalc.families.declaration import LoRALayout
     from memcalc.inputs.lora import LoRA
 
-LINEARS = {"llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
-           "gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
-LAYERS = {"llama": "model.layers", "gpt2": "transformer.h"}
-EMBEDDINGS = {"llama": ("model.embed_tokens",), "gpt2": ("transformer.wte", "transformer.wpe")}
+
+
+def lora_layout(model: ModelSpec) -> LoRALayout | None:
+    """peft's view of the model (its declaration's Supports.lora; None: LoRA is not modelled).
+
+    >>> lora_layout(ModelSpec.preset("gpt2")).layers
+    'transformer.h'
+    """
+    return declaration(model.family).supports.lora
+
+
+def _lora_families() -> str:
+    return " and ".join(d.name for d in FAMILIES.values() if d.supports.lora is not None)
 
 
 def linear_modules(model: ModelSpec) -> list[str]:
@@ -26,9 +36,9 @@ def linear_modules(model: ModelSpec) -> list[str]:
     >>> linear_modules(ModelSpec.preset("gpt2").with_(num_layers=1))[::2]
     ['transformer.h.0.attn.c_attn', 'transformer.h.0.mlp.c_fc', 'lm_head']
     """
-    prefix = LAYERS[model.family]
-    return [f"{prefix}.{i}.{name}" for i in range(model.num_layers)
-            for name in LINEARS[model.family]] + ["lm_head"]
+    layout = lora_layout(model)
+    return [f"{layout.layers}.{i}.{name}" for i in range(model.num_layers)
+            for name in layout.linears] + ["lm_head"]
 
 
 def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
@@ -47,12 +57,12 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
                                "add LoRA adapters (--lora-rank ...), or use quantization none")
     if training.quantization != "none":
         check_quantization(model, training)
-    if tuned and (model.family not in LINEARS or model.sliding_window is not None):
+    if tuned and (lora_layout(model) is None or model.sliding_window is not None):
         field = "lora" if lora is not None else "freeze"
         raise NotModelledError(field, "frozen parameters and LoRA are modelled and measured for the "
-                               "gpt2 and llama families without sliding windows, not for this "
-                               f"{model.family} model", "use a GPT-2 or llama-family model without "
-                               "a sliding window, or train every parameter")
+                               f"{_lora_families()} families without sliding windows, not for this "
+                               f"{model.family} model", f"use a model of the {_lora_families()} "
+                               "families without a sliding window, or train every parameter")
     if tuned and training.hf_trainer:
         raise NotModelledError("hf_trainer", "the HF Trainer's parameter groups and held batches are "
                                "measured without frozen parameters or LoRA", "drop hf_trainer, or train "
@@ -65,9 +75,9 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
     if model.implementation != "hf":
         raise NotModelledError("lora", "LoRA is modelled on the Hugging Face implementations "
                                "(peft's module names)", "use implementation hf")
-    if model.family not in LINEARS:
-        raise NotModelledError("lora", f"LoRA is modelled and measured for the gpt2 and llama "
-                               f"families, not {model.family}", "use a GPT-2 or llama-family model")
+    if lora_layout(model) is None:
+        raise NotModelledError("lora", f"LoRA is modelled and measured for the {_lora_families()} "
+                               f"families, not {model.family}", f"use a model of the {_lora_families()} families")
     if lora.layers is not None and max(lora.layers) >= model.num_layers:
         raise SpecError("lora.layers", f"layer {max(lora.layers)} does not exist "
                         f"(num_layers={model.num_layers})", f"use layers below {model.num_layers}")
@@ -76,7 +86,7 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
         return
     modules = linear_modules(model)
     for target in lora.targets:
-        if any(e == target or e.endswith("." + target) for e in EMBEDDINGS[model.family]):
+        if any(e == target or e.endswith("." + target) for e in lora_layout(model).embeddings):
             raise NotModelledError("lora.targets", f"{target!r} is an embedding: peft's "
                                    "lora.Embedding is not modelled", "target linear modules")
         hits = [m for m in modules if m == target or m.endswith("." + target)]
@@ -113,7 +123,7 @@ def check_modules_to_save(model: ModelSpec, lora: "LoRA") -> None:
     ...
     memcalc.core.errors.NotModelledError: lora.modules_to_save: 'lm_head' is tied to the embedding ...
     """
-    tied = ("lm_head",) + EMBEDDINGS[model.family][:1]
+    tied = ("lm_head",) + lora_layout(model).embeddings[:1]
     for m in lora.modules_to_save:
         if model.tie_embeddings and any(t == m or t.endswith("." + m) for t in tied):
             raise NotModelledError("lora.modules_to_save", f"{m!r} is tied to the embedding (or is it): "
@@ -149,9 +159,10 @@ def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
     if q == "int8":
         raise NotModelledError("quantization", "'int8' (load_in_8bit) is not modelled: its "
                                "MatMul8bitLt path differs from Linear4bit", "use nf4, nf4-double or fp4")
-    if model.family != "llama" or model.implementation != "hf":
-        raise NotModelledError("quantization", f"{q!r} is modelled for HF llama-family models "
-                               "(GPT-2's Conv1D layers are converted differently)", "use a llama-family model")
+    if not declaration(model.family).supports.quantization or model.implementation != "hf":
+        names = " and ".join(d.name for d in FAMILIES.values() if d.supports.quantization)
+        raise NotModelledError("quantization", f"{q!r} is modelled for HF {names}-family models "
+                               "(GPT-2's Conv1D layers are converted differently)", f"use a {names}-family model")
     if model.qkv_bias or model.out_bias or model.mlp_bias:
         raise NotModelledError("quantization", "Linear4bit layers with biases are not modelled "
                                "(bnb casts the bias in place)", "use a model without linear biases")

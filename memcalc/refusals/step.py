@@ -15,6 +15,7 @@ from memcalc.core.errors import NotModelledError, SpecError
 from memcalc.refusals.finetune import check_finetuning
 from memcalc.parallel.tensor import check_tensor_parallel
 from memcalc.families.call_path import check_call_path
+from memcalc.families.registry import declaration
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS, TrainingConfig
 
@@ -67,7 +68,7 @@ def learned_positions(model: ModelSpec) -> bool:
     """Whether the model cannot run sequences longer than max_position_embeddings: GPT-2's learned
     position table (and causal-mask buffer), and the reference models' precomputed tables
     (validate/models/reference.py: causal_mask, Rotary). HF Llama computes rotary angles per call."""
-    return model.family == "gpt2" or model.implementation == "reference"
+    return declaration(model.family).supports.learned_positions is not None or model.implementation == "reference"
 
 
 def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
@@ -78,8 +79,7 @@ def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
     check_routing(model, training)
     if learned_positions(model) and training.seq_len > model.max_position_embeddings:
         p = model.max_position_embeddings
-        table = ("GPT-2's learned position table" if model.family == "gpt2"
-                 else "the reference model's position tables")
+        table = declaration(model.family).supports.learned_positions or "the reference model's position tables"
         raise SpecError("seq_len", f"{training.seq_len:,} exceeds max_position_embeddings={p} "
                         f"({table} has {p} rows)",
                         f"use seq_len <= {p}, or raise max_position_embeddings")
@@ -139,23 +139,22 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
                                "use --sharding zero3 (or zero2), or world_size = tensor_parallel")
 
 
-NO_SDPA = {"gemma2": "transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel._supports_sdpa "
-                     "is False: SDPA cannot soft-cap the scores)",
-           "gpt_oss": "transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel._supports_sdpa is "
-                      "False: SDPA has no attention sinks)"}
-"""The families whose transformers class runs eager attention only, with the reason."""
-
-
 def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
-    """What the model's transformers class can run: Gemma-2 has no SDPA path.
+    """What the model's transformers class can run: its declaration's sdpa_refusal (Gemma-2 and
+    GPT-OSS have no SDPA path).
 
     >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     memcalc.core.errors.NotModelledError: attention: transformers' Gemma-2 runs no SDPA path ...
     """
-    if model.family in NO_SDPA and training.attention == "sdpa":
-        raise NotModelledError("attention", NO_SDPA[model.family], "use attention='eager'")
+    can = declaration(model.family).supports
+    if training.precision not in can.precisions:
+        raise NotModelledError("precision", f"{training.precision} is not modelled for {model.family}",
+                               f"use one of {', '.join(can.precisions)}")
+    why = can.sdpa_refusal
+    if why is not None and training.attention == "sdpa":
+        raise NotModelledError("attention", why, "use attention='eager'")
 
 
 def check_search(model: ModelSpec, training: TrainingConfig, field: str) -> None:

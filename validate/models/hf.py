@@ -8,20 +8,16 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from memcalc.core.errors import MemcalcError
+from memcalc.families.declaration import resolve
+from memcalc.families.registry import FAMILIES, declaration
 from validate.models.layers import decoder_layers, replace_decoder_layers
 from validate.models.reference import RMS_EPS, ROPE_THETA, segment_size
 
-CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-           "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-           "gemma3_text": "Gemma3ForCausalLM",
-           "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-           "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
-CLASSES.update(phi3="Phi3ForCausalLM", gpt_neox="GPTNeoXForCausalLM", olmo2="Olmo2ForCausalLM",
-               granite="GraniteForCausalLM", smollm3="SmolLM3ForCausalLM", gpt_oss="GptOssForCausalLM")
+CLASSES = {t.model_type: t.model_class for d in FAMILIES.values() for t in d.hf_types}
+"""model_type -> the transformers ForCausalLM class that builds it (the families' declarations)."""
 
 
-def _gpt2_config(spec) -> dict:
+def gpt2_config(spec) -> dict:
     if not (spec.qkv_bias and spec.out_bias and spec.mlp_bias):
         raise MemcalcError("qkv_bias", "HF GPT-2 always has q/k/v, output and MLP biases",
                            "set qkv_bias/out_bias/mlp_bias true or use implementation=reference")
@@ -72,16 +68,13 @@ def hf_config_dict(spec) -> dict:
     >>> hf_config_dict(ModelSpec.preset("qwen2-0.5b"))["model_type"]
     'qwen2'
     """
-    if spec.family == "gpt2":
-        return _gpt2_config(spec)
-    if spec.family in FAMILY_CONFIGS:
-        return FAMILY_CONFIGS[spec.family](spec)
-    if spec.moe is not None:
-        return _moe_config(spec)
+    return resolve(declaration(spec.family).builder)(spec)
+
+
+def llama_config(spec) -> dict:
+    """A llama / mistral / qwen2 / qwen3 / smollm3 config dict of a llama-family spec."""
     if spec.no_rope_layers:
-        return _smollm3_config(spec)
-    if spec.family in ("gemma", "gemma2", "gemma3"):
-        return _gemma_config(spec)
+        return smollm3_config(spec)
     model_type = _llama_model_type(spec)
     cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
@@ -104,12 +97,12 @@ def hf_config_dict(spec) -> dict:
     return cfg
 
 
-def _gemma_config(spec) -> dict:
+def gemma_config(spec) -> dict:
     """A gemma / gemma2 / gemma3_text config dict of a gemma-family spec."""
     if spec.qkv_bias != spec.out_bias or spec.mlp_bias:
         raise MemcalcError("qkv_bias", "HF Gemma has q/k/v and output biases together (attention_bias) "
                            "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
-    model_type = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text"}[spec.family]
+    model_type = declaration(spec.family).model_types[0]
     cfg = dict(model_type=model_type, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
                num_key_value_heads=spec.kv_heads, head_dim=spec.head_size,
@@ -127,13 +120,11 @@ def _gemma_config(spec) -> dict:
     return cfg
 
 
-def _moe_config(spec) -> dict:
+def moe_config(spec) -> dict:
     """A Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE config dict for a MoE spec (memcalc.inputs.hf.config
     reads it back to the same spec)."""
     moe, family = spec.moe, spec.family
-    if spec.mlp_bias or (spec.out_bias and family not in ("qwen3_moe", "olmoe")) \
-            or (spec.qkv_bias != spec.out_bias and family in ("qwen3_moe", "olmoe")) \
-            or (spec.qkv_bias and family == "mixtral"):
+    if (spec.qkv_bias, spec.out_bias, spec.mlp_bias) not in declaration(family).biases:
         raise MemcalcError("qkv_bias", f"HF {family} has no such bias combination",
                            "use the biases of the family's config (attention_bias / qkv_bias)")
     cfg = dict(model_type=family, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
@@ -177,26 +168,26 @@ def _require_biases(spec, qkv: bool, out: bool, mlp: bool, family: str) -> None:
                            "set those biases")
 
 
-def _phi3_config(spec) -> dict:
+def phi3_config(spec) -> dict:
     _require_biases(spec, False, False, False, "Phi-3")
     cfg = _llama_like_config(spec, "phi3")
     cfg["rope_parameters"]["partial_rotary_factor"] = spec.rotary_fraction
     return dict(cfg, resid_pdrop=spec.resid_dropout, embd_pdrop=0.0, sliding_window=None)
 
 
-def _olmo2_config(spec) -> dict:
+def olmo2_config(spec) -> dict:
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, False, "OLMo-2")
     return dict(_llama_like_config(spec, "olmo2"), attention_bias=spec.qkv_bias)
 
 
-def _granite_config(spec) -> dict:
+def granite_config(spec) -> dict:
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, spec.mlp_bias, "Granite")
     return dict(_llama_like_config(spec, "granite"), attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias,
                 embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
                 logits_scaling=16.0)
 
 
-def _smollm3_config(spec) -> dict:
+def smollm3_config(spec) -> dict:
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, spec.mlp_bias, "SmolLM3")
     if spec.qk_norm or spec.sliding_window is not None:  # no HF class has NoPE layers with either
         raise MemcalcError("no_rope_layers", "HF SmolLM3 (NoPE layers) is built without q/k norms and "
@@ -206,7 +197,7 @@ def _smollm3_config(spec) -> dict:
                 use_sliding_window=False, sliding_window=None)
 
 
-def _gpt_neox_config(spec) -> dict:
+def gpt_neox_config(spec) -> dict:
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, True, "GPT-NeoX")
     act = {"gelu_tanh": "gelu_pytorch_tanh"}.get(spec.activation, spec.activation)
     return dict(model_type="gpt_neox", vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
@@ -220,7 +211,7 @@ def _gpt_neox_config(spec) -> dict:
                 bos_token_id=0, eos_token_id=0)
 
 
-def _gpt_oss_config(spec) -> dict:
+def gpt_oss_config(spec) -> dict:
     """A GptOssConfig dict of a gpt_oss spec (memcalc.inputs.hf.gpt_oss reads it back to the same spec)."""
     _require_biases(spec, spec.qkv_bias, spec.qkv_bias, True, "GPT-OSS")
     return dict(model_type="gpt_oss", vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
@@ -234,10 +225,6 @@ def _gpt_oss_config(spec) -> dict:
                              for i in range(spec.num_layers)],
                 output_router_logits=spec.moe.output_router_logits, bos_token_id=0, eos_token_id=0,
                 pad_token_id=None)
-
-
-FAMILY_CONFIGS = {"phi3": _phi3_config, "olmo2": _olmo2_config, "granite": _granite_config,
-                  "gpt_neox": _gpt_neox_config, "gpt_oss": _gpt_oss_config}
 
 
 def _make_config(config: dict):

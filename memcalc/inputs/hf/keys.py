@@ -4,6 +4,9 @@ when its value is not the one memcalc models. A key in none of these is refused 
 transformers release that adds a memory-relevant key is an error, not a silently wrong number
 (tests/test_hf_keys.py walks each supported config class's to_dict()).
 
+Each model type's modelled keys, and the keys inert or refused for that type alone, are in its
+family's declaration (memcalc.families.declarations, HFType); the keys every type shares are here.
+
 Sources: transformers 5.24 configuration_*.py and modeling_gpt2.py / modeling_llama.py /
 modeling_mistral.py / modeling_qwen2.py / modeling_qwen3.py / modeling_gemma*.py / modeling_phi3.py /
 modeling_gpt_neox.py / modeling_olmo2.py / modeling_granite.py / modeling_smollm3.py / modeling_gpt_oss.py,
@@ -12,46 +15,7 @@ masking_utils.py.
 from __future__ import annotations
 
 from memcalc.core.errors import NotModelledError
-
-MODELLED = {
-    "gpt2": {"model_type", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
-             "tie_word_embeddings", "activation_function", "embd_pdrop", "attn_pdrop", "resid_pdrop",
-             "_name_or_path", "reorder_and_upcast_attn"},
-    "llama": {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
-              "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
-              "_name_or_path"},
-}
-_SLIDING = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
-MODELLED["mistral"] = MODELLED["llama"] | {"sliding_window"}
-MODELLED["qwen2"] = MODELLED["qwen3"] = MODELLED["llama"] | _SLIDING
-# Gemma reads hidden_act, Gemma-2/3 hidden_activation; Hub configs carry both, and memcalc.inputs.hf.gemma
-# reads the one the class reads (the other is an attribute no module reads). No mlp_bias key.
-_GEMMA = (MODELLED["llama"] - {"mlp_bias"}) | {"hidden_activation", "use_bidirectional_attention"}
-MODELLED["gemma"] = _GEMMA
-MODELLED["gemma2"] = _GEMMA | {"sliding_window", "layer_types", "attn_logit_softcapping",
-                               "final_logit_softcapping"}
-MODELLED["gemma3_text"] = MODELLED["gemma2"] | {"sliding_window_pattern", "_sliding_window_pattern"}
-_MOE_KEYS = {"num_experts_per_tok", "num_local_experts", "num_experts", "output_router_logits"}
-MODELLED["mixtral"] = MODELLED["llama"] | _MOE_KEYS | {"router_jitter_noise"}
-MODELLED["qwen3_moe"] = MODELLED["llama"] | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob",
-                                                         "decoder_sparse_step", "mlp_only_layers"}
-MODELLED["qwen2_moe"] = MODELLED["qwen3_moe"] | {"shared_expert_intermediate_size", "qkv_bias"}
-MODELLED["olmoe"] = MODELLED["llama"] | _MOE_KEYS | {"norm_topk_prob"}
-# GPT-OSS (memcalc.inputs.hf.gpt_oss): no mlp_bias or hidden_act read (see TYPE_INERT); sliding_window and
-# layer_types give the alternating local/global layers
-MODELLED["gpt_oss"] = (MODELLED["llama"] - {"mlp_bias", "hidden_act"}) | _MOE_KEYS | {"sliding_window", "layer_types"}
-# ---- families of memcalc.inputs.hf.config.FAMILY_READERS (transformers 5.24 configuration_*.py)
-MODELLED["olmo2"] = MODELLED["llama"]
-# rope_parameters: its partial_rotary_factor sets the rotated width (the rest is inert, see INERT)
-MODELLED["phi3"] = MODELLED["llama"] | {"resid_pdrop", "partial_rotary_factor", "rope_parameters"}
-MODELLED["granite"] = MODELLED["llama"] | {"embedding_multiplier", "residual_multiplier",
-                                           "attention_multiplier", "logits_scaling"}
-MODELLED["smollm3"] = MODELLED["llama"] | {"no_rope_layers", "no_rope_layer_interval"}
-MODELLED["gpt_neox"] = {"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                        "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "attention_bias",
-                        "hidden_act", "attention_dropout", "hidden_dropout", "use_parallel_residual",
-                        "rotary_pct", "rope_parameters", "_name_or_path"}
+from memcalc.families.registry import hf_type
 
 _METADATA = "metadata: names and versions, read by no op"
 _TOKENS = "token ids: generation and padding only; the step's inputs are TrainingConfig's shape"
@@ -106,33 +70,6 @@ INERT: dict[str, str] = {
     "cache_implementation": _GENERATION,
     "sliding_window_size": ("an older Gemma-2 name written beside sliding_window; no transformers 5.x "
                             "class reads it (Gemma2Config reads sliding_window)"),
-}
-
-# keys inert for one model type only: model_type -> key -> why
-TYPE_INERT: dict[str, dict[str, str]] = {
-    "phi3": {"embd_pdrop": "not read by modeling_phi3.py in transformers 5.24 (Phi3Model has no "
-                           "embedding dropout)",
-             "original_max_position_embeddings": "read only by the longrope rotary type to pick "
-                                                 "its factors: the cos/sin tables keep their shape",
-             "attention_bias": "modeling_phi3.py builds qkv_proj and o_proj with bias=False whatever "
-                               "its value"},
-    "gpt_oss": {"hidden_act": ("not read by modeling_gpt_oss.py: GptOssExperts._apply_gate is its own "
-                               "clamped SwiGLU whatever the value"),
-                "swiglu_alpha": "the sigmoid's gain in the clamped SwiGLU: a Python scalar in `gate * alpha`",
-                "swiglu_limit": "the clamp bounds of the clamped SwiGLU: Python scalars in the modelled clamps",
-                "experts_per_token": ("the original release's name, written beside num_experts_per_tok; "
-                                      "no transformers 5.24 module reads it"),
-                "initial_context_length": ("the original release's name for YaRN's original context "
-                                           "(rope_parameters); no transformers 5.24 module reads it")},
-}
-
-# key -> (why, fix) for model types whose value memcalc refuses whatever it is
-TYPE_REFUSED: dict[str, dict[str, tuple[str, str]]] = {
-    "gpt_oss": {"quantization_config": (
-        "the published MXFP4 weights; training runs on the dequantised model "
-        "(from_pretrained(..., quantization_config=Mxfp4Config(dequantize=True))), which memcalc models",
-        "remove quantization_config and choose the training dtype with precision (bf16 is the "
-        "dequantised dtype)")},
 }
 
 # key -> (the values memcalc models, why another value matters, the fix)
@@ -193,17 +130,17 @@ def check_config_keys(cfg: dict, family_type: str) -> None:
     ...
     memcalc.core.errors.NotModelledError: hf_config.output_attentions: True is not modelled ...
     """
-    modelled = MODELLED[family_type]
+    hf = hf_type(family_type)[1]
     for key, value in cfg.items():
-        if key in modelled or key in INERT or key in TYPE_INERT.get(family_type, {}):
+        if key in hf.modelled or key in INERT or key in hf.inert:
             continue
-        if key in TYPE_REFUSED.get(family_type, {}) and value is not None:
-            why, fix = TYPE_REFUSED[family_type][key]
+        if key in hf.refused and value is not None:
+            why, fix = hf.refused[key]
             raise NotModelledError(f"hf_config.{key}", f"{repr(value)[:40]} is not modelled ({why})", fix)
-        if key == "sliding_window" and family_type in ("qwen2_moe", "qwen3_moe"):
-            continue  # Qwen2/Qwen3-MoE read it only with use_sliding_window (refused when true)
-        if key == "sliding_window" and family_type == "smollm3" and cfg.get("use_sliding_window") in (False, None):
-            continue  # SmolLM3 reads it only with use_sliding_window (refused when true)
+        if key == "sliding_window" and hf.window_key == "ignored":
+            continue  # read only with use_sliding_window (refused when true): Qwen2/Qwen3-MoE
+        if key == "sliding_window" and hf.window_key == "gated" and cfg.get("use_sliding_window") in (False, None):
+            continue  # read only with use_sliding_window (refused when true): SmolLM3
         if key in REFUSED_UNLESS:
             allowed, why, fix = REFUSED_UNLESS[key]
             if not _allowed(key, value, allowed):

@@ -1,6 +1,6 @@
 """Reading one value of a Hugging Face config dict (`get`, `flag`): the helpers every config
-reader shares (memcalc.inputs.hf.config, hf_gemma, hf_gpt_oss), below them so that no reader imports
-another (hf_config re-exports both).
+reader shares (memcalc.inputs.hf.config and the readers of memcalc.families.declarations), below
+them so that no reader imports another.
 """
 from __future__ import annotations
 
@@ -52,3 +52,36 @@ def count(cfg: dict, key: str, default: object = None, required: bool = False, c
         raise SpecError(f"hf_config.{key}", f"{value:,} is above memcalc's ceiling of {ceiling:,}",
                         f"use {key} <= {ceiling:,} (memcalc.core.limits)")
     return value
+
+
+def partial_rotary_factor(cfg: dict, default: float) -> float:
+    """rope_parameters.partial_rotary_factor (5.x), else the legacy top-level key (Phi-3's
+    partial_rotary_factor, GPT-NeoX's rotary_pct, which GPTNeoXConfig moves into rope_parameters)."""
+    rope = cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise SpecError("hf_config.rope_parameters", "is not a JSON object", "write it as {...} or drop it")
+    for value in (rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), cfg.get("rotary_pct")):
+        if value is not None:
+            return value
+    return default
+
+
+def llama_like(cfg: dict, family: str, act_default: str = "silu") -> dict:
+    """The Llama-shaped fields (sizes, GQA, attention_dropout) of a llama-like config.
+
+    >>> llama_like({"vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    ...             "intermediate_size": 16}, "olmo2")["max_position_embeddings"]
+    2048
+    """
+    act = get(cfg, "hidden_act", act_default)
+    if act != "silu":
+        raise SpecError("hf_config.hidden_act", f"{act!r} is not modelled", "use silu")
+    return dict(family=family, vocab_size=get(cfg, "vocab_size", required=True),
+                hidden_size=get(cfg, "hidden_size", required=True),
+                num_layers=get(cfg, "num_hidden_layers", required=True),
+                num_heads=get(cfg, "num_attention_heads", required=True),
+                num_kv_heads=get(cfg, "num_key_value_heads"), head_dim=get(cfg, "head_dim"),
+                intermediate_size=get(cfg, "intermediate_size", required=True),
+                max_position_embeddings=get(cfg, "max_position_embeddings", 2048),
+                tie_embeddings=flag(cfg, "tie_word_embeddings", False), activation="silu",
+                attn_dropout=get(cfg, "attention_dropout", 0.0))

@@ -1,14 +1,54 @@
-"""Read a Gemma, Gemma-2 or Gemma-3 text config.json (model_type gemma, gemma2, gemma3_text)
-into ModelSpec fields, with transformers 5.24's defaults for absent keys
-(models/gemma/configuration_gemma.py, gemma2/configuration_gemma2.py,
-gemma3/configuration_gemma3.py Gemma3TextConfig).
-"""
+"""The Gemma generations (transformers 5.24 modeling_gemma.py, modeling_gemma2.py,
+modeling_gemma3.py Gemma3ForCausalLM: GeGLU, (1+w) RMSNorm, scaled embeddings; Gemma-2 adds
+sandwich norms, soft-capping and alternating sliding layers; Gemma-3 q/k norms and a rotary
+table per layer kind). Read by memcalc.inputs.hf.gemma."""
 from __future__ import annotations
 
+from memcalc.families.declaration import LLAMA_KEYS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import NotModelledError, SpecError
 from memcalc.inputs.hf.values import count, flag, get
 
-FAMILY = {"gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+# Gemma reads hidden_act, Gemma-2/3 hidden_activation; Hub configs carry both, and
+# memcalc.inputs.hf.gemma reads the one the class reads (the other is an attribute no module
+# reads). No mlp_bias key.
+_KEYS = (LLAMA_KEYS - {"mlp_bias"}) | {"hidden_activation", "use_bidirectional_attention"}
+_KEYS2 = _KEYS | {"sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping"}
+_READER = "memcalc.families.declarations.gemma:fields"
+_BIASES = ((False, False, False), (True, True, False))
+_CHECK = "memcalc.families.declarations.gemma:check"
+_BUILDER = "validate.models.hf:gemma_config"
+GEMMA = FamilyDeclaration(
+    "gemma", programs={"hf": "hf_gemma:PROGRAM"},
+    hf_types=(HFType("gemma", "GemmaConfig", "GemmaForCausalLM", reader=_READER, modelled=_KEYS),),
+    supports=Supports(), activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
+GEMMA2 = FamilyDeclaration(
+    "gemma2", programs={"hf": "hf_gemma:PROGRAM"},
+    hf_types=(HFType("gemma2", "Gemma2Config", "Gemma2ForCausalLM", reader=_READER, modelled=_KEYS2),),
+    sandwich_norms=True,
+    supports=Supports(sdpa_refusal="transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
+                                   "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
+                      sliding="patterned", attn_softcap=True, logit_softcap=True),
+    activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
+GEMMA3 = FamilyDeclaration(
+    "gemma3", programs={"hf": "hf_gemma:PROGRAM"},
+    hf_types=(HFType("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM", reader=_READER,
+                     modelled=_KEYS2 | {"sliding_window_pattern", "_sliding_window_pattern"}),),
+    sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True),
+    activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
+DECLARATIONS = (GEMMA, GEMMA2, GEMMA3)
+
+
+def check(spec: object) -> None:
+    """The Gemma classes run GeGLU with gelu_pytorch_tanh, for implementation hf only.
+
+    >>> from memcalc.inputs.specs import ModelSpec
+    >>> check(ModelSpec.preset("gemma-2-2b"))
+    """
+    if spec.activation != "gelu_tanh":
+        raise ValueError("the gemma families run GeGLU with gelu_pytorch_tanh; set activation='gelu_tanh'")
+
+
+FAMILY = {t.model_type: d.name for d in DECLARATIONS for t in d.hf_types}
 # GemmaConfig reads `hidden_act`; Gemma2Config and Gemma3TextConfig `hidden_activation`
 ACTIVATION_KEY = {"gemma": "hidden_act", "gemma2": "hidden_activation", "gemma3_text": "hidden_activation"}
 # GemmaConfig.__post_init__ turns the legacy "gelu" of the first releases into the tanh GELU
@@ -19,10 +59,10 @@ TANH_GELU = {"gemma": ("gelu_pytorch_tanh", "gelu"), "gemma2": ("gelu_pytorch_ta
 DEFAULT_PATTERN = {"gemma2": 2, "gemma3_text": 6}
 
 
-def gemma_fields(cfg: dict, model_type: str) -> dict:
+def fields(cfg: dict, model_type: str) -> dict:
     """ModelSpec fields of a Gemma-generation config.
 
-    >>> f = gemma_fields({"model_type": "gemma2", "vocab_size": 10, "hidden_size": 8,
+    >>> f = fields({"model_type": "gemma2", "vocab_size": 10, "hidden_size": 8,
     ...     "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16}, "gemma2")
     >>> f["family"], f["head_dim"], f["sliding_window"], f["attn_softcap"], f["logit_softcap"]
     ('gemma2', 256, 4096, True, True)

@@ -1,0 +1,19 @@
+"""OLMo-2 (transformers 5.24 modeling_olmo2.py Olmo2ForCausalLM: post-norms, q/k RMSNorm over the
+whole projection, attention_bias on q/k/v/o)."""
+from __future__ import annotations
+
+from memcalc.families.declaration import FamilyDeclaration, HFType, Supports
+from memcalc.inputs.hf.values import flag, llama_like
+
+OLMO2 = FamilyDeclaration(
+    "olmo2", programs={"hf": "hf_olmo2:PROGRAM"},
+    hf_types=(HFType("olmo2", "Olmo2Config", "Olmo2ForCausalLM", reader="memcalc.families.declarations.olmo2:fields"),),
+    block_parameters="memcalc.formulas.parameters:olmo2_block", supports=Supports(),
+    biases=((False, False, False), (True, True, False)), builder="validate.models.hf:olmo2_config")
+DECLARATIONS = (OLMO2,)
+
+
+def fields(cfg: dict, _model_type: str = "olmo2") -> dict:
+    """Olmo2Config: attention_bias on q/k/v/o; the MLP has no biases."""
+    bias = flag(cfg, "attention_bias", False)
+    return dict(llama_like(cfg, "olmo2"), qkv_bias=bias, out_bias=bias, mlp_bias=False)
