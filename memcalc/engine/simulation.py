@@ -1,5 +1,5 @@
 """One simulation of a training step at one depth: the rank's forward program (memcalc.families)
-built into a Graph and walked through the step (memcalc.tape.step). memcalc.engine.core runs it at the
+built into a Graph and walked through the step (memcalc.tape.step). memcalc.engine.run runs it at the
 model's own depth or, through memcalc.engine.depth, at a few small depths from which any depth follows.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ class StepRun:
     """What one simulation of a step gives."""
 
     moments: list
-    """The kept Moments, or with record=True every instant (memcalc.tape.simulate.Memory.log)."""
+    """The kept Moments, or with record=True every instant (memcalc.tape.record.RecordingMemory.log)."""
     param_shapes: list[tuple[int, int]]
     """(elements, dim 0) of each parameter in module order."""
     param_sizes: list[int]
@@ -63,7 +63,7 @@ class StepRun:
     storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
     live: Callable[[int, int], dict] | None = None
     """With record=True: a mark's live storages {(category, size terms): how many} from its
-    stamp and packed counts (memcalc.tape.simulate.RecordedLive)."""
+    stamp and packed counts (memcalc.tape.record.RecordedLive)."""
 
 
 def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
@@ -123,7 +123,7 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
 
         states: dict = {}
         for st in getattr(out, "state_storages", ()):
-            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.simulate.RecordedLive)
+            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.record.RecordedLive)
             states[key] = states.get(key, 0) + 1
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
                        {k: p for k, (p, _) in out.size_counts.items()},

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.core.arguments import _short
-from memcalc.engine.core import estimate_peak, steady_polys
+from memcalc.queries.peaks import estimate_peak, steady_polys
 from memcalc.core.errors import MemcalcError
 from memcalc.inputs.gpus import GPU
 from memcalc.inputs.gpus import gpu as lookup_gpu
