@@ -23,7 +23,8 @@ import random
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from memcalc.inputs.moe import MoESpec, moe_layers
+from memcalc.inputs.moe import MoESpec
+from memcalc.inputs.moe_routing import moe_layers
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 

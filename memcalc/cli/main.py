@@ -13,20 +13,27 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from memcalc.cli.flags import HelpFormatter, add_fields, field_values, flag_fields
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
     from memcalc.queries.planner import Plan
     from memcalc.queries.preflight import Verdict
-    from memcalc.inputs.specs import ModelSpec
     from memcalc.inputs.training import TrainingConfig
 
-MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                   "head_dim", "intermediate_size", "max_position_embeddings")
+_MODEL_SKIP = ("name", "family")  # a preset or an HF config gives these
+_SHAPES = ("micro_batch", "seq_len", "grad_accum")
+_CLI_DEFAULTS = {"micro_batch": 1, "seq_len": 1024}  # (TrainingConfig has no default for these)
+_NOTES = {"micro_batch": "default 1", "seq_len": "default 1024", "tensor_parallel": "--world-size defaults to it",
+          "freeze": "repeatable"}
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors in the project's one-line form (exit 2)."""
+    """argparse, with its errors in the project's one-line form (exit 2) and help read from the
+    fields' docstrings (memcalc.cli.flags)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**{"formatter_class": HelpFormatter, **kwargs})
 
     def error(self, message: str):
         match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
@@ -44,66 +51,28 @@ def _fail(field: str, problem: str, fix: str):
 
 # ---- arguments --------------------------------------------------------------------------------
 def _model_args(p: argparse.ArgumentParser) -> None:
+    """--model / --hf-config, and a flag per ModelSpec field to override (memcalc.cli.flags)."""
+    from memcalc.inputs.specs import ModelSpec
+
     g = p.add_argument_group("model")
     g.add_argument("--model", help="preset name, e.g. gpt2, llama-3-8b")
     g.add_argument("--hf-config", help="path to a Hugging Face config.json")
-    g.add_argument("--implementation", help="hf (default) or reference")
-    for name in MODEL_OVERRIDES:
-        g.add_argument("--" + name.replace("_", "-"), type=int, help=f"override {name}")
+    add_fields(g, ModelSpec, flag_fields(ModelSpec, skip=_MODEL_SKIP), bools="value")
 
 
 def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
-    from memcalc.inputs.training import OPTIMIZERS
+    """A flag per TrainingConfig field (memcalc.cli.flags; without `shapes`, not micro_batch, seq_len
+    and grad_accum), and the LoRA flags."""
+    from memcalc.inputs.training import TrainingConfig
 
     g = p.add_argument_group("training")
-    if shapes:
-        g.add_argument("--micro-batch", type=int, default=1, help="sequences per pass (default 1)")
-        g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
-        g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    g.add_argument("--precision", default="fp32", help="fp32, fp16-amp, bf16-amp or bf16")
-    g.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, metavar="NAME",
-                   help="one of: " + ", ".join(OPTIMIZERS) + " (default adamw)")
-    g.add_argument("--max-grad-norm", type=float,
-                   help="clip_grad_norm_ before each optimizer step (default: no clipping)")
-    g.add_argument("--optimizer-impl", help="foreach, fused or for-loop (default: torch's)")
-    g.add_argument("--weight-decay", type=float, help="default: torch's for the optimizer")
-    g.add_argument("--checkpointing", default="none",
-                   help="none, per-layer, sqrt, every-k or selective")
-    g.add_argument("--checkpoint-every", type=int, help="layers per segment for every-k")
-    g.add_argument("--attention", default="sdpa", help="eager or sdpa")
-    g.add_argument("--device", default="cuda", help="cuda or cpu")
-    g.add_argument("--world-size", type=int, help="ranks training together (default 1)")
-    g.add_argument("--sharding", help="none (DDP), zero1, zero2 or zero3 (FSDP2)")
-    g.add_argument("--fsdp-mixed-precision", action="store_true", default=None,
-                   help="FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) with --precision fp32 "
-                        "and --sharding zero2/zero3")
-    g.add_argument("--tensor-parallel", type=int,
-                   help="tensor-parallel degree t (Megatron column/row splits; default 1); "
-                        "--world-size defaults to t")
-    g.add_argument("--experts-implementation", help="MoE models: grouped_mm (transformers' default) "
-                   "or eager (a loop over the experts)")
-    g.add_argument("--moe-routing", help="MoE models, eager experts: worst (default: a bound over "
-                   "every routing) or balanced tokens per expert")
-    _call_path_args(g)
-    add_finetuning_args(p)
+    skip = ("lora",) if shapes else ("lora",) + _SHAPES
+    add_fields(g, TrainingConfig, flag_fields(TrainingConfig, skip=skip), defaults=_CLI_DEFAULTS, notes=_NOTES)
+    add_lora_args(p)
 
 
-def _call_path_args(g: argparse._ArgumentGroup) -> None:
-    """The HF call path (TrainingConfig.use_cache ... hf_trainer; memcalc.families.call_path)."""
-    g.add_argument("--use-cache", action="store_true", default=None,
-                   help="HF models: the forward keeps use_cache=True (a DynamicCache of k and v)")
-    g.add_argument("--attention-mask", help="none (default), ones, or padded (with --pad-tokens)")
-    g.add_argument("--pad-tokens", type=int, help="padding tokens a sequence, with --attention-mask padded")
-    g.add_argument("--labels", help="input_ids (default) or separate (a labels tensor of its own)")
-    g.add_argument("--num-items-in-batch", action="store_true", default=None,
-                   help="the loss gets num_items_in_batch (as the HF Trainer passes it)")
-    g.add_argument("--hf-trainer", action="store_true", default=None,
-                   help="the HF Trainer's own tensors (held micro-batches, loss scalars, param groups)")
-
-
-def add_finetuning_args(p: argparse.ArgumentParser, freeze_and_quantization: bool = True) -> None:
-    """--lora-* (peft LoRA adapters), --lora-config, and (unless the caller generates them from
-    TrainingConfig's fields) --freeze, --quantization."""
+def add_lora_args(p: argparse.ArgumentParser) -> None:
+    """--lora-* (peft LoRA adapters) and --lora-config."""
     g = p.add_argument_group("fine-tuning")
     g.add_argument("--lora-rank", type=int, help="LoRA adapters of this rank r on a frozen model")
     g.add_argument("--lora-alpha", type=float, help="lora_alpha (default 8; scaling alpha/r)")
@@ -111,10 +80,6 @@ def add_finetuning_args(p: argparse.ArgumentParser, freeze_and_quantization: boo
     g.add_argument("--lora-targets", help="comma-separated module names (default q_proj,v_proj) "
                                           "or all-linear")
     g.add_argument("--lora-config", help="peft adapter_config.json (or its folder)")
-    if freeze_and_quantization:
-        g.add_argument("--freeze", action="append",
-                       help="freeze parameters matching this fnmatch pattern (repeatable)")
-        g.add_argument("--quantization", help="none, nf4, nf4-double, fp4 or int8 (bitsandbytes)")
 
 
 def lora_from_args(args: argparse.Namespace):
@@ -187,29 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
 def model_from_args(args: argparse.Namespace):
     """The ModelSpec named by --model / --hf-config plus overrides."""
     from memcalc.inputs.specs import ModelSpec
+    from memcalc.refusals.step import MOE_OPTIONS, check_moe_options
 
     if (args.model is None) == (args.hf_config is None):
         _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
               "e.g. --model gpt2")
-    if args.implementation is not None and args.implementation not in ("hf", "reference"):
-        _fail("implementation", f"{args.implementation!r} is not an implementation", "use hf or reference")
     model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
-    changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
+    changes = field_values(args, flag_fields(ModelSpec, skip=_MODEL_SKIP + ("implementation",)))
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
     model = model.with_(**changes) if changes else model
-    _check_moe_flags(args, model)
+    check_moe_options(model, given=[n for n in MOE_OPTIONS if getattr(args, n, None) is not None])
     return model
-
-
-def _check_moe_flags(args: argparse.Namespace, model: ModelSpec) -> None:
-    """--moe-routing / --experts-implementation name a dense model's nothing: refused, not ignored."""
-    from memcalc.core.errors import SpecError
-
-    for name in ("moe_routing", "experts_implementation"):
-        if model.moe is None and getattr(args, name, None) is not None:
-            raise SpecError(name, f"{model.name} has no mixture-of-experts layers",
-                            f"drop --{name.replace('_', '-')} (it applies to MoE models only)")
 
 
 def _from_hf(path: str, args: argparse.Namespace):
@@ -224,19 +178,10 @@ def training_from_args(args: argparse.Namespace, **fixed):
     """The TrainingConfig of the training flags (plus `fixed` fields)."""
     from memcalc.inputs.training import TrainingConfig
 
-    names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
-             "weight_decay", "max_grad_norm", "checkpointing", "checkpoint_every", "attention", "device",
-             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
-             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer",
-             "experts_implementation", "moe_routing")
-    fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    fields = field_values(args, flag_fields(TrainingConfig, skip=("lora",)))
     lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
     if lora is not None:
         fields["lora"] = lora
-    if getattr(args, "freeze", None):
-        fields["freeze"] = tuple(args.freeze)
-    if getattr(args, "quantization", None) is not None:
-        fields["quantization"] = args.quantization
     if "tensor_parallel" in fields and "world_size" not in fields:
         fields["world_size"] = fields["tensor_parallel"]
     return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})

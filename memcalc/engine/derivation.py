@@ -12,12 +12,12 @@ from memcalc.allocator.rules import round_up
 from memcalc.core.poly import Poly
 from memcalc.engine.instants import Instant
 from memcalc.engine.layout import N1, Layout, NotRepeating
+from memcalc.engine.simulation import ParamView
 from memcalc.parallel.fsdp import padded_shard_bytes
 from memcalc.tape import step
 from memcalc.tape.finetune_optim import BNB
 from memcalc.tape.moment import Moment
 from memcalc.tape.optimizer import clip_bytes
-from memcalc.tape.param_view import ParamView
 
 FINETUNE_OPTIMIZERS = BNB + ("adafactor",)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from memcalc.engine.regime import Regime, sqrt_segment_size
 from memcalc.families import program_for
-from memcalc.inputs.moe import is_worst
+from memcalc.inputs.moe_routing import is_worst
 from memcalc.inputs.specs import ModelSpec
 
 N1, N2, N3 = 3, 4, 5
@@ -60,7 +60,7 @@ def supported(regime: Regime, model: ModelSpec | None = None) -> bool:
     depth is then simulated layer by layer): LoRA's layers_to_transform short of every layer,
     LoRA targets / modules_to_save / freeze patterns that could name a layer (a digit, or a
     freeze pattern's '?' or '[...]'), explicit MoE routing counts that differ between layers; and
-    the eager experts' 'worst' routing bound (memcalc.inputs.moe.worst_routings), whose per-expert
+    the eager experts' 'worst' routing bound (memcalc.inputs.moe_routing.worst_routings), whose per-expert
     storages carry their largest rounding outside the recorded sizes.
 
     >>> from memcalc.inputs.training import TrainingConfig

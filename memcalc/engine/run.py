@@ -171,7 +171,7 @@ def _checked_form(form: DepthForm, derivation: Derivation) -> DepthForm | None:
 
 def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
     """Every moment of the steady and the first step. A MoE model's 'worst' routing on the eager
-    experts path is the largest of several routings (memcalc.inputs.moe.worst_routings), each expert's
+    experts path is the largest of several routings (memcalc.inputs.moe_routing.worst_routings), each expert's
     storages counted with their largest rounding: the union of their moments, so that every query
     (peak, grid, capacity) takes their maximum, a bound over every routing."""
     regimes = routings(model, regime)
@@ -186,10 +186,10 @@ def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
 
 def routings(model: ModelSpec, regime: Regime) -> list[Regime]:
     """The regimes whose steps together make this one's: a MoE model's 'worst' routing on the
-    eager experts path, one per memcalc.inputs.moe.worst_routings; else the regime itself."""
+    eager experts path, one per memcalc.inputs.moe_routing.worst_routings; else the regime itself."""
     if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
         return [regime]
-    from memcalc.inputs.moe import worst_routings
+    from memcalc.inputs.moe_routing import worst_routings
 
     count = len(worst_routings(model.moe.num_experts, model.moe.top_k))
     return [replace(regime, moe_routing=("worst", i)) for i in range(count)]

@@ -4,6 +4,7 @@ model's own depth or, through memcalc.engine.depth, at a few small depths from w
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,6 +42,36 @@ def build_graph(model: ModelSpec, regime: Regime) -> Graph:
     return ops.g
 
 
+@dataclass(frozen=True)
+class ParamView:
+    """What the optimizer, clipping and the HF Trainer's groups see of a parameter (memcalc.
+    tape.step reads these fields of a graph's Values), its decoder layer's index replaced by
+    '#' so that every unit's parameters compare equal."""
+
+    nbytes: int
+    elt: int
+    rows: int
+    label: str
+    requires_grad: bool
+    last2: tuple[int, int] | None = None  # memcalc.tape.graph.Value.last2
+
+    @property
+    def size(self) -> Poly:
+        """Its bytes, as a Value's size."""
+        return Poly.const(self.nbytes)
+
+
+def param_view(v: object) -> ParamView:
+    """The ParamView of a graph parameter (a memcalc.tape.graph.Value).
+
+    >>> from memcalc.tape.graph import Graph
+    >>> param_view(Graph().param("model.layers.12.mlp.up_proj.weight", Poly.const(8))).label
+    'model.layers.#.mlp.up_proj.weight'
+    """
+    return ParamView(v.size.eval(1, 1), v.elt, v.rows, re.sub(r"\.\d+\.", ".#.", v.label, count=1),
+                     v.requires_grad, v.last2)
+
+
 @dataclass
 class StepRun:
     """What one simulation of a step gives."""
@@ -57,7 +88,7 @@ class StepRun:
     """With record=True: each storage size's Poly by its terms."""
     params: list = field(default_factory=list)
     """With record=True: what the optimizer and clipping see of each parameter, in module order
-    (memcalc.tape.param_view.ParamView)."""
+    (ParamView)."""
     states: dict = field(default_factory=dict)
     """With record=True: the optimizer states the steady state holds from the start, as live
     storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
@@ -119,8 +150,6 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
     if record is not False:
-        from memcalc.tape.param_view import param_view
-
         states: dict = {}
         for st in getattr(out, "state_storages", ()):
             key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.record.RecordedLive)
