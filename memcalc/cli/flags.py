@@ -9,7 +9,6 @@ the docstrings costs milliseconds that a cold `memcalc estimate` does not spend.
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 import types
 import typing
@@ -110,6 +109,8 @@ def field_doc(model: type, name: str) -> str:
     """
     docs = _DOCS.get(model)
     if docs is None:
+        import ast  # (only when help is printed)
+
         docs = _DOCS[model] = {}
         source = open(sys.modules[model.__module__].__file__, encoding="utf-8").read()
         for node in ast.walk(ast.parse(source)):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from typing import TYPE_CHECKING
 
-from memcalc.cli.flags import HelpFormatter, add_fields, field_values, flag_fields
+from memcalc.cli.args import (Parser, fail, json_arg, model_args, model_from_args, training_args,
+                              training_from_args)
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
@@ -21,170 +21,55 @@ if TYPE_CHECKING:
     from memcalc.queries.preflight import Verdict
     from memcalc.inputs.training import TrainingConfig
 
-_MODEL_SKIP = ("name", "family")  # a preset or an HF config gives these
-_SHAPES = ("micro_batch", "seq_len", "grad_accum")
-_CLI_DEFAULTS = {"micro_batch": 1, "seq_len": 1024}  # (TrainingConfig has no default for these)
-_NOTES = {"micro_batch": "default 1", "seq_len": "default 1024", "tensor_parallel": "--world-size defaults to it",
-          "freeze": "repeatable"}
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand; given the `command` that will run, the model and
+    training flags of the others are left out (a cold `memcalc estimate` builds only its own).
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors in the project's one-line form (exit 2) and help read from the
-    fields' docstrings (memcalc.cli.flags)."""
-
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**{"formatter_class": HelpFormatter, **kwargs})
-
-    def error(self, message: str):
-        match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
-                 or re.match(r"unrecognized arguments: --([\w-]+)()", message))
-        field, problem = (match.group(1).replace("-", "_"), match.group(2)
-                          or "this command has no such option") if match else (
-            "arguments", message)
-        _fail(field, problem, f"see `{self.prog} --help`")
-
-
-def _fail(field: str, problem: str, fix: str):
-    print(f"memcalc: error: {field}: {problem}; fix: {fix}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-# ---- arguments --------------------------------------------------------------------------------
-def _model_args(p: argparse.ArgumentParser) -> None:
-    """--model / --hf-config, and a flag per ModelSpec field to override (memcalc.cli.flags)."""
-    from memcalc.inputs.specs import ModelSpec
-
-    g = p.add_argument_group("model")
-    g.add_argument("--model", help="preset name, e.g. gpt2, llama-3-8b")
-    g.add_argument("--hf-config", help="path to a Hugging Face config.json")
-    add_fields(g, ModelSpec, flag_fields(ModelSpec, skip=_MODEL_SKIP), bools="value")
-
-
-def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
-    """A flag per TrainingConfig field (memcalc.cli.flags; without `shapes`, not micro_batch, seq_len
-    and grad_accum), and the LoRA flags."""
-    from memcalc.inputs.training import TrainingConfig
-
-    g = p.add_argument_group("training")
-    skip = ("lora",) if shapes else ("lora",) + _SHAPES
-    add_fields(g, TrainingConfig, flag_fields(TrainingConfig, skip=skip), defaults=_CLI_DEFAULTS, notes=_NOTES)
-    add_lora_args(p)
-
-
-def add_lora_args(p: argparse.ArgumentParser) -> None:
-    """--lora-* (peft LoRA adapters) and --lora-config."""
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--lora-rank", type=int, help="LoRA adapters of this rank r on a frozen model")
-    g.add_argument("--lora-alpha", type=float, help="lora_alpha (default 8; scaling alpha/r)")
-    g.add_argument("--lora-dropout", type=float, help="lora_dropout (default 0: no input copy)")
-    g.add_argument("--lora-targets", help="comma-separated module names (default q_proj,v_proj) "
-                                          "or all-linear")
-    g.add_argument("--lora-config", help="peft adapter_config.json (or its folder)")
-
-
-def lora_from_args(args: argparse.Namespace):
-    """The LoRA of --lora-config and the --lora-* flags (None without any of them).
-
-    >>> a = argparse.Namespace(lora_rank=16, lora_alpha=32.0, lora_dropout=None,
-    ...                        lora_targets="q_proj,v_proj", lora_config=None)
-    >>> lora_from_args(a).scaling
-    2.0
+    >>> parser = build_parser("plan")
+    >>> args = parser.parse_args(["plan", "--model", "gpt2", "--gpu", "L4", "--global-batch", "8", "--seq-len", "8"])
+    >>> args.gpu, args.model, args.precision
+    ('L4', 'gpt2', None)
     """
-    from memcalc.inputs.lora import LoRA
+    def fields(p: argparse.ArgumentParser, name: str, shapes: bool = True) -> None:
+        if command in (None, name):
+            model_args(p), training_args(p, shapes)
 
-    flags = {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
-             "targets": _targets(args.lora_targets) if args.lora_targets else None}
-    given = {k: v for k, v in flags.items() if v is not None}
-    if args.lora_config is None:
-        return LoRA(**given) if given else None
-    base = LoRA.from_peft_config(args.lora_config)
-    return LoRA(**{**base.model_dump(), **given}) if given else base
-
-
-def _targets(text: str):
-    return "all-linear" if text == "all-linear" else [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = _Parser(prog="memcalc", description="Peak memory of a transformer training step.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="memcalc", description="Peak memory of a transformer training step.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("estimate", help="peak memory and its breakdown")
-    _model_args(p), _training_args(p), _json_arg(p)
+    fields(p, "estimate"), json_arg(p)
     p.add_argument("--formula", nargs="?", const="peak", choices=["peak", "activations"],
                    help="print the peak as a sympy expression in b, s and L (num_layers, where the "
                         "layers repeat), or with 'activations' the activation memory alone")
     p = sub.add_parser("capacity", help="largest micro-batch / seq_len / depth within a budget")
-    _model_args(p), _training_args(p), _json_arg(p)
+    fields(p, "capacity"), json_arg(p)
     p.add_argument("--budget", default=None, help="GPU name, 'local', bytes or '80GB'")
     p.add_argument("--gpu", default=None, help="catalogue GPU (same as --budget NAME)")
     p.add_argument("--solve", default=None,
                    choices=["micro_batch", "seq_len", "num_layers", "world_size"],
                    help="the unknown (default: world_size with --sharding zero*, else micro_batch)")
     p = sub.add_parser("plan", help="ranked training plans for one GPU")
-    _model_args(p), _training_args(p, shapes=False), _json_arg(p)
+    fields(p, "plan", shapes=False), json_arg(p)
     p.add_argument("--gpu", required=True, help="catalogue GPU, e.g. H100-80GB")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
-    _check_parser(sub)
+    _check_parser(sub, command in (None, "check"))
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
-    _json_arg(p)
+    json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
     p.add_argument("--out", default="tables", help="output folder (default tables/)")
     p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ")
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
-    _json_arg(p)
+    json_arg(p)
     from memcalc.cli.snapshot import add_snapshot_parser
 
     add_snapshot_parser(sub)
     return parser
-
-
-# ---- building specs ---------------------------------------------------------------------------
-def model_from_args(args: argparse.Namespace):
-    """The ModelSpec named by --model / --hf-config plus overrides."""
-    from memcalc.inputs.specs import ModelSpec
-    from memcalc.refusals.step import MOE_OPTIONS, check_moe_options
-
-    if (args.model is None) == (args.hf_config is None):
-        _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
-              "e.g. --model gpt2")
-    model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
-    changes = field_values(args, flag_fields(ModelSpec, skip=_MODEL_SKIP + ("implementation",)))
-    if args.implementation and args.model:
-        changes["implementation"] = args.implementation
-    model = model.with_(**changes) if changes else model
-    check_moe_options(model, given=[n for n in MOE_OPTIONS if getattr(args, n, None) is not None])
-    return model
-
-
-def _from_hf(path: str, args: argparse.Namespace):
-    from memcalc.core.files import read_json_object
-    from memcalc.inputs.specs import ModelSpec
-
-    config = read_json_object(path)  # a regular file of at most 1 MiB holding a JSON object
-    return ModelSpec.from_hf_config(config, implementation=args.implementation or "hf")
-
-
-def training_from_args(args: argparse.Namespace, **fixed):
-    """The TrainingConfig of the training flags (plus `fixed` fields)."""
-    from memcalc.inputs.training import TrainingConfig
-
-    fields = field_values(args, flag_fields(TrainingConfig, skip=("lora",)))
-    lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
-    if lora is not None:
-        fields["lora"] = lora
-    if "tensor_parallel" in fields and "world_size" not in fields:
-        fields["world_size"] = fields["tensor_parallel"]
-    return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -249,7 +134,7 @@ def cmd_capacity(args: argparse.Namespace) -> dict:
     from memcalc.inputs.gpus import gpu, parse_budget
 
     if (args.budget is None) == (args.gpu is None):
-        _fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
+        fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
     budget = gpu(args.gpu) if args.gpu is not None else parse_budget(args.budget)  # names its flag
     model, training = model_from_args(args), training_from_args(args)
     solve = args.solve or ("world_size" if training.sharding != "none" else "micro_batch")
@@ -374,9 +259,11 @@ def _check_presets(names: list[str] | None) -> None:
 
 
 # ---- check: pre-flight from the user's own files (memcalc.queries.preflight, memcalc.inputs.trainers.trainer_args) ---
-def _check_parser(sub: argparse._SubParsersAction) -> None:
+def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> None:
     p = sub.add_parser("check", help="fits / does not fit, from TrainingArguments JSON and a config.json")
-    _model_args(p), _json_arg(p)
+    if model_flags:
+        model_args(p)
+    json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
@@ -397,12 +284,12 @@ def cmd_check(args: argparse.Namespace) -> dict:
     from memcalc.inputs.training import TrainingConfig
 
     if (args.budget is None) == (args.gpu is None):
-        _fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
+        fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
     trainer = args.trainer_args if args.trainer_args is not None else {}
     if args.axolotl is not None:
         trainer = _from_axolotl(args)
     if args.seq_len is None:
-        _fail("seq_len", "the sequence length is needed", "pass --seq-len N")
+        fail("seq_len", "the sequence length is needed", "pass --seq-len N")
     if args.deepspeed is not None:
         from memcalc.inputs.trainers.trainer_args import trainer_args_dict
 
@@ -432,7 +319,7 @@ def _from_axolotl(args: argparse.Namespace) -> dict:
     from memcalc.inputs.trainers.axolotl import axolotl_fields
 
     if args.trainer_args is not None:
-        _fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
+        fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
     fields, seq_len, mask = axolotl_fields(args.axolotl)
     args.seq_len = args.seq_len or seq_len
     if mask == "padded" and args.attention_mask == "ones":
@@ -474,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     {...
     True
     """
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = build_parser(given[0] if given and given[0] in COMMANDS else None).parse_args(argv)
     from memcalc.core.errors import MemcalcError
 
     try:
@@ -483,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out, indent=2, sort_keys=True))
         sys.stdout.flush()
     except MemcalcError as err:
-        _fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
+        fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

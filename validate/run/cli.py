@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from memcalc.cli.flags import add_fields, field_values, flag_fields
-from memcalc.cli.main import add_lora_args, lora_from_args
+from memcalc.cli.args import add_lora_args, lora_from_args
 from memcalc.core.errors import MemcalcError, SpecError
 from memcalc.inputs.hf.config import load_config
 from memcalc.inputs.specs import ModelSpec
