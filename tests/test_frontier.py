@@ -128,10 +128,13 @@ def test_frontier_in_step_order_is_the_pairwise_reference(case):
 @settings(max_examples=100, deadline=None)
 @given(_fraction_cases)
 def test_frontier_on_fractions_is_the_pairwise_reference(case):
-    """The same on Fraction coefficients (sequence parallelism's b*s/t sizes)."""
+    """The same on Fraction coefficients (sequence parallelism's b*s/t sizes), in step order and
+    largest first (memcalc.engine.depth's tuples when its totals are not packed)."""
     vecs, prune_at = case
     phases, order = ["p"] * len(vecs), list(range(len(vecs)))
     assert _offer_all(vecs, phases, order, prune_at) == _frontier_reference(vecs, phases, order, prune_at)
+    expected = _frontier_reference(vecs, phases, _largest_first(vecs), prune_at).get("p", [])
+    assert kept_largest_first(vecs, phases, prune_at) == set(expected)
 
 
 @settings(max_examples=200, deadline=None)
