@@ -88,5 +88,12 @@ def shared_layout(lay: Layout) -> Layout:
 
 
 def has_derivation(model: ModelSpec, lay: Layout) -> bool:
-    """Whether the derivation serving `lay` is cached already."""
+    """Whether the derivation serving `lay` is cached already (cached_derivation makes it).
+
+    >>> from memcalc.engine.layout import layout; from memcalc.engine.regime import Regime
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> m = ModelSpec.preset("gpt2"); lay = layout(m, Regime.of(TrainingConfig(micro_batch=1, seq_len=8)))
+    >>> cached_derivation(m, lay) is not None, has_derivation(m, lay)
+    (True, True)
+    """
     return derivation_key(model, lay) in CACHE

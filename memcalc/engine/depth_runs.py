@@ -218,7 +218,11 @@ def check_middle(fams: dict, n: int) -> None:
 
 
 def derive_shapes(shapes: list[list]) -> tuple[list, list, list]:
-    """Parameters as before + one unit's * n + after, from N1 and N2 units, checked at N3."""
+    """Parameters as before + one unit's * (n - N1) + after, from N1 and N2 units, checked at N3.
+
+    >>> derive_shapes([["e", "u", "u", "u", "h"], ["e", "u", "u", "u", "u", "h"], ["e"] + ["u"] * 5 + ["h"]])
+    (['e', 'u', 'u', 'u'], ['u'], ['h'])
+    """
     p1, p2, p3 = shapes
     a = 0  # the longest common start, then one unit's parameters inserted
     while a < len(p1) and p1[a] == p2[a]:

@@ -102,7 +102,11 @@ def _add_storages(total: dict, by_cat: dict, counts: dict, cat: str, size: tuple
 
 
 def size_terms(sizes: dict) -> dict:
-    """Each size's terms as (monomial, coefficient) pairs, by its key in `sizes` (expand)."""
+    """Each size's terms as (monomial, coefficient) pairs, by its key in `sizes` (expand).
+
+    >>> size_terms({"k": Poly.bs(2)})
+    {'k': (((1, 1), 2),)}
+    """
     return {k: tuple(p.terms.items()) for k, p in sizes.items()}
 
 
@@ -113,7 +117,11 @@ def _poly(terms: dict) -> Poly:
 
 def label_at(first: str, second: str, n: int) -> str:
     """A label at n units from its labels at N1 and N2: numbers that differ (a layer's index in
-    an FSDP group name) move by their difference per unit."""
+    an FSDP group name) move by their difference per unit.
+
+    >>> label_at("layers.2 backward", "layers.3 backward", 7)
+    'layers.6 backward'
+    """
     if first == second:
         return first
     a, b = re.split(r"(\d+)", first), re.split(r"(\d+)", second)

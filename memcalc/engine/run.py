@@ -65,7 +65,12 @@ def cache_key(model: ModelSpec, training: TrainingConfig) -> tuple:
 
 
 def regime_for(model: ModelSpec, training: TrainingConfig) -> Regime:
-    """The regime of `training`, with the shape conditions a program branches on."""
+    """The regime of `training`, with the shape conditions a program branches on.
+
+    >>> t = TrainingConfig(micro_batch=1, seq_len=8192, attention="eager")
+    >>> regime_for(ModelSpec.preset("gemma-2-2b"), t).sliding_window_reached
+    True
+    """
     return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len),
                    single_sequence=single_sequence(training, model))
 
@@ -186,7 +191,12 @@ def _simulate(model: ModelSpec, regime: Regime) -> Candidates:
 
 def routings(model: ModelSpec, regime: Regime) -> list[Regime]:
     """The regimes whose steps together make this one's: a MoE model's 'worst' routing on the
-    eager experts path, one per memcalc.inputs.moe_routing.worst_routings; else the regime itself."""
+    eager experts path, one per memcalc.inputs.moe_routing.worst_routings; else the regime itself.
+
+    >>> t = TrainingConfig(micro_batch=1, seq_len=8, experts_implementation="eager")
+    >>> [r.moe_routing for r in routings(ModelSpec.preset("mixtral-8x7b"), Regime.of(t))][:2]
+    [('worst', 0), ('worst', 1)]
+    """
     if not (model.moe is not None and regime.experts_implementation == "eager" and regime.moe_routing == "worst"):
         return [regime]
     from memcalc.inputs.moe_routing import worst_routings
