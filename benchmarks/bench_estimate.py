@@ -80,7 +80,8 @@ def bench_cold(repeats: int) -> None:
     the simulation), cache cleared; beside it, in the same run, simulating every layer
     (engine.simulated, what the engine did before memcalc.engine.depth)."""
     from memcalc import ModelSpec, TrainingConfig, estimate
-    from memcalc.engine import core as engine
+    from memcalc.engine import run as engine
+    from memcalc.engine.cache import CACHE
 
     t = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16-amp", checkpointing="per-layer")
     for name, layers, target in (("llama-2-7b", None, 30), ("llama-2-70b", None, 50),
@@ -89,7 +90,7 @@ def bench_cold(repeats: int) -> None:
         model = model.with_(num_layers=layers) if layers else model
 
         def run() -> None:
-            engine._CACHE.clear()
+            CACHE.clear()
             estimate(model, t)
 
         cold, cpu = _medians(run, repeats)

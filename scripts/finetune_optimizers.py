@@ -7,7 +7,7 @@ per-layer checkpointing), plus the managed (paged) bytes outside the allocator.
 from __future__ import annotations
 
 import memcalc
-from memcalc.engine.core import candidates
+from memcalc.engine.run import candidates
 from memcalc.tape.finetune_optim import paged_state_bytes
 from memcalc.core.units import GIB
 

@@ -1,6 +1,6 @@
-"""List import circles among the project's own modules (imports at any depth: module level and
-inside functions; not those under `if TYPE_CHECKING:`, which only annotations read), so that every
-arrow of the layout points one way.
+"""List import circles among the project's own modules, counting every import statement: at module
+level, inside functions, and under `if TYPE_CHECKING:` (an annotation names what the module is
+written against: that is an arrow of the layout too), so that every arrow points one way.
 
     python scripts/import_cycles.py            # memcalc and validate; exit 1 if any circle
 
@@ -16,6 +16,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("memcalc", "validate")
+ALLOWED = {
+    ("memcalc.inputs.specs", "memcalc.formulas.parameters"):
+        "ModelSpec.param_count calls the parameter formulas, which are written against ModelSpec; "
+        "issue 29 item 1 (the family declarations) owns both and is to fold the count in",
+}
+"""Arrows that close a circle, each with why it is there and who removes it: printed, left out
+of the graph. Keep this empty."""
 
 
 def module_name(path: Path) -> str:
@@ -27,13 +34,7 @@ def module_name(path: Path) -> str:
 def imports(path: Path, known: set[str]) -> set[str]:
     """Project modules that `path` imports anywhere in its body."""
     out = set()
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}  # annotations, never run
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -84,6 +85,10 @@ def main() -> int:
     graph = {module_name(p): imports(p, known) - {module_name(p)} for p in files}
     # a package's __init__ importing its own submodules is how packages expose them, not a circle
     graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    for (a, b), why in ALLOWED.items():
+        if b in graph.get(a, ()):
+            graph[a].discard(b)
+            print(f"allowed arrow: {a} -> {b} ({why})")
     found = cycles(graph)
     for comp in found:
         print("circle: " + " <-> ".join(comp))

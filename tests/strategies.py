@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from memcalc.families.registry import FAMILIES, declaration, families_with
-from memcalc.inputs.moe import MoESpec, moe_layers
+from memcalc.inputs.moe import MoESpec
+from memcalc.inputs.moe_routing import moe_layers
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from strategies import PROGRAMS as PROGRAM_LIST
 from strategies import cases, finetune_steps
 
-from memcalc.engine import core as engine
-from memcalc.engine.depth import FINETUNE_OPTIMIZERS, N3, layout, small_model
+from memcalc.engine import run as engine
+from memcalc.engine.cache import CACHE
+from memcalc.engine.derivation import FINETUNE_OPTIMIZERS
+from memcalc.engine.layout import N3, layout, small_model
 from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.queries.estimate import estimate
 from memcalc.families import PROGRAMS
@@ -51,7 +53,7 @@ def _event(text: str) -> None:
 
 
 def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int, int]]) -> None:
-    engine._CACHE.clear()
+    CACHE.clear()
     try:  # memcalc.engine.depth serves it where the layers repeat (depth.supported: every regime but
         with engine.forcing_derivation():  # index-tied settings), else the simulation; forced:
             derived = engine.candidates(model, training)  # not simulated directly where cheaper
@@ -61,21 +63,23 @@ def _compare(model: ModelSpec, training: TrainingConfig, shapes: list[tuple[int,
         assert str(direct.value) == str(err)
         _event("refused alike")
         return
-    used = any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
+    used = any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in CACHE.items())
     for f in _features(model, training) + [model.family]:
         _event(f"{f}: {'derived' if used else 'simulated'}")
     _event(f"prefix {layout(model, Regime.of(training)).prefix}, unit {layout(model, Regime.of(training)).unit}")
     direct = engine.simulated(model, training)
     assert derived.param_shapes == direct.param_shapes
-    key = (model, engine._regime_key(training))
     for bv, sv in shapes:
         s = max(sv, training.pad_tokens + 1)
         if training.sequence_parallel:  # sequence parallelism splits the tokens over the TP ranks
             s = -(-s // training.tensor_parallel) * training.tensor_parallel
         t = training.with_(micro_batch=bv, seq_len=s)
-        engine._CACHE[key] = derived
+        key = engine.cache_key(model, t)
+        if key != engine.cache_key(model, training):  # a shape condition of its own: not these candidates
+            continue
+        CACHE[key] = derived
         mine = _report(estimate(model, t))
-        engine._CACHE[key] = direct
+        CACHE[key] = direct
         assert mine == _report(estimate(model, t)), (bv, sv)
 
 
@@ -111,7 +115,7 @@ def _patterned(pattern: dict, model: ModelSpec, layers: int) -> ModelSpec:
 
 @st.composite
 def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROGRAM_LIST):
-    """A model past N3 units of its layout (prefix, unit: memcalc.engine.depth.repeat over its layer
+    """A model past N3 units of its layout (prefix, unit: memcalc.engine.layout.repeat over its layer
     pattern) and a step over every program, precision, checkpointing mode, optimizer, parallel
     layout, and, with `finetune`, clipping, bitsandbytes/Adafactor optimizers, LoRA / QLoRA /
     frozen parameters and the HF call paths (strategies.finetune_steps)."""
@@ -126,7 +130,7 @@ def deep_cases(draw, parallel: bool = True, finetune: bool = True, programs=PROG
         depth = lay.prefix + (N3 + 1 + draw(st.integers(0, 3))) * lay.unit + draw(st.integers(0, lay.unit - 1))
     model = _patterned(pattern, model, depth)
     if training.lora is not None and training.lora.layers is not None:  # every layer, or every other
-        every = draw(st.sampled_from([1, 2]))  # (not derived: memcalc.engine.depth.supported)
+        every = draw(st.sampled_from([1, 2]))  # (not derived: memcalc.engine.layout.supported)
         training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(0, depth, every))}))
     return model, training
 
@@ -179,7 +183,7 @@ def test_finetuned_formula_in_depth_is_the_simulated_peak(case, bv, sv):
 
 def _check_formula(case: tuple, bv: int, sv: int) -> None:
     """expr, where it is in L, evaluated at another depth of the same layout (a unit less: the
-    layer pattern kept, memcalc.engine.depth.small_model) is that depth's simulated peak (unrounded:
+    layer pattern kept, memcalc.engine.layout.small_model) is that depth's simulated peak (unrounded:
     device cpu)."""
     model, training = case
     training = training.with_(device="cpu", micro_batch=bv, seq_len=max(sv, training.pad_tokens + 1))
@@ -202,8 +206,8 @@ def _check_formula(case: tuple, bv: int, sv: int) -> None:
         training = training.with_(lora=training.lora.model_copy(update={"layers": tuple(range(other.num_layers))}))
     bv, sv = training.micro_batch, training.seq_len
     engine.check_step(other, training)
-    regime = engine._regime(other, training)  # a MoE 'worst' eager step: every routing's moments
-    peak = max(m.total.eval(bv, sv) for r in engine._routings(other, regime) for m in run_step(other, r, False).moments)
+    regime = engine.regime_for(other, training)  # a MoE 'worst' eager step: every routing's moments
+    peak = max(m.total.eval(bv, sv) for r in engine.routings(other, regime) for m in run_step(other, r, False).moments)
     assert int(expr.xreplace({b: bv, s: sv, L: other.num_layers})) == int(peak)
 
 
@@ -214,7 +218,7 @@ def test_repeating_programs_are_derived(family, impl):
                            num_heads=2, max_position_embeddings=64,
                            **({"intermediate_size": 64} if family == "llama" else {}))
     for mode in ("none", "per-layer", "selective"):
-        engine._CACHE.clear()
+        CACHE.clear()
         assert engine.candidates(model, TrainingConfig(micro_batch=1, seq_len=8, checkpointing=mode)).depth
 
 
@@ -252,13 +256,13 @@ def test_layers_that_do_not_repeat_fall_back(monkeypatch, period):
     model = ModelSpec.make(family="gpt2", implementation="reference", vocab_size=100, hidden_size=32,
                            num_layers=17, num_heads=2, max_position_embeddings=64)
     t = TrainingConfig(micro_batch=2, seq_len=16, device="cuda")
-    engine._CACHE.clear()
+    CACHE.clear()
     derived = engine.candidates(model, t)
     assert (derived.depth is not None) == (period == 2)
     direct = engine.simulated(model, t)
     assert max(derived.steady_set.rounded_totals(2, 16)) == max(direct.steady_set.rounded_totals(2, 16))
     assert max(derived.first_set.rounded_totals(3, 9)) == max(direct.first_set.rounded_totals(3, 9))
-    engine._CACHE.clear()
+    CACHE.clear()
     if period == 1:  # too deep to simulate layer by layer: refused by name
         with pytest.raises(NotModelledError, match="num_layers"):
             engine.candidates(model.with_(num_layers=200), t)
@@ -287,10 +291,10 @@ def _moe(family: str, dense: tuple = (), **fields) -> ModelSpec:
 
 
 def _used(model: ModelSpec, training: TrainingConfig) -> bool:
-    engine._CACHE.clear()
+    CACHE.clear()
     with engine.forcing_derivation():
         engine.candidates(model, training)
-    return any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in engine._CACHE.items())
+    return any(isinstance(k, tuple) and k[:1] == ("depth",) and v is not None for k, v in CACHE.items())
 
 
 @pytest.mark.parametrize("name,model,fields,derived", [
@@ -332,11 +336,11 @@ def test_a_stack_simulated_because_cheaper_keeps_its_depth_form():
     36 directly (engine._direct_pays); the depth form, derived when read, is the one the
     forced derivation gives, and so are the numbers."""
     model, t = _small_llama(36), TrainingConfig(micro_batch=2, seq_len=16, checkpointing="sqrt")
-    engine._CACHE.clear()
+    CACHE.clear()
     direct = engine.candidates(model, t)
     assert direct._pending is not None  # not derived yet
     lazy = direct.depth
-    engine._CACHE.clear()
+    CACHE.clear()
     with engine.forcing_derivation():
         derived = engine.candidates(model, t)
     def terms(form):
@@ -348,30 +352,30 @@ def test_a_stack_simulated_because_cheaper_keeps_its_depth_form():
 
 
 def test_ddp_and_zero1_share_one_derivation_across_rank_counts():
-    """A derivation made at 5 ranks serves 3 (engine._shared_layout); every rank's numbers are
+    """A derivation made at 5 ranks serves 3 (memcalc.engine.cache.shared_layout); every rank's numbers are
     those of simulating every layer at 3 ranks."""
     model = _small_llama(16)  # 12 layers to derive: derived, not simulated
     for sharding in ("none", "zero1"):
-        engine._CACHE.clear()
+        CACHE.clear()
         t5, t3 = (TrainingConfig(micro_batch=2, seq_len=16, world_size=w, sharding=sharding) for w in (5, 3))
         engine.candidates(model, t5)
-        derivations = sum(1 for k in engine._CACHE if k[0] == "depth")
+        derivations = sum(1 for k in CACHE if k[0] == "depth")
         shared = engine.candidates(model, t3)
-        assert sum(1 for k in engine._CACHE if k[0] == "depth") == derivations == 1
-        key = (model, engine._regime_key(t3))
+        assert sum(1 for k in CACHE if k[0] == "depth") == derivations == 1
+        key = engine.cache_key(model, t3)
         mine = _report(estimate(model, t3))
-        engine._CACHE.clear()
-        engine._CACHE[key] = engine.simulated(model, t3)
+        CACHE.clear()
+        CACHE[key] = engine.simulated(model, t3)
         assert mine == _report(estimate(model, t3)) and shared.regime.data_parallel == 3
 
 
 def test_every_depth_of_a_layout_shares_one_derivation():
-    """16 and 20 layers (unit 1, no rest): one derivation (engine._shared_layout), and each
+    """16 and 20 layers (unit 1, no rest): one derivation (memcalc.engine.cache.shared_layout), and each
     depth's numbers are those of simulating every layer."""
     t = TrainingConfig(micro_batch=2, seq_len=16, checkpointing="per-layer")
-    engine._CACHE.clear()
+    CACHE.clear()
     derived = [engine.candidates(_small_llama(n), t) for n in (16, 20)]
-    assert sum(1 for k in engine._CACHE if k[0] == "depth") == 1
+    assert sum(1 for k in CACHE if k[0] == "depth") == 1
     for n, c in zip((16, 20), derived):
         direct = engine.simulated(_small_llama(n), t)
         assert max(c.steady_set.rounded_totals(3, 9)) == max(direct.steady_set.rounded_totals(3, 9))

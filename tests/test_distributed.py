@@ -133,7 +133,7 @@ def test_more_sharding_can_cost_more_where_fsdp2_pads_the_experts():
 def _padding(model, t):
     """Bytes FSDP2's padding adds to the unsharded parameters: each parameter of `rows` rows is
     split by torch.chunk into chunks of ceil(rows / W) rows, each rank's padded to that."""
-    from memcalc.engine.core import build_graph
+    from memcalc.engine.simulation import build_graph
     from memcalc.engine.regime import Regime
 
     world, out = t.world_size, 0
@@ -144,7 +144,7 @@ def _padding(model, t):
 
 
 def _unsharded_groups(model, t):
-    from memcalc.engine.core import build_graph
+    from memcalc.engine.simulation import build_graph
     from memcalc.parallel.fsdp import Fsdp
     from memcalc.engine.regime import Regime
 
@@ -176,7 +176,7 @@ def test_gradient_accumulation_under_fsdp_costs_at_most_the_sharded_grads(shardi
     # later micro-steps keep the sharded .grad from the first and add each reduce-scatter output
     # into it: the step's peak grows by at most every group's shard (the kept grads) plus one
     # group's shard (the output being added)
-    from memcalc.engine.core import build_graph
+    from memcalc.engine.simulation import build_graph
     from memcalc.parallel.fsdp import Fsdp
     from memcalc.engine.regime import Regime
 

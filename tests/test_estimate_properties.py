@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from memcalc.queries.estimate import estimate
 from memcalc.formulas.model_states import model_state_bytes
-from memcalc.engine.core import activation_peak_bytes
+from memcalc.queries.peaks import activation_peak_bytes
 from memcalc.inputs.specs import ModelSpec
 from memcalc.core.symbols import b as B, s as S
 from memcalc.inputs.training import TrainingConfig

@@ -5,7 +5,7 @@ parameter shapes carry the experts' last two dims."""
 import pytest
 from hypothesis import given
 
-from memcalc.engine.core import build_graph
+from memcalc.engine.simulation import build_graph
 from memcalc.engine.regime import Regime
 from memcalc.tape import finetune_optim as ft
 from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS

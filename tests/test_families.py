@@ -3,7 +3,7 @@ count, the sliding-window rules against what masking_utils does, invariants of t
 import pytest
 
 from memcalc import ModelSpec, TrainingConfig
-from memcalc.engine.core import window_reached
+from memcalc.engine.run import window_reached
 from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.queries.estimate import estimate
 from tests.configs import meta_num_parameters

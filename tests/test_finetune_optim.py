@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memcalc.engine.core import candidates
+from memcalc.engine.run import candidates
 from memcalc.core.errors import MemcalcError
 from memcalc.queries.estimate import estimate
 from memcalc.inputs.specs import ModelSpec

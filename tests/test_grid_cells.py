@@ -3,10 +3,10 @@ live-storage sizes), and its cell partition."""
 import numpy as np
 from hypothesis import assume, given, strategies as st
 
-from memcalc.engine.core import MomentSet
+from memcalc.engine.codegen import MomentSet
 from memcalc.queries.grid_cells import CellEvaluator, cell_of, cell_range
 from memcalc.core.poly import Poly
-from memcalc.tape.simulate import Moment
+from memcalc.tape.moment import Moment
 
 import tests.strategies  # noqa: F401 (the shared hypothesis profiles: quick/long, no deadline)
 

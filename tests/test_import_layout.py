@@ -31,3 +31,12 @@ def test_estimate_imports_no_torch():
             "memcalc.TrainingConfig(micro_batch=1, seq_len=8)); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_script_counts_annotation_and_function_imports(tmp_path):
+    """An import under `if TYPE_CHECKING:` (what the module is written against) and one inside a
+    function are arrows as much as a module-level one."""
+    path = tmp_path / "m.py"
+    path.write_text("from typing import TYPE_CHECKING\nimport pkg.a\nif TYPE_CHECKING:\n    from pkg.b import X\n"
+                    "def f():\n    from pkg import c\n")
+    assert _script().imports(path, {"pkg.a", "pkg.b", "pkg.c", "pkg"}) == {"pkg.a", "pkg.b", "pkg.c"}

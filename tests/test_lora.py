@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from memcalc import LoRA
-from memcalc.engine.core import build_graph, estimate_peak
+from memcalc.engine.simulation import build_graph
+from memcalc.queries.peaks import estimate_peak
 from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.refusals.finetune import lora_layout
 from memcalc.engine.regime import Regime

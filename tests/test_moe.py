@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from memcalc import estimate
 from memcalc.core.errors import MemcalcError, NotModelledError, SpecError
 from memcalc.formulas.parameters import active_parameter_count
-from memcalc.inputs.moe import MoESpec, moe_layers
+from memcalc.inputs.moe import MoESpec
+from memcalc.inputs.moe_routing import moe_layers
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 
@@ -191,7 +192,7 @@ def routed_steps(draw):
 @given(routed_steps())
 def test_worst_routing_is_never_below_any_routing(step):
     """'worst' is an upper bound of the step's peak over every routing, after the allocator's
-    rounding (memcalc.inputs.moe.worst_routings), on both experts paths and devices."""
+    rounding (memcalc.inputs.moe_routing.worst_routings), on both experts paths and devices."""
     spec, training, counts = step
     worst = estimate(spec, training)
     routed = estimate(spec, training.with_(moe_routing=counts))

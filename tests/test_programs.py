@@ -4,7 +4,7 @@ visits and ZeRO-1 partitions), built by the validator from the same spec."""
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from memcalc.engine.core import build_graph
+from memcalc.engine.simulation import build_graph
 from memcalc.families import PROGRAMS, program_for
 from memcalc.engine.regime import Regime
 from memcalc.inputs.specs import ModelSpec

@@ -13,7 +13,7 @@ import json
 from hypothesis import given, strategies as st
 
 from memcalc import LoRA
-from memcalc.engine.core import _regime, single_sequence
+from memcalc.engine.run import regime_for, single_sequence
 from memcalc.queries.estimate import estimate
 from memcalc.inputs.hf.config import spec_from_hf
 from memcalc.engine.simulation import build_graph
@@ -34,7 +34,7 @@ MEASURED = 1_056_296
 
 
 def _copies(model: ModelSpec, training: TrainingConfig) -> int:
-    graph = build_graph(model, _regime(model, training))
+    graph = build_graph(model, regime_for(model, training))
     return sum(1 for n in graph.nodes if "reshape copy" in n.name)
 
 
@@ -56,7 +56,7 @@ def test_selective_holds_position_ids():
     # bf16, the model above), 768 B more than memcalc gave without them
     sdpa = SELECTIVE.with_(attention="sdpa")
     assert 809_000 - estimate(LLAMA, sdpa).peak_bytes == 4
-    graph = build_graph(LLAMA, _regime(LLAMA, sdpa))
+    graph = build_graph(LLAMA, regime_for(LLAMA, sdpa))
     held = [n for n in graph.nodes if n.name == "checkpointed closure's position_ids"]
     assert len(held) == LLAMA.num_layers and all(n.region is not None for n in held)
 
@@ -72,9 +72,9 @@ def test_per_layer_and_every_k_regions_hold_position_ids():
     for training, measured in ((fp32.with_(checkpointing="per-layer"), 1_315_144),
                                (fp32.with_(checkpointing="every-k", checkpoint_every=2), 1_757_768)):
         assert measured - estimate(LLAMA, training).peak_bytes == 4
-        graph = build_graph(LLAMA, _regime(LLAMA, training))
+        graph = build_graph(LLAMA, regime_for(LLAMA, training))
         held = [n for n in graph.nodes if n.name == "checkpointed closure's position_ids"]
-        assert len(held) == len(_regime(LLAMA, training).segment_starts(LLAMA.num_layers))
+        assert len(held) == len(regime_for(LLAMA, training).segment_starts(LLAMA.num_layers))
 
 
 def test_region_inputs_are_released_when_its_first_op_gets_no_gradient():
@@ -84,7 +84,7 @@ def test_region_inputs_are_released_when_its_first_op_gets_no_gradient():
     t = SELECTIVE.with_(precision="fp32", optimizer="adamw", lora=LoRA(rank=4, targets=["v_proj"]))
     r = estimate(LLAMA, t)
     assert r.phases["optimizer"] < r.phases["backward"]
-    from memcalc.engine.core import candidates
+    from memcalc.engine.run import candidates
 
     for m in candidates(LLAMA, t).steady:
         if m.phase == "optimizer":

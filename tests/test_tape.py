@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from memcalc.queries.estimate import MomentSet
 from memcalc.core.poly import Poly
 from memcalc.core.symbols import b, s
-from memcalc.tape.simulate import Moment, prune_convex
+from memcalc.tape.moment import Moment, prune_convex_moments
 
 MONOMIALS = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
 polys = st.dictionaries(st.sampled_from(MONOMIALS), st.integers(0, 10**6), max_size=6).map(Poly)
@@ -29,7 +29,7 @@ def test_dominance_is_sound(p, q, shape):
 @given(st.lists(polys, min_size=1, max_size=12), st.lists(shapes, min_size=1, max_size=5))
 def test_pruning_keeps_the_maximum(totals, points):
     moments = [Moment("p", str(i), t, {}) for i, t in enumerate(totals)]
-    kept = prune_convex(moments)
+    kept = prune_convex_moments(moments)
     assert kept
     for bv, sv in points:
         assert max(m.total.eval(bv, sv) for m in kept) == max(t.eval(bv, sv) for t in totals)

@@ -9,237 +9,67 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from typing import TYPE_CHECKING
 
+from memcalc.cli.args import (Parser, fail, json_arg, model_args, model_from_args, training_args,
+                              training_from_args)
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
     from memcalc.queries.planner import Plan
     from memcalc.queries.preflight import Verdict
-    from memcalc.inputs.specs import ModelSpec
     from memcalc.inputs.training import TrainingConfig
 
-MODEL_OVERRIDES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                   "head_dim", "intermediate_size", "max_position_embeddings")
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of every subcommand; given the `command` that will run, the model and
+    training flags of the others are left out (a cold `memcalc estimate` builds only its own).
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors in the project's one-line form (exit 2)."""
-
-    def error(self, message: str):
-        match = (re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
-                 or re.match(r"unrecognized arguments: --([\w-]+)()", message))
-        field, problem = (match.group(1).replace("-", "_"), match.group(2)
-                          or "this command has no such option") if match else (
-            "arguments", message)
-        _fail(field, problem, f"see `{self.prog} --help`")
-
-
-def _fail(field: str, problem: str, fix: str):
-    print(f"memcalc: error: {field}: {problem}; fix: {fix}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-# ---- arguments --------------------------------------------------------------------------------
-def _model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", help="preset name, e.g. gpt2, llama-3-8b")
-    g.add_argument("--hf-config", help="path to a Hugging Face config.json")
-    g.add_argument("--implementation", help="hf (default) or reference")
-    for name in MODEL_OVERRIDES:
-        g.add_argument("--" + name.replace("_", "-"), type=int, help=f"override {name}")
-
-
-def _training_args(p: argparse.ArgumentParser, shapes: bool = True) -> None:
-    from memcalc.inputs.training import OPTIMIZERS
-
-    g = p.add_argument_group("training")
-    if shapes:
-        g.add_argument("--micro-batch", type=int, default=1, help="sequences per pass (default 1)")
-        g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
-        g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
-    g.add_argument("--precision", default="fp32", help="fp32, fp16-amp, bf16-amp or bf16")
-    g.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, metavar="NAME",
-                   help="one of: " + ", ".join(OPTIMIZERS) + " (default adamw)")
-    g.add_argument("--max-grad-norm", type=float,
-                   help="clip_grad_norm_ before each optimizer step (default: no clipping)")
-    g.add_argument("--optimizer-impl", help="foreach, fused or for-loop (default: torch's)")
-    g.add_argument("--weight-decay", type=float, help="default: torch's for the optimizer")
-    g.add_argument("--checkpointing", default="none",
-                   help="none, per-layer, sqrt, every-k or selective")
-    g.add_argument("--checkpoint-every", type=int, help="layers per segment for every-k")
-    g.add_argument("--attention", default="sdpa", help="eager or sdpa")
-    g.add_argument("--device", default="cuda", help="cuda or cpu")
-    g.add_argument("--world-size", type=int, help="ranks training together (default 1)")
-    g.add_argument("--sharding", help="none (DDP), zero1, zero2 or zero3 (FSDP2)")
-    g.add_argument("--fsdp-mixed-precision", action="store_true", default=None,
-                   help="FSDP2 MixedPrecisionPolicy(bf16 params, fp32 reduce) with --precision fp32 "
-                        "and --sharding zero2/zero3")
-    g.add_argument("--tensor-parallel", type=int,
-                   help="tensor-parallel degree t (Megatron column/row splits; default 1); "
-                        "--world-size defaults to t")
-    g.add_argument("--experts-implementation", help="MoE models: grouped_mm (transformers' default) "
-                   "or eager (a loop over the experts)")
-    g.add_argument("--moe-routing", help="MoE models, eager experts: worst (default: a bound over "
-                   "every routing) or balanced tokens per expert")
-    _call_path_args(g)
-    add_finetuning_args(p)
-
-
-def _call_path_args(g: argparse._ArgumentGroup) -> None:
-    """The HF call path (TrainingConfig.use_cache ... hf_trainer; memcalc.families.call_path)."""
-    g.add_argument("--use-cache", action="store_true", default=None,
-                   help="HF models: the forward keeps use_cache=True (a DynamicCache of k and v)")
-    g.add_argument("--attention-mask", help="none (default), ones, or padded (with --pad-tokens)")
-    g.add_argument("--pad-tokens", type=int, help="padding tokens a sequence, with --attention-mask padded")
-    g.add_argument("--labels", help="input_ids (default) or separate (a labels tensor of its own)")
-    g.add_argument("--num-items-in-batch", action="store_true", default=None,
-                   help="the loss gets num_items_in_batch (as the HF Trainer passes it)")
-    g.add_argument("--hf-trainer", action="store_true", default=None,
-                   help="the HF Trainer's own tensors (held micro-batches, loss scalars, param groups)")
-
-
-def add_finetuning_args(p: argparse.ArgumentParser, freeze_and_quantization: bool = True) -> None:
-    """--lora-* (peft LoRA adapters), --lora-config, and (unless the caller generates them from
-    TrainingConfig's fields) --freeze, --quantization."""
-    g = p.add_argument_group("fine-tuning")
-    g.add_argument("--lora-rank", type=int, help="LoRA adapters of this rank r on a frozen model")
-    g.add_argument("--lora-alpha", type=float, help="lora_alpha (default 8; scaling alpha/r)")
-    g.add_argument("--lora-dropout", type=float, help="lora_dropout (default 0: no input copy)")
-    g.add_argument("--lora-targets", help="comma-separated module names (default q_proj,v_proj) "
-                                          "or all-linear")
-    g.add_argument("--lora-config", help="peft adapter_config.json (or its folder)")
-    if freeze_and_quantization:
-        g.add_argument("--freeze", action="append",
-                       help="freeze parameters matching this fnmatch pattern (repeatable)")
-        g.add_argument("--quantization", help="none, nf4, nf4-double, fp4 or int8 (bitsandbytes)")
-
-
-def lora_from_args(args: argparse.Namespace):
-    """The LoRA of --lora-config and the --lora-* flags (None without any of them).
-
-    >>> a = argparse.Namespace(lora_rank=16, lora_alpha=32.0, lora_dropout=None,
-    ...                        lora_targets="q_proj,v_proj", lora_config=None)
-    >>> lora_from_args(a).scaling
-    2.0
+    >>> parser = build_parser("plan")
+    >>> args = parser.parse_args(["plan", "--model", "gpt2", "--gpu", "L4", "--global-batch", "8", "--seq-len", "8"])
+    >>> args.gpu, args.model, args.precision
+    ('L4', 'gpt2', None)
     """
-    from memcalc.inputs.lora import LoRA
+    def fields(p: argparse.ArgumentParser, name: str, shapes: bool = True) -> None:
+        if command in (None, name):
+            model_args(p), training_args(p, shapes)
 
-    flags = {"rank": args.lora_rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout,
-             "targets": _targets(args.lora_targets) if args.lora_targets else None}
-    given = {k: v for k, v in flags.items() if v is not None}
-    if args.lora_config is None:
-        return LoRA(**given) if given else None
-    base = LoRA.from_peft_config(args.lora_config)
-    return LoRA(**{**base.model_dump(), **given}) if given else base
-
-
-def _targets(text: str):
-    return "all-linear" if text == "all-linear" else [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = _Parser(prog="memcalc", description="Peak memory of a transformer training step.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="memcalc", description="Peak memory of a transformer training step.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("estimate", help="peak memory and its breakdown")
-    _model_args(p), _training_args(p), _json_arg(p)
+    fields(p, "estimate"), json_arg(p)
     p.add_argument("--formula", nargs="?", const="peak", choices=["peak", "activations"],
                    help="print the peak as a sympy expression in b, s and L (num_layers, where the "
                         "layers repeat), or with 'activations' the activation memory alone")
     p = sub.add_parser("capacity", help="largest micro-batch / seq_len / depth within a budget")
-    _model_args(p), _training_args(p), _json_arg(p)
+    fields(p, "capacity"), json_arg(p)
     p.add_argument("--budget", default=None, help="GPU name, 'local', bytes or '80GB'")
     p.add_argument("--gpu", default=None, help="catalogue GPU (same as --budget NAME)")
     p.add_argument("--solve", default=None,
                    choices=["micro_batch", "seq_len", "num_layers", "world_size"],
                    help="the unknown (default: world_size with --sharding zero*, else micro_batch)")
     p = sub.add_parser("plan", help="ranked training plans for one GPU")
-    _model_args(p), _training_args(p, shapes=False), _json_arg(p)
+    fields(p, "plan", shapes=False), json_arg(p)
     p.add_argument("--gpu", required=True, help="catalogue GPU, e.g. H100-80GB")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
-    _check_parser(sub)
+    _check_parser(sub, command in (None, "check"))
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
-    _json_arg(p)
+    json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
     p.add_argument("--out", default="tables", help="output folder (default tables/)")
     p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ")
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
-    _json_arg(p)
+    json_arg(p)
     from memcalc.cli.snapshot import add_snapshot_parser
 
     add_snapshot_parser(sub)
     return parser
-
-
-# ---- building specs ---------------------------------------------------------------------------
-def model_from_args(args: argparse.Namespace):
-    """The ModelSpec named by --model / --hf-config plus overrides."""
-    from memcalc.inputs.specs import ModelSpec
-
-    if (args.model is None) == (args.hf_config is None):
-        _fail("model", "give exactly one of --model PRESET or --hf-config PATH",
-              "e.g. --model gpt2")
-    if args.implementation is not None and args.implementation not in ("hf", "reference"):
-        _fail("implementation", f"{args.implementation!r} is not an implementation", "use hf or reference")
-    model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
-    changes = {k: getattr(args, k) for k in MODEL_OVERRIDES if getattr(args, k) is not None}
-    if args.implementation and args.model:
-        changes["implementation"] = args.implementation
-    model = model.with_(**changes) if changes else model
-    _check_moe_flags(args, model)
-    return model
-
-
-def _check_moe_flags(args: argparse.Namespace, model: ModelSpec) -> None:
-    """--moe-routing / --experts-implementation name a dense model's nothing: refused, not ignored."""
-    from memcalc.core.errors import SpecError
-
-    for name in ("moe_routing", "experts_implementation"):
-        if model.moe is None and getattr(args, name, None) is not None:
-            raise SpecError(name, f"{model.name} has no mixture-of-experts layers",
-                            f"drop --{name.replace('_', '-')} (it applies to MoE models only)")
-
-
-def _from_hf(path: str, args: argparse.Namespace):
-    from memcalc.core.files import read_json_object
-    from memcalc.inputs.specs import ModelSpec
-
-    config = read_json_object(path)  # a regular file of at most 1 MiB holding a JSON object
-    return ModelSpec.from_hf_config(config, implementation=args.implementation or "hf")
-
-
-def training_from_args(args: argparse.Namespace, **fixed):
-    """The TrainingConfig of the training flags (plus `fixed` fields)."""
-    from memcalc.inputs.training import TrainingConfig
-
-    names = ("micro_batch", "seq_len", "grad_accum", "precision", "optimizer", "optimizer_impl",
-             "weight_decay", "max_grad_norm", "checkpointing", "checkpoint_every", "attention", "device",
-             "world_size", "sharding", "tensor_parallel", "fsdp_mixed_precision",
-             "use_cache", "attention_mask", "pad_tokens", "labels", "num_items_in_batch", "hf_trainer",
-             "experts_implementation", "moe_routing")
-    fields = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
-    if lora is not None:
-        fields["lora"] = lora
-    if getattr(args, "freeze", None):
-        fields["freeze"] = tuple(args.freeze)
-    if getattr(args, "quantization", None) is not None:
-        fields["quantization"] = args.quantization
-    if "tensor_parallel" in fields and "world_size" not in fields:
-        fields["world_size"] = fields["tensor_parallel"]
-    return TrainingConfig.make(**{"micro_batch": 1, "seq_len": 1, **fields, **fixed})
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -304,7 +134,7 @@ def cmd_capacity(args: argparse.Namespace) -> dict:
     from memcalc.inputs.gpus import gpu, parse_budget
 
     if (args.budget is None) == (args.gpu is None):
-        _fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
+        fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
     budget = gpu(args.gpu) if args.gpu is not None else parse_budget(args.budget)  # names its flag
     model, training = model_from_args(args), training_from_args(args)
     solve = args.solve or ("world_size" if training.sharding != "none" else "micro_batch")
@@ -429,9 +259,11 @@ def _check_presets(names: list[str] | None) -> None:
 
 
 # ---- check: pre-flight from the user's own files (memcalc.queries.preflight, memcalc.inputs.trainers.trainer_args) ---
-def _check_parser(sub: argparse._SubParsersAction) -> None:
+def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> None:
     p = sub.add_parser("check", help="fits / does not fit, from TrainingArguments JSON and a config.json")
-    _model_args(p), _json_arg(p)
+    if model_flags:
+        model_args(p)
+    json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
@@ -452,12 +284,12 @@ def cmd_check(args: argparse.Namespace) -> dict:
     from memcalc.inputs.training import TrainingConfig
 
     if (args.budget is None) == (args.gpu is None):
-        _fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
+        fail("gpu", "give exactly one of --gpu or --budget", "e.g. --gpu RTX-4090")
     trainer = args.trainer_args if args.trainer_args is not None else {}
     if args.axolotl is not None:
         trainer = _from_axolotl(args)
     if args.seq_len is None:
-        _fail("seq_len", "the sequence length is needed", "pass --seq-len N")
+        fail("seq_len", "the sequence length is needed", "pass --seq-len N")
     if args.deepspeed is not None:
         from memcalc.inputs.trainers.trainer_args import trainer_args_dict
 
@@ -487,7 +319,7 @@ def _from_axolotl(args: argparse.Namespace) -> dict:
     from memcalc.inputs.trainers.axolotl import axolotl_fields
 
     if args.trainer_args is not None:
-        _fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
+        fail("axolotl", "give --axolotl or --trainer-args, not both", "drop one")
     fields, seq_len, mask = axolotl_fields(args.axolotl)
     args.seq_len = args.seq_len or seq_len
     if mask == "padded" and args.attention_mask == "ones":
@@ -529,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     {...
     True
     """
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = build_parser(given[0] if given and given[0] in COMMANDS else None).parse_args(argv)
     from memcalc.core.errors import MemcalcError
 
     try:
@@ -538,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out, indent=2, sort_keys=True))
         sys.stdout.flush()
     except MemcalcError as err:
-        _fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
+        fail(err.field, err.problem, err.fix or f"see `memcalc {args.command} --help`")
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

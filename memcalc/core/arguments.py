@@ -9,7 +9,12 @@ from memcalc.core import limits
 from memcalc.core.errors import MemcalcError
 
 
-def _short(value: object, n: int = 60) -> str:
+def shown(value: object, n: int = 60) -> str:
+    """A value as an error message quotes it: its repr, cut at n characters.
+
+    >>> shown("x" * 70, 5)
+    "'xxxx..."
+    """
     text = repr(value)
     return text if len(text) <= n else text[:n] + "..."
 
@@ -26,17 +31,17 @@ def check_int(field: str, value: object, lo: int = 1, hi: int | None = None) -> 
     """
     bound = f">= {lo}" if hi is None else f"in [{lo}, {hi:,}]"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise MemcalcError(field, f"{_short(value)} is not an integer", f"pass an integer {bound}")
+        raise MemcalcError(field, f"{shown(value)} is not an integer", f"pass an integer {bound}")
     value = int(value)
     if value < lo or (hi is not None and value > hi):
-        raise MemcalcError(field, f"must be {bound}, got {_short(value)}", f"pass an integer {bound}")
+        raise MemcalcError(field, f"must be {bound}, got {shown(value)}", f"pass an integer {bound}")
     return value
 
 
 def check_fraction(field: str, value: object, fix: str) -> float:
     """A finite real number in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise MemcalcError(field, f"{_short(value)} is not a number", fix)
+        raise MemcalcError(field, f"{shown(value)} is not a number", fix)
     value = float(value)
     if not (math.isfinite(value) and 0 < value <= 1):
         raise MemcalcError(field, f"must be in (0, 1], got {value}", fix)
@@ -46,7 +51,7 @@ def check_fraction(field: str, value: object, fix: str) -> float:
 def check_name(field: str, value: object, example: str) -> str:
     """A non-empty string of reasonable length (preset and GPU names)."""
     if not isinstance(value, str) or not value.strip() or len(value) > 200:
-        raise MemcalcError(field, f"{_short(value)} is not a name", f"pass a name, e.g. {example!r}")
+        raise MemcalcError(field, f"{shown(value)} is not a name", f"pass a name, e.g. {example!r}")
     return value
 
 
@@ -55,13 +60,13 @@ def check_out_dir(field: str, path: str, create: bool) -> None:
     import os
 
     if not path or len(path) > limits.MAX_PATH_CHARS or "\0" in path:
-        raise MemcalcError(field, f"{_short(path)} is not a usable folder path", "pass a folder, e.g. tables")
+        raise MemcalcError(field, f"{shown(path)} is not a usable folder path", "pass a folder, e.g. tables")
     if not create:
         return
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise MemcalcError(field, f"cannot make the folder {_short(path)} ({err.strerror})",
+        raise MemcalcError(field, f"cannot make the folder {shown(path)} ({err.strerror})",
                            "pass a folder that can be created (no file in the way)") from None
     if not os.access(path, os.W_OK):
-        raise MemcalcError(field, f"{_short(path)} is not writable", "pass a writable folder")
+        raise MemcalcError(field, f"{shown(path)} is not writable", "pass a writable folder")

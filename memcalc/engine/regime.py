@@ -100,13 +100,13 @@ class Regime:
     sliding_window_reached: bool = False
     """seq_len >= the model's sliding_window: transformers then materialises the sliding layers'
     mask for SDPA (masking_utils._ignore_causal_mask_sdpa). A function of the shape, not of the
-    TrainingConfig's other fields: memcalc.engine.core.candidates sets it and caches per value."""
+    TrainingConfig's other fields: memcalc.engine.run.candidates sets it and caches per value."""
     single_sequence: bool = False
-    """micro_batch == 1, where programs read it (eager attention: memcalc.engine.core.single_sequence):
+    """micro_batch == 1, where programs read it (eager attention: memcalc.engine.run.single_sequence):
     torch.matmul's reshape of a (1, heads, s, d) operand laid out (1, s, heads, d) to (heads, s, d)
     merges a size-1 dimension, so it is a view, where any larger batch needs a copy
     (aten/src/ATen/native/LinearAlgebra.cpp _matmul_impl; TensorUtils.cpp computeStride). A
-    shape condition like sliding_window_reached: memcalc.engine.core.candidates caches per value."""
+    shape condition like sliding_window_reached: memcalc.engine.run.candidates caches per value."""
     lora: LoRA | None = None
     freeze: tuple[str, ...] = ()
     quantization: str = "none"

@@ -1,9 +1,10 @@
 """One simulation of a training step at one depth: the rank's forward program (memcalc.families)
-built into a Graph and walked through the step (memcalc.tape.step). memcalc.engine.core runs it at the
+built into a Graph and walked through the step (memcalc.tape.step). memcalc.engine.run runs it at the
 model's own depth or, through memcalc.engine.depth, at a few small depths from which any depth follows.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,12 +42,42 @@ def build_graph(model: ModelSpec, regime: Regime) -> Graph:
     return ops.g
 
 
+@dataclass(frozen=True)
+class ParamView:
+    """What the optimizer, clipping and the HF Trainer's groups see of a parameter (memcalc.
+    tape.step reads these fields of a graph's Values), its decoder layer's index replaced by
+    '#' so that every unit's parameters compare equal."""
+
+    nbytes: int
+    elt: int
+    rows: int
+    label: str
+    requires_grad: bool
+    last2: tuple[int, int] | None = None  # memcalc.tape.graph.Value.last2
+
+    @property
+    def size(self) -> Poly:
+        """Its bytes, as a Value's size."""
+        return Poly.const(self.nbytes)
+
+
+def param_view(v: object) -> ParamView:
+    """The ParamView of a graph parameter (a memcalc.tape.graph.Value).
+
+    >>> from memcalc.tape.graph import Graph
+    >>> param_view(Graph().param("model.layers.12.mlp.up_proj.weight", Poly.const(8))).label
+    'model.layers.#.mlp.up_proj.weight'
+    """
+    return ParamView(v.size.eval(1, 1), v.elt, v.rows, re.sub(r"\.\d+\.", ".#.", v.label, count=1),
+                     v.requires_grad, v.last2)
+
+
 @dataclass
 class StepRun:
     """What one simulation of a step gives."""
 
     moments: list
-    """The kept Moments, or with record=True every instant (memcalc.tape.simulate.Memory.log)."""
+    """The kept Moments, or with record=True every instant (memcalc.tape.record.RecordingMemory.log)."""
     param_shapes: list[tuple[int, int]]
     """(elements, dim 0) of each parameter in module order."""
     param_sizes: list[int]
@@ -57,13 +88,13 @@ class StepRun:
     """With record=True: each storage size's Poly by its terms."""
     params: list = field(default_factory=list)
     """With record=True: what the optimizer and clipping see of each parameter, in module order
-    (memcalc.tape.param_view.ParamView)."""
+    (ParamView)."""
     states: dict = field(default_factory=dict)
     """With record=True: the optimizer states the steady state holds from the start, as live
     storages {(category, size terms): how many} (the first step creates them at optimizer.step)."""
     live: Callable[[int, int], dict] | None = None
     """With record=True: a mark's live storages {(category, size terms): how many} from its
-    stamp and packed counts (memcalc.tape.simulate.RecordedLive)."""
+    stamp and packed counts (memcalc.tape.record.RecordedLive)."""
 
 
 def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
@@ -119,11 +150,9 @@ def run_step(model: ModelSpec, regime: Regime, first_step: bool, record: bool | 
     out = simulate_step(graph, regime, first_step, constants,
                         with_optimizer=regime.data_parallel == 1, fsdp=fsdp, record=record)
     if record is not False:
-        from memcalc.tape.param_view import param_view
-
         states: dict = {}
         for st in getattr(out, "state_storages", ()):
-            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.simulate.RecordedLive)
+            key = (st.category, tuple(sorted(st.size.terms.items())))  # a live key (memcalc.tape.record.RecordedLive)
             states[key] = states.get(key, 0) + 1
         return StepRun(out.log, shapes, sizes, graph.layer_starts,
                        {k: p for k, (p, _) in out.size_counts.items()},

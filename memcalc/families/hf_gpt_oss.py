@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.inputs.moe import is_worst, token_counts
+from memcalc.inputs.moe_routing import is_worst, token_counts
 from memcalc.core.poly import Poly
 from memcalc.families.attention import add_float_mask, attention_core, head_copy, scores_matmul
 from memcalc.families.base import TOKENS, Embedded, param_maker, size

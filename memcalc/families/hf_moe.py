@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.inputs.moe import moe_layers
+from memcalc.inputs.moe_routing import moe_layers
 from memcalc.families.attention import attention_core, llama_eager, sdpa
 from memcalc.families.base import TOKENS, param_maker
 from memcalc.families.hf_llama import HFLlama

@@ -19,16 +19,16 @@ Experts, "eager" (MixtralExperts.forward): one_hot (N, k, E+1) int64 mask; for e
 index order: torch.where (two int64 index vectors of its n tokens, one storage), gather (n, h),
 linear with the expert's weight slice (n, 2f), silu * up (n, f), linear (n, h), times its routing
 weights (n, 1), index_add_ into a zeros_like output. Sizes follow each expert's token count
-(memcalc.inputs.moe.token_counts), and each slice's gradient is a zero-filled full-size parameter gradient
+(memcalc.inputs.moe_routing.token_counts), and each slice's gradient is a zero-filled full-size parameter gradient
 (select_backward). Under 'worst' routing each storage sized by one expert's tokens is counted with
 the most the allocator's rounding can add to it (memcalc.tape.graph.count_slack; the bound's
-argument is memcalc.inputs.moe.worst_routings).
+argument is memcalc.inputs.moe_routing.worst_routings).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.inputs.moe import is_worst, token_counts
+from memcalc.inputs.moe_routing import is_worst, token_counts
 from memcalc.core.poly import Poly
 from memcalc.families.base import TOKENS
 from memcalc.families.moe_ops import INDEX, inplace  # re-exported (memcalc.families.hf_gpt_oss)

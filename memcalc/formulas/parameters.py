@@ -138,7 +138,7 @@ def active_parameter_count(spec: ModelSpec) -> int:
     """
     if spec.moe is None:
         return parameter_count(spec)
-    from memcalc.inputs.moe import moe_layers
+    from memcalc.inputs.moe_routing import moe_layers
 
     moe = spec.moe
     idle = (moe.num_experts - moe.top_k) * expert_param_count(spec)

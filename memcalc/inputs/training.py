@@ -158,9 +158,9 @@ class TrainingConfig(FrozenModel):
     memory) or eager (a loop over the hit experts, tensors sized by each expert's tokens).
     Dense models: no effect."""
     moe_routing: MoERouting | tuple[tuple[int, ...], ...] = "worst"
-    """Mixture-of-experts models, eager experts: tokens per expert (memcalc.inputs.moe.token_counts).
+    """Mixture-of-experts models, eager experts: tokens per expert (memcalc.inputs.moe_routing.token_counts).
     'worst' (an upper bound of the peak over every routing, after the allocator's rounding:
-    memcalc.inputs.moe.worst_routings; the default, and what a capacity plan must use), 'balanced'
+    memcalc.inputs.moe_routing.worst_routings; the default, and what a capacity plan must use), 'balanced'
     (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
     summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 

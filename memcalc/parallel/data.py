@@ -3,7 +3,7 @@
 - sharding='none' is DistributedDataParallel: every rank holds the full model, and the Reducer
   allocates gradient buckets at construction that together hold one copy of every gradient
   (torch/csrc/distributed/c10d/reducer.cpp initialize_buckets; gradient_as_bucket_view=False),
-  alive for the whole run (memcalc.engine.core counts them).
+  alive for the whole run (memcalc.engine.run counts them).
 - sharding='zero1' is ZeroRedundancyOptimizer over DDP: optimizer states and the step's
   temporaries only for the rank's own parameters, assigned greedily, largest first, to the rank
   with the fewest elements so far (torch/distributed/optim/zero_redundancy_optimizer.py

@@ -25,7 +25,7 @@ from memcalc.tape.graph import Storage
 if TYPE_CHECKING:
     from memcalc.engine.regime import Regime
     from memcalc.tape.graph import Graph
-    from memcalc.tape.simulate import Memory
+    from memcalc.tape.ledger import Memory
 
 __all__ = ["group_of", "shard_rows", "rank_elements", "Fsdp"]
 LAYER = re.compile(r"(?:^|\.)(?:h|layers|blocks)\.(\d+)\.")

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from memcalc.core.arguments import check_int
-from memcalc.engine.core import steady_polys
+from memcalc.queries.peaks import steady_polys
 from memcalc.queries.estimate import estimate
 from memcalc.inputs.gpus import parse_budget
 from memcalc.core.limits import MAX_DATA_PARALLEL, MAX_LAYERS, MAX_RANK_LAYERS
@@ -221,7 +221,7 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
 def _depth_guess(model: ModelSpec, training: TrainingConfig, budget: int, cap: int) -> int | None:
     """The largest depth whose unrounded peak fits, from the terms affine in L of
     engine.depth_form (None where the depth is not derived)."""
-    from memcalc.engine.core import depth_form
+    from memcalc.engine.run import depth_form
 
     form = depth_form(model, training)
     if form is None:

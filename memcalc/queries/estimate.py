@@ -4,7 +4,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
-from memcalc.engine.core import Candidates, MomentSet, candidates  # noqa: F401 (API)
+from memcalc.engine.candidates import Candidates
+from memcalc.engine.codegen import MomentSet  # noqa: F401 (API)
+from memcalc.engine.run import candidates
 from memcalc.core.errors import SpecError
 from memcalc.parallel.data import rank_optimizer_bytes_all
 from memcalc.core.poly import ZERO
@@ -15,7 +17,7 @@ from memcalc.inputs.training import TrainingConfig
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
-    from memcalc.tape.simulate import Moment
+    from memcalc.tape.moment import Moment
 
 
 def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
@@ -97,7 +99,7 @@ class MemoryReport:
         allocator's 512-byte rounding, which `peak_bytes` includes on device cuda. Under
         'every-k' and 'sqrt' checkpointing L counts in whole segments of this depth's segment
         size k (L/k segments; under 'sqrt' k = round(sqrt(L)) of this depth). The program is
-        this shape's where a shape condition changes it (memcalc.engine.core.single_sequence: b = 1
+        this shape's where a shape condition changes it (memcalc.engine.run.single_sequence: b = 1
         under eager attention; window_reached): the form then holds on this side of it.
 
         >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128, device="cpu"))
@@ -117,7 +119,7 @@ class MemoryReport:
         """
         import sympy
 
-        from memcalc.engine.core import depth_form
+        from memcalc.engine.run import depth_form
         from memcalc.core.symbols import L, b, s
 
         if category is not None:  # a name this step's moments carry, else no formula
@@ -192,7 +194,7 @@ def _components(moment: Moment, b: int, s: int, total: int) -> dict[str, int]:
 
     >>> from memcalc.core.poly import Poly
     >>> from fractions import Fraction
-    >>> from memcalc.tape.simulate import Moment
+    >>> from memcalc.tape.moment import Moment
     >>> half = Poly({(1, 1): Fraction(3, 2)})  # 1.5 bytes a token: balanced routing's shares
     >>> m = Moment("backward", "x", half + half, {"a": half, "b": half})
     >>> _components(m, 1, 1, 3)

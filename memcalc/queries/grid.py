@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from memcalc.engine.core import Candidates, candidates, single_sequence
+from memcalc.engine.candidates import Candidates
+from memcalc.engine.run import candidates, single_sequence
 from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.queries.grid_cells import CellEvaluator
 from memcalc.core.poly import Poly

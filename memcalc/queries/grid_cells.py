@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     import numpy
 
-    from memcalc.engine.core import MomentSet
+    from memcalc.engine.codegen import MomentSet
 
 # 8 cells per octave (hi/lo <= 9/8): most cells leave one moment (llama-2-7b: 3433 of 3520, the rest 2)
 MANTISSA_BITS = 3

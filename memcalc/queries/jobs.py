@@ -31,7 +31,7 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
 
     Python's cyclic collector is held off while the tasks run: memcalc's tasks make no cyclic
     garbage worth collecting (reference counting frees a simulation's objects), while each
-    pass walks every candidate cached so far (memcalc.engine.core's cache). Held off here, a forked
+    pass walks every candidate cached so far (memcalc.engine.cache). Held off here, a forked
     worker (which inherits the collector's state) never runs one, and this process runs one at
     the end. Measured (`memcalc tables --no-plots`, 2 processes, two runs each): CPU 17.4-17.9 s
     with the collector on, 17.0 s held off; wall 9.0-9.2 s -> 8.8 s; peak RSS 163 MB either way.
@@ -39,10 +39,10 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
     >>> run_all([(pow, (2, 3)), (pow, (3, 2))], jobs=2)
     [8, 9]
     """
-    from memcalc.engine.core import _gc_paused
+    from memcalc.engine.cache import gc_paused
 
     jobs = min(available_cpus() if jobs is None else jobs, len(tasks))
-    with _gc_paused():
+    with gc_paused():
         if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
             return [fn(*args) for fn, args in tasks]
         with multiprocessing.get_context("fork").Pool(jobs) as pool:

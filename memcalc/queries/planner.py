@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memcalc.core.arguments import _short
-from memcalc.engine.core import estimate_peak, steady_polys
+from memcalc.core.arguments import shown
+from memcalc.queries.peaks import estimate_peak, steady_polys
 from memcalc.core.errors import MemcalcError
 from memcalc.inputs.gpus import GPU
 from memcalc.inputs.gpus import gpu as lookup_gpu
@@ -190,7 +190,7 @@ def check_plan(model: ModelSpec, training: TrainingConfig, global_batch: int, se
     for field, given, known in (("precisions", precisions, PRECISIONS),
                                 ("checkpointing", checkpointing, CHECKPOINTING)):
         if not isinstance(given, (list, tuple)) or not all(isinstance(x, str) and x in known for x in given):
-            raise MemcalcError(field, f"{_short(given)} is not a list of {', '.join(known)}",
+            raise MemcalcError(field, f"{shown(given)} is not a list of {', '.join(known)}",
                                f"pass a subset of {list(known)}")
     check_step(model, training)
     for precision in precisions:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memcalc.engine.core import activation_peak_bytes
+from memcalc.queries.peaks import activation_peak_bytes
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:

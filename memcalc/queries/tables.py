@@ -76,7 +76,7 @@ def _breakdown_row(name: str, regime: str, mode: str, model: object, training: o
 
 def both_rows(presets: list[str]=None, regimes: list[str]=None) -> tuple[list[list[str]], list[list[str]]]:
     """(breakdown_rows, capacity_rows) in one pass over the configurations, so that each
-    configuration's simulation (memcalc.engine.core's cache, bounded) serves both of its rows."""
+    configuration's simulation (memcalc.engine.cache, bounded) serves both of its rows."""
     b_rows, c_rows = [], []
     for config in configs(presets, regimes):
         b_rows.append(_breakdown_row(*config))

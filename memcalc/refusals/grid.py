@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from memcalc.core import limits
-from memcalc.core.arguments import _short
+from memcalc.core.arguments import shown
 from memcalc.core.errors import MemcalcError
 from memcalc.refusals.step import check_estimate, check_step
 
@@ -44,7 +44,7 @@ def _shape_values(np: ModuleType, name: str, arr: numpy.ndarray):
         return np.zeros(arr.shape, dtype=np.int64)
     if flat and not (1 <= min(flat) and max(flat) <= limits.MAX_SHAPE):
         raise MemcalcError(name, f"values must be in [1, {limits.MAX_SHAPE:,}], got "
-                           f"{_short(min(flat))}..{_short(max(flat))}", fix)
+                           f"{shown(min(flat))}..{shown(max(flat))}", fix)
     return arr.astype(np.int64)
 
 

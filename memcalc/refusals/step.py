@@ -73,8 +73,8 @@ def learned_positions(model: ModelSpec) -> bool:
 
 def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
     """What the implementation can run: seq_len within a fixed position table; explicit MoE
-    routing counts that fit the model and the shape (memcalc.inputs.moe.check_routing)."""
-    from memcalc.inputs.moe import check_routing
+    routing counts that fit the model and the shape (memcalc.inputs.moe_routing.check_routing)."""
+    from memcalc.inputs.moe_routing import check_routing
 
     check_routing(model, training)
     if learned_positions(model) and training.seq_len > model.max_position_embeddings:
@@ -91,6 +91,30 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
     check_training(training)
     check_rank_layers(model, training)
     check_runnable(model, training)
+
+
+MOE_OPTIONS = ("experts_implementation", "moe_routing")
+"""The TrainingConfig fields that describe a mixture-of-experts layer's experts."""
+
+
+def check_moe_options(model: ModelSpec, given: tuple | list = ()) -> None:
+    """MOE_OPTIONS named in `given` (the options a caller set on purpose: the command's flags) for
+    a model without mixture-of-experts layers: refused by name, since they would change nothing.
+    A TrainingConfig alone cannot tell a value set on purpose from the default (with_ sets every
+    field), and estimate() takes them on a dense model as the no-op they are (measured:
+    validate/results/cpu-ci-sweep4.jsonl runs dense models with experts_implementation='eager');
+    explicit routing counts for a dense model are refused there (memcalc.inputs.moe_routing.check_routing).
+
+    >>> check_moe_options(ModelSpec.preset("gpt2"), given=["moe_routing"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.SpecError: moe_routing: gpt2 has no mixture-of-experts layers; fix: ...
+    """
+    if model.moe is None:
+        for name in MOE_OPTIONS:
+            if name in given:
+                raise SpecError(name, f"{model.name} has no mixture-of-experts layers",
+                                f"leave {name} unset (it applies to mixture-of-experts models only)")
 
 
 def check_shape(model: ModelSpec, training: TrainingConfig) -> None:

@@ -21,7 +21,7 @@ class Storage:
     category: str
     label: str
     count: Poly | None = None
-    """Set on the storages of one expert in a 'worst'-routing bound (memcalc.inputs.moe.worst_routings):
+    """Set on the storages of one expert in a 'worst'-routing bound (memcalc.inputs.moe_routing.worst_routings):
     its size is a whole number of bytes per token times this token count, and the simulation
     counts it with the most the allocator's rounding can add to such a size (`count_slack`)
     instead of rounding it."""

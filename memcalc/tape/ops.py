@@ -92,7 +92,7 @@ class Ops:
             label = f"{module}.modules_to_save.default.{leaf}"
         nbytes = count * self.param_elt
         size = self._param_sizes.get(nbytes)
-        if size is None:  # one Poly per size (memcalc.tape.simulate.Memory reads each size object once)
+        if size is None:  # one Poly per size (memcalc.tape.ledger.Memory reads each size object once)
             size = self._param_sizes[nbytes] = Poly.const(nbytes)
         v = self.g.param(label, size, self.param_elt, trainable=self.regime.trainable(label))
         v.rows, v.last2 = rows or count, last2

@@ -15,7 +15,9 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.allocator.rules import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
-from memcalc.tape.simulate import Memory, Moment, StepSimulator
+from memcalc.tape.ledger import Memory
+from memcalc.tape.moment import Moment
+from memcalc.tape.simulate import StepSimulator
 
 if TYPE_CHECKING:
     from memcalc.parallel.fsdp import Fsdp
@@ -40,7 +42,7 @@ def _optimizer_storages(graph: Graph, regime: Regime) -> list[Storage]:
     return out
 
 
-def _transient(graph: Graph, regime: Regime) -> int:
+def transient(graph: Graph, regime: Regime) -> int:
     """Peak optimizer temporaries: one parameter group, or the HF Trainer's two (decay and
     no-decay, memcalc.families.call_path.trainer_param_groups), stepped one after the other."""
     if regime.hf_trainer:
@@ -52,7 +54,7 @@ def _transient(graph: Graph, regime: Regime) -> int:
                            _param_sizes(graph))
 
 
-def _shapes(graph: Graph) -> list[tuple[int, int]]:
+def trainable_shapes(graph: Graph) -> list[tuple[int, int]]:
     """(elements, dim 0) of each trainable parameter (those with a .grad, which the optimizer
     and clip_grad_norm_ visit) in model.parameters() order."""
     return [(v.size.eval(1, 1) // v.elt, v.rows) for v in graph.trainable_params]
@@ -61,7 +63,7 @@ def _shapes(graph: Graph) -> list[tuple[int, int]]:
 def _optimizer_shapes(graph: Graph) -> list[tuple[int, int, tuple[int, int] | None]]:
     """(elements, dim 0, last two dims at >= 3 dims else None) of each trainable parameter, in
     model.parameters() order: what memcalc.tape.finetune_optim sizes Adafactor's states by."""
-    return [(n, rows, v.last2) for (n, rows), v in zip(_shapes(graph), graph.trainable_params)]
+    return [(n, rows, v.last2) for (n, rows), v in zip(trainable_shapes(graph), graph.trainable_params)]
 
 
 def trainable_elt(graph: Graph) -> int:
@@ -89,7 +91,7 @@ def _param_optimizers(graph: Graph, regime: Regime) -> list[str]:
             for v in graph.trainable_params]
 
 
-def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[list[Storage]]]:
+def finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[list[Storage]]]:
     """(shared qmaps, state storages per parameter) of a memcalc.tape.finetune_optim optimizer."""
     shapes = _optimizer_shapes(graph)
     dev = regime.device
@@ -101,7 +103,7 @@ def _finetune_states(graph: Graph, regime: Regime) -> tuple[list[Storage], list[
     return shared, per
 
 
-def _finetune_temporaries(graph: Graph, regime: Regime) -> list[int]:
+def finetune_temporaries(graph: Graph, regime: Regime) -> list[int]:
     """ft.step_temporaries, per parameter when the Trainer's 32-bit overrides apply (bitsandbytes
     carries nothing from one parameter's update to the next)."""
     args = (trainable_elt(graph), regime.device, regime.granularity)
@@ -117,7 +119,7 @@ def _finetune_optimizer(mem: Memory, graph: Graph, regime: Regime, first_step: b
     created just before its update (Optimizer8bit.step, Adafactor.step), so the peak is at the
     parameter k maximising states(0..k) + temporaries(k); qmaps (CUDA) come with the first."""
     g = regime.granularity
-    temps = _finetune_temporaries(graph, regime)
+    temps = finetune_temporaries(graph, regime)
     if not temps:
         return
     k = max(range(len(temps)), key=temps.__getitem__)
@@ -144,7 +146,7 @@ def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
     """clip_grad_norm_ between backward and optimizer.step (memcalc.tape.optimizer.clip_bytes)."""
     if regime.max_grad_norm is None:
         return
-    numels = [n for n, _ in _shapes(graph)]
+    numels = [n for n, _ in trainable_shapes(graph)]
     nbytes = clip_bytes(numels, trainable_elt(graph), regime.device, regime.granularity)
     tmp = Storage(Poly.const(nbytes), "temporaries", "clip_grad_norm_ norms")
     mem.hold(tmp)
@@ -162,7 +164,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     finetune_optim optimizer's first-step states up to its peak parameter), and its
     `state_storages` what the steady state holds from the start.
 
-    >>> from memcalc.engine.core import build_graph
+    >>> from memcalc.engine.simulation import build_graph
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
     >>> moments = simulate_step(build_graph(ModelSpec.preset("gpt2"), regime), regime, False, {})
@@ -174,7 +176,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))
     finetune = regime.optimizer in ft.BNB + ("adafactor",)
-    shared, per = _finetune_states(graph, regime) if finetune and with_optimizer else ([], [])
+    shared, per = finetune_states(graph, regime) if finetune and with_optimizer else ([], [])
     for st in shared if regime.device == "cpu" else []:  # qmaps made at construction
         sim.mem.hold(st)
     states = _optimizer_storages(graph, regime) if with_optimizer and not finetune else []
@@ -213,7 +215,7 @@ def _optimizer_step(mem: Memory, graph: Graph, regime: Regime, created: list[Sto
     update's temporaries."""
     for st in created:
         mem.hold(st)
-    temp = _transient(graph, regime) if with_optimizer else 0
+    temp = transient(graph, regime) if with_optimizer else 0
     if temp:
         tmp = Storage(Poly.const(temp), "temporaries", "optimizer temporaries")
         mem.hold(tmp)
@@ -235,7 +237,7 @@ def simulate_both(graph: Graph, regime: Regime, constants: dict[str, int], with_
     states. None for a memcalc.tape.finetune_optim optimizer (its states are made parameter
     by parameter: simulate_step twice).
 
-    >>> from memcalc.engine.core import build_graph
+    >>> from memcalc.engine.simulation import build_graph
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
     >>> steady, first = simulate_both(build_graph(ModelSpec.preset("gpt2"), regime), regime, {})

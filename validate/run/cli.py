@@ -21,11 +21,10 @@ import json
 import re
 import sys
 import tempfile
-import types
-import typing
 from pathlib import Path
 
-from memcalc.cli.main import add_finetuning_args, lora_from_args
+from memcalc.cli.flags import add_fields, field_values, flag_fields
+from memcalc.cli.args import add_lora_args, lora_from_args
 from memcalc.core.errors import MemcalcError, SpecError
 from memcalc.inputs.hf.config import load_config
 from memcalc.inputs.specs import ModelSpec
@@ -46,37 +45,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"validate: {message}; fix: see python -m validate {self.prog.split()[-1]} --help\n")
 
 
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _field_kwargs(annotation) -> dict:
-    """argparse type/choices for a pydantic field annotation (Literal, int, float, bool, str, | None)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        annotation = args[0]
-    if typing.get_origin(annotation) is typing.Literal:
-        return {"choices": list(typing.get_args(annotation))}
-    if annotation is bool:
-        return {"type": _bool, "metavar": "true|false"}
-    return {"type": annotation if annotation in (int, float) else str}
-
-
-def _add_fields(parser, model, skip=()) -> list[str]:
+def _add_fields(parser: argparse.ArgumentParser, model: type, skip: tuple = ()) -> list[str]:
+    """A flag per field of `model` (memcalc.cli.flags, booleans as true|false)."""
     group = parser.add_argument_group(f"{model.__name__} fields")
-    names = []
-    for name, info in model.model_fields.items():
-        if name in skip:
-            continue
-        group.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                           help=f"{model.__name__}.{name}", **_field_kwargs(info.annotation))
-        names.append(name)
-    return names
+    return add_fields(group, model, flag_fields(model, skip), bools="value")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
                      training_fields=_add_fields(run, TrainingConfig, skip=("lora",)))
-    add_finetuning_args(run, freeze_and_quantization=False)
+    add_lora_args(run)
     demo = sub.add_parser("demo", help="the lecture's demonstrations, measured on CPU")
     demo.add_argument("--out", default="tables", help="folder for tables and the plot")
     demo.add_argument("--real", action="store_true",
@@ -113,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---- building cases ----------------------------------------------------------------------------
 def _given(args, names) -> dict:
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    return field_values(args, names)
 
 
 def single_case(args) -> Case:
