@@ -16,11 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("memcalc", "validate")
-ALLOWED = {
-    ("memcalc.inputs.specs", "memcalc.formulas.parameters"):
-        "ModelSpec.param_count calls the parameter formulas, which are written against ModelSpec; "
-        "issue 29 item 1 (the family declarations) owns both and is to fold the count in",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 """Arrows that close a circle, each with why it is there and who removes it: printed, left out
 of the graph. Keep this empty."""
 

@@ -7,13 +7,10 @@ registers the same tensors.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.model_fields import ModelFields
 
 
-def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
+def block_param_shapes(spec: ModelFields) -> list[tuple[str, int]]:
     """(name, numel) of one block's parameters, in registration order: the inventory the family
     declares (FamilyDeclaration.block_parameters, memcalc.families.registry).
 
@@ -29,7 +26,7 @@ def block_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     return resolve(declaration(spec.family).block_parameters)(spec, h, f, q, kv)
 
 
-def gpt2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def gpt2_block(spec: ModelFields, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """GPT2Block: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj); biases as the spec
     configures them (the reference model's flags)."""
     return [("ln_1.weight", h), ("ln_1.bias", h), ("attn.c_attn.weight", h * (q + 2 * kv))] \
@@ -40,7 +37,7 @@ def gpt2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[s
         + [("mlp.c_proj.bias", h)] * spec.mlp_bias
 
 
-def llama_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def llama_block(spec: ModelFields, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """LlamaDecoderLayer and the classes shaped like it: q/k/v/o (biases as configured), the
     declaration's q/k norms of a MoE block ('head': Qwen3-MoE's per head, 'projection': OLMoE's over
     the whole projection), the MLP (dense or MoE), Qwen3/Gemma-3's per-head q/k norms (qk_norm),
@@ -66,7 +63,7 @@ def llama_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple
     return shapes
 
 
-def mlp_param_shapes(spec: ModelSpec, sparse: bool) -> list[tuple[str, int]]:
+def mlp_param_shapes(spec: ModelFields, sparse: bool) -> list[tuple[str, int]]:
     """(name, numel) of a Llama-style MLP: dense SwiGLU, or a MoE block (router (E, h), experts
     gate_up_proj (E, 2f, h) and down_proj (E, h, f), Qwen2-MoE's shared expert and its gate).
 
@@ -89,7 +86,7 @@ def mlp_param_shapes(spec: ModelSpec, sparse: bool) -> list[tuple[str, int]]:
     return shapes
 
 
-def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
+def outer_param_shapes(spec: ModelFields) -> list[tuple[str, int]]:
     """(name, numel) of the parameters outside the blocks: embeddings, final norm, output layer.
 
     >>> from memcalc.inputs.specs import ModelSpec
@@ -112,7 +109,7 @@ def outer_param_shapes(spec: ModelSpec) -> list[tuple[str, int]]:
     return shapes
 
 
-def parameter_count(spec: ModelSpec) -> int:
+def parameter_count(spec: ModelFields) -> int:
     """All trainable parameters.
 
     >>> from memcalc.inputs.specs import ModelSpec
@@ -128,7 +125,7 @@ def parameter_count(spec: ModelSpec) -> int:
     return total
 
 
-def active_parameter_count(spec: ModelSpec) -> int:
+def active_parameter_count(spec: ModelFields) -> int:
     """Parameters one token runs through: a MoE layer's router, its top_k experts and its
     shared expert (the published "active" figure); all parameters for a dense model.
 
@@ -145,7 +142,7 @@ def active_parameter_count(spec: ModelSpec) -> int:
     return parameter_count(spec) - len(moe_layers(spec)) * idle
 
 
-def expert_param_count(spec: ModelSpec) -> int:
+def expert_param_count(spec: ModelFields) -> int:
     """Parameters of one routed expert: gate_up (2f, h) and down (h, f), with GPT-OSS's biases
     (2f and h: modeling_gpt_oss.py GptOssExperts).
 
@@ -161,7 +158,7 @@ def expert_param_count(spec: ModelSpec) -> int:
 
 # ---- families with their own HF modules (modeling_phi3.py, modeling_gpt_neox.py, modeling_olmo2.py),
 # named by their declarations' block_parameters
-def phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def phi3_block(_spec: ModelFields, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """Phi3DecoderLayer: self_attn (o_proj registered before the fused qkv_proj), mlp (fused
     gate_up_proj, down_proj), the two RMSNorms; no biases."""
     return [("o_proj.weight", q * h), ("qkv_proj.weight", h * (q + 2 * kv)),
@@ -169,7 +166,7 @@ def phi3_block(_spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[
             ("input_layernorm.weight", h), ("post_attention_layernorm.weight", h)]
 
 
-def gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[tuple[str, int]]:
+def gpt_neox_block(spec: ModelFields, h: int, f: int, q: int, _kv: int) -> list[tuple[str, int]]:
     """GPTNeoXLayer: two LayerNorms with biases, fused query_key_value and dense (biases with
     attention_bias), the MLP's two linears (always biased)."""
     attn = [("query_key_value.weight", h * 3 * q)] + [("query_key_value.bias", 3 * q)] * spec.qkv_bias \
@@ -180,7 +177,7 @@ def gpt_neox_block(spec: ModelSpec, h: int, f: int, q: int, _kv: int) -> list[tu
            ("dense_4h_to_h.weight", f * h), ("dense_4h_to_h.bias", h)]
 
 
-def olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def olmo2_block(spec: ModelFields, h: int, f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """Olmo2DecoderLayer: q/k/v/o (biases with attention_bias), q_norm (a*d) and k_norm (kv*d)
     over the whole projection, the SwiGLU MLP, the two post-norms."""
     bias = spec.qkv_bias
@@ -192,7 +189,7 @@ def olmo2_block(spec: ModelSpec, h: int, f: int, q: int, kv: int) -> list[tuple[
            ("post_attention_layernorm.weight", h), ("post_feedforward_layernorm.weight", h)]
 
 
-def gpt_oss_block(spec: ModelSpec, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
+def gpt_oss_block(spec: ModelFields, h: int, _f: int, q: int, kv: int) -> list[tuple[str, int]]:
     """GptOssDecoderLayer (modeling_gpt_oss.py): self_attn's sinks (one per head: its own
     parameter, listed before its submodules') and q/k/v/o (biases with attention_bias); mlp
     router (E, h) + bias (E), experts gate_up_proj (E, h, 2f) + bias (E, 2f), down_proj (E, f, h)

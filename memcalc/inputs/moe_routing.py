@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from memcalc.core.errors import SpecError
 from memcalc.core.poly import Poly
+from memcalc.inputs.model_fields import ModelFields
 
-if TYPE_CHECKING:  # (annotations: the families that import this are imported while specs is)
-    from memcalc.inputs.specs import ModelSpec
+if TYPE_CHECKING:
     from memcalc.inputs.training import TrainingConfig
 
 
-def moe_layers(spec: ModelSpec) -> list[int]:
+def moe_layers(spec: ModelFields) -> list[int]:
     """The layers with a sparse MLP.
 
     >>> from memcalc.inputs.specs import ModelSpec
@@ -31,7 +31,7 @@ def moe_layers(spec: ModelSpec) -> list[int]:
     return [i for i in range(spec.num_layers) if i not in spec.moe.dense_layers]
 
 
-def token_counts(spec: ModelSpec, routing: object, layer: int) -> list[Poly]:
+def token_counts(spec: ModelFields, routing: object, layer: int) -> list[Poly]:
     """Tokens each expert of a MoE layer receives, as polynomials in b and s (N = b*s tokens,
     S = N*top_k token-expert pairs):
     - "balanced": S/E each;
@@ -151,7 +151,7 @@ def worst_routings(E: int, k: int) -> list[list[Poly]]:
     return unique
 
 
-def check_routing(model: ModelSpec, training: TrainingConfig) -> None:
+def check_routing(model: ModelFields, training: TrainingConfig) -> None:
     """Explicit routing counts must fit the model and the shape: one row per MoE layer, one count
     per expert, each at most b*s (an expert receives a token once), each row summing to
     b*s*top_k.
