@@ -13,6 +13,7 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from memcalc.cli import lengths as lengths_cli
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("estimate", help="peak memory and its breakdown")
     _model_args(p), _training_args(p), _json_arg(p)
+    lengths_cli.add_arguments(p)  # --seq-lens (memcalc.cli.lengths)
     p.add_argument("--formula", nargs="?", const="peak", choices=["peak", "activations"],
                    help="print the peak as a sympy expression in b, s and L (num_layers, where the "
                         "layers repeat), or with 'activations' the activation memory alone")
@@ -247,7 +249,10 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
     """Run `estimate`; return the JSON payload (printed as text unless --json)."""
     from memcalc.queries.estimate import estimate
 
-    model, training = model_from_args(args), training_from_args(args)
+    model = model_from_args(args)
+    if args.seq_lens is not None:  # variable lengths: the worst batch (memcalc.cli.lengths)
+        return lengths_cli.run(args, model, training_from_args)
+    training = training_from_args(args)
     r = estimate(model, training)
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
            "peak_gib": r.peak_gib, "peak_phase": r.peak_phase, "moment": r.moment,
