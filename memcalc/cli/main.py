@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from memcalc.cli import lengths as lengths_cli
+from memcalc.serve import cli as serve_cli
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     _check_parser(sub)
+    serve_cli.add_parser(sub)  # `memcalc serve` (memcalc/serve/cli.py)
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
     _json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
@@ -524,7 +526,7 @@ def cmd_snapshot(args: argparse.Namespace) -> dict:
 
 
 COMMANDS = {"estimate": cmd_estimate, "check": cmd_check, "capacity": cmd_capacity, "plan": cmd_plan,
-            "gpus": cmd_gpus, "tables": cmd_tables, "snapshot": cmd_snapshot}
+            "gpus": cmd_gpus, "tables": cmd_tables, "snapshot": cmd_snapshot, "serve": serve_cli.cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
