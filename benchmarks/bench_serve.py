@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import time
@@ -129,10 +130,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-browser", action="store_true")
     args = p.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other work slows every figure)")
     api(args.rounds)
     if not args.no_browser:
         for pause_s in (0.0, 1.0):  # back to back, and at a person's pace
             browser(max(1, args.rounds // 2), pause_s)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

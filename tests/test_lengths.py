@@ -110,3 +110,14 @@ def test_padded_trainer_runs_within_a_tenth_of_a_percent(case):
     # Trainer rows' own 8 B below the measured peak, validate/results/cpu-ci.jsonl tr00-tr07)
     assert row["bound_peak_bytes"] >= row["predicted_peak_bytes"]
     assert row["bound_peak_bytes"] >= row["measured_peak_bytes"] * (1 - 0.001)
+
+
+@pytest.mark.parametrize("flags, field", [(["--pad-to-multiple-of", "8"], "pad_to_multiple_of"),
+                                          (["--packing", "concatenate"], "packing"),
+                                          (["--seq-lens", "5,9", "--formula"], "formula"),
+                                          (["--seq-lens", "5,9", "--packing", "position_ids"], "packing")])
+def test_cli_refuses_flags_it_would_ignore(flags, field):
+    out = subprocess.run([sys.executable, "-m", "memcalc.cli", "estimate", "--model", "gpt2", *flags],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.startswith(f"memcalc: error: {field}: ")
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -16,15 +16,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--seq-len blocks), or position_ids (refused: not modelled)")
 
 
-def run(args: argparse.Namespace, model: object, training_from_args: object) -> dict:
+def run(args: argparse.Namespace, model: object, training_from_args: object, print_estimate: object) -> dict:
     """`estimate --seq-lens`: a padding collator passes an attention_mask, so an HF model's mask
     defaults to 'ones' here (per batch 'ones' or 'padded'); --attention-mask none keeps none."""
+    from memcalc.core.errors import SpecError
+
+    if args.seq_lens is None:
+        flag = "pad_to_multiple_of" if args.pad_to_multiple_of else "packing"
+        raise SpecError(flag, "applies to variable lengths only", "give --seq-lens, or drop it")
+    if args.formula:
+        raise SpecError("formula", "the formula is in b and s, not over a distribution of lengths",
+                        "drop --formula, or give --seq-len N")
     fixed = {"attention_mask": "ones"} if args.attention_mask is None and model.implementation == "hf" else {}
     out = payload(args, model, training_from_args(args, **fixed))
     if not args.json:
-        from memcalc.cli.main import _print_estimate
-
-        _print_estimate(out)
+        print_estimate(out)
         print_note(out)
     return out
 

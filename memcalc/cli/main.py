@@ -252,8 +252,8 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
     from memcalc.queries.estimate import estimate
 
     model = model_from_args(args)
-    if args.seq_lens is not None:  # variable lengths: the worst batch (memcalc.cli.lengths)
-        return lengths_cli.run(args, model, training_from_args)
+    if args.seq_lens is not None or args.pad_to_multiple_of or args.packing:  # variable lengths (memcalc.cli.lengths)
+        return lengths_cli.run(args, model, training_from_args, _print_estimate)
     training = training_from_args(args)
     r = estimate(model, training)
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
