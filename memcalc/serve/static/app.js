@@ -151,6 +151,10 @@ function table(id, rows, key) {
 }
 
 async function changes(qs, mine) {
+  // asked once the inputs rest (400 ms): check() simulates other steps, and the server runs one
+  // computation at a time, so a search started mid-typing would hold up the next answer
+  await new Promise((resolve) => setTimeout(resolve, 400));
+  if (mine !== sequence) return;
   let data;
   try { data = await (await fetch("/api/changes?" + qs)).json(); } catch (err) { return; }
   if (mine !== sequence) return;
