@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         row = run_lengths_case(case)
         # steps >= 2 and the run's peak (the first step of a tied GPT-2 is the engine's own
-        # +0.22% with fixed lengths too: README Known gaps)
+        # +0.22% with fixed lengths too: docs/variable-lengths.md)
         worst = max([worst, abs(row["error_pct"]), *(abs(e) for e in row["step_error_pct"][1:])])
         print(f"{row['name']}: batches {row['shapes']} measured {row['measured_peak_bytes']:,} B "
               f"predicted {row['predicted_peak_bytes']:,} B ({row['error_pct']:+.4f}%); steps "
