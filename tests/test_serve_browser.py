@@ -111,6 +111,12 @@ def _check_against_cli(page, tmp_path) -> dict:
     assert shown["first_step_peak_bytes"] == cli["first_step_peak_bytes"]
     assert shown["phases"] == cli["phases"]
     assert shown["components"] == {k: v for k, v in cli["components"].items() if v}
+    # the GPU's usable memory and the headroom, against `memcalc gpus --json`
+    gpus = json.loads(subprocess.run([sys.executable, "-m", "memcalc.cli", "gpus", "--json"], capture_output=True,
+                                     text=True, check=True).stdout)["catalogue"]
+    usable = next(g["usable_bytes"] for g in gpus if g["name"] == query["gpu"])
+    assert int(page.get_attribute("#budget-bytes", "data-bytes")) == usable
+    assert int(page.get_attribute("#headroom-bytes", "data-bytes")) == usable - cli["peak_bytes"]
     return query
 
 
