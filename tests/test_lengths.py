@@ -94,7 +94,7 @@ def test_cli_seq_lens_matches_the_python_answer(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("case", range(4))
 def test_padded_trainer_runs_within_a_tenth_of_a_percent(case):
     """Each optimizer step of a padded Trainer run (batches of different lengths) and the run's
     peak, measured with the live-tensor tracker, against estimate_lengths(batches=...)."""

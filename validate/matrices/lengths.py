@@ -27,6 +27,9 @@ class LengthsCase:
     """TrainingArguments fields besides per_device_train_batch_size."""
     lengths: tuple[int, ...]
     pad_to_multiple_of: int | None = None
+    sampling: str = "sequential"
+    """The Trainer's train_sampling_strategy: 'sequential' (the order above) or 'random' (its
+    default RandomSampler; predicted with the order the collator recorded)."""
 
 
 CASES = (
@@ -42,6 +45,10 @@ CASES = (
     LengthsCase("len02", "llama-hf", 0, {"gradient_accumulation_steps": 2},
                 (20, 32, 30, 32, 17, 32, 32, 31, 64, 64, 50, 64, 60, 64, 64, 64,
                  48, 48, 48, 48, 48, 48, 48, 48), 16),
+    # the Trainer's default RandomSampler over lengths 3..200 (seeded): predicted with the order
+    # the collator recorded, and the order-free bound above it
+    LengthsCase("len03", "llama-hf", 0, {"optim": "adamw_torch"},
+                (3, 200, 17, 64, 128, 90, 5, 33, 150, 77, 12, 199, 40, 41, 100, 8), 8, "random"),
 )
 
 
@@ -65,12 +72,16 @@ def run_lengths_case(case: LengthsCase) -> dict:
 
     spec, cfg, training, fields = case_inputs(case)
     start = time.perf_counter()
-    steps = measure_padded_trainer(spec, training, fields, list(case.lengths), case.pad_to_multiple_of, cfg)
-    batches = batches_of(list(case.lengths), training.micro_batch)
+    steps, seen = measure_padded_trainer(spec, training, fields, list(case.lengths), case.pad_to_multiple_of, cfg,
+                                         sampling=case.sampling)
+    batches = batches_of(list(case.lengths), training.micro_batch) if case.sampling == "sequential" else seen
+    if seen != batches:  # the sequential sampler kept the dataset's order
+        raise RuntimeError(f"{case.name}: the run saw batches {seen}, not {batches}")
     in_order = estimate_lengths(spec, training, batches=batches, pad_to_multiple_of=case.pad_to_multiple_of)
     bound = estimate_lengths(spec, training, list(case.lengths), pad_to_multiple_of=case.pad_to_multiple_of)
     measured = max(s["peak"] for s in steps)
     return {"name": case.name, "lengths": list(case.lengths), "pad_to_multiple_of": case.pad_to_multiple_of,
+            "sampling": case.sampling, "batches": batches,
             "trainer_args": fields, "shapes": [list(s["shape"]) for s in steps],
             "measured_step_peaks": [s["peak"] for s in steps], "predicted_step_peaks": in_order.step_peaks,
             "step_error_pct": [error_pct(p, s["peak"]) for p, s in zip(in_order.step_peaks, steps)],

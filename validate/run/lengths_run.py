@@ -2,7 +2,8 @@
 prediction of it (memcalc.estimate_lengths with the run's batches in order).
 
 The run: transformers.Trainer (use_cpu, the TrainingArguments given, train_sampling_strategy
-'sequential' so that the batches' order is the dataset's) over examples of the given token
+'sequential' (the dataset's order) or 'random' (the Trainer's default), the batches' lengths
+recorded as the collator receives them) over examples of the given token
 lengths, collated by DataCollatorForLanguageModeling(mlm=False, pad_to_multiple_of): the causal-LM
 form of DataCollatorWithPadding (the same tokenizer.pad call pads input_ids and attention_mask to
 the batch's longest, rounded up to the multiple; it adds labels, input_ids with -100 at padding,
@@ -38,9 +39,11 @@ def tiny_tokenizer(vocab_size: int):
 
 def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int],
                            pad_to_multiple_of: int | None = None, hf_config: dict | None = None,
-                           seed: int = 0) -> list[dict]:
-    """Run one epoch over examples of `lengths` tokens (random ids, never the pad id); return
-    each optimizer step's measured peaks: {'peak', 'forward+backward', 'optimizer', 'shape'}."""
+                           seed: int = 0, sampling: str = "sequential") -> tuple[list[dict], list[list[int]]]:
+    """Run one epoch over examples of `lengths` tokens (random ids, never the pad id), in the
+    dataset's order ('sequential') or the Trainer's default RandomSampler ('random'); return each
+    optimizer step's measured peaks {'peak', 'forward+backward', 'optimizer', 'shape'} and the
+    lengths of each batch as the collator received them (the order the run saw)."""
     import torch
     import transformers
 
@@ -54,8 +57,10 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
     collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm=False,
                                                             pad_to_multiple_of=pad_to_multiple_of)
     shapes: list[tuple[int, ...]] = []
+    seen: list[list[int]] = []
 
     def collate(features):
+        seen.append([len(f["input_ids"]) for f in features])
         batch = collator(features)
         shapes.append(tuple(batch["input_ids"].shape))
         return batch
@@ -64,7 +69,7 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
     with tempfile.TemporaryDirectory() as out_dir:
         args = transformers.TrainingArguments(**{**trainer_args, **FORCED, "output_dir": out_dir,
                                                  "max_steps": steps, "seed": seed,
-                                                 "train_sampling_strategy": "sequential"})
+                                                 "train_sampling_strategy": sampling})
         meter = _StepMeter()
         gc.collect()
         gc.disable()
@@ -79,5 +84,6 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
                 trainer.train()
         finally:
             gc.enable()
-    return [{**s, "shape": shapes[i * training.grad_accum] if i * training.grad_accum < len(shapes) else None}
-            for i, s in enumerate(meter.steps)]
+    steps_out = [{**s, "shape": shapes[i * training.grad_accum] if i * training.grad_accum < len(shapes) else None}
+                 for i, s in enumerate(meter.steps)]
+    return steps_out, seen
