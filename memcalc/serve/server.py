@@ -9,7 +9,8 @@ Latency: the engine caches one simulation per (model, regime) (memcalc.engine.co
 so a change of micro-batch or sequence length costs a few ms; a new regime (precision,
 checkpointing, optimizer, ...) costs one simulation. After a new model is shown, a warmer thread
 simulates the regimes one input away while the page is idle, so those changes answer from the
-cache too (benchmarks/bench_serve.py measures each kind).
+cache too (benchmarks/bench_serve.py measures each kind). It works after IDLE_S without a
+request, one piece (a simulation) at a time, and stops with the server.
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ ENGINE = threading.Lock()
 """One computation at a time: the engine's caches are shared, and two CPU-bound threads only slow
 each other."""
 WARM_FIELDS = ("precision", "checkpointing", "attention", "optimizer")
+IDLE_S = 1.0
+"""The warmer works after this long without a request (from the last one's end): a person
+reading the answer, not one typing or clicking through options, whose next request would wait
+for the simulation in hand."""
 
 
 class Warmer(threading.Thread):
@@ -41,6 +46,12 @@ class Warmer(threading.Thread):
         self.jobs: queue.LifoQueue = queue.LifoQueue()  # the latest state's neighbours first
         self.last_request = time.monotonic()
         self._warmed: set = set()
+        self.stopped = False
+
+    def stop(self) -> None:
+        """End the thread after the piece in hand (the server is shutting down)."""
+        self.stopped = True
+        self.jobs.put(None)
 
     def after(self, q: dict[str, str]) -> None:
         """Queue the regimes one input away from a state's (each regime once)."""
@@ -53,15 +64,29 @@ class Warmer(threading.Thread):
                     self.jobs.put(job)
 
     def run(self) -> None:
+        from memcalc.queries.estimate import estimate
+
         while True:
             q = self.jobs.get()
-            while time.monotonic() - self.last_request < 0.3:  # let the user's requests go first
-                time.sleep(0.05)
-            with ENGINE:
-                try:
-                    api.answer(q)  # the simulations of every shape class the curves reach
-                except (MemcalcError, ValueError):
-                    pass  # a neighbour the engine refuses: nothing to warm
+            if q is None or self.stopped:
+                return
+            try:
+                model, training = api.model_of(q), api.training_of(q)
+            except (MemcalcError, ValueError):
+                continue  # a neighbour the engine refuses: nothing to warm
+            # in three pieces (the step's simulation, then each curve's shape classes), each
+            # after an idle moment, so that a request waits for one piece at most
+            for piece in (lambda: estimate(model, training), lambda: api.curve(model, training, "micro_batch"),
+                          lambda: api.curve(model, training, "seq_len")):
+                while time.monotonic() - self.last_request < IDLE_S and not self.stopped:  # requests first
+                    time.sleep(0.05)
+                if self.stopped:
+                    return
+                with ENGINE:
+                    try:
+                        piece()
+                    except (MemcalcError, ValueError):
+                        break
 
 
 def _regime_key(q: dict[str, str]) -> tuple:
@@ -82,6 +107,13 @@ class Handler(BaseHTTPRequestHandler):
     quiet = True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        try:
+            self._get()
+        finally:  # idle is counted from a request's end: a long one is not idle time
+            if self.warmer is not None:
+                self.warmer.last_request = time.monotonic()
+
+    def _get(self) -> None:
         parts = urlsplit(self.path)
         if self.warmer is not None:
             self.warmer.last_request = time.monotonic()
@@ -145,7 +177,20 @@ def _query(text: str) -> dict[str, str]:
     return {k: v[0] for k, v in parsed.items()}
 
 
-def start(port: int = 0, warm: bool = True, quiet: bool = True) -> ThreadingHTTPServer:
+class Server(ThreadingHTTPServer):
+    """The HTTP server; shutdown() also ends its warmer."""
+
+    daemon_threads = True
+    warmer: Warmer | None = None
+
+    def shutdown(self) -> None:
+        """Stop serving, and stop warming."""
+        super().shutdown()
+        if self.warmer is not None:
+            self.warmer.stop()
+
+
+def start(port: int = 0, warm: bool = True, quiet: bool = True) -> Server:
     """A server on 127.0.0.1:`port` (0: a free port) answering in a daemon thread; its URL is
     f"http://127.0.0.1:{server.server_port}/". Stop it with server.shutdown().
 
@@ -157,7 +202,7 @@ def start(port: int = 0, warm: bool = True, quiet: bool = True) -> ThreadingHTTP
     if warmer is not None:
         warmer.start()
     handler = type("BoundHandler", (Handler,), {"warmer": warmer, "quiet": quiet})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", port), handler)
+    server.warmer = warmer
     threading.Thread(target=server.serve_forever, daemon=True, name="memcalc-serve").start()
     return server
