@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 
@@ -28,8 +29,11 @@ def cmd_serve(args: argparse.Namespace) -> dict:
         raise SpecError("port", f"cannot listen on 127.0.0.1:{args.port} ({err.strerror})",
                         "pass another --port, or --port 0 for a free one") from None
     print(f"memcalc serve: http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())  # `kill PID` stops it as Ctrl-C does
     try:
-        threading.Event().wait()
+        done.wait()
+        print("memcalc serve: stopped", file=sys.stderr)
     except KeyboardInterrupt:
         print("memcalc serve: stopped", file=sys.stderr)
     finally:
