@@ -12,8 +12,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from memcalc.cli import lengths as lengths_cli
 from memcalc.cli.args import (Parser, fail, json_arg, model_args, model_from_args, training_args,
                               training_from_args)
+from memcalc.serve import cli as serve_cli
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("estimate", help="peak memory and its breakdown")
     fields(p, "estimate"), json_arg(p)
+    lengths_cli.add_arguments(p)  # --seq-lens (memcalc.cli.lengths)
     p.add_argument("--formula", nargs="?", const="peak", choices=["peak", "activations"],
                    help="print the peak as a sympy expression in b, s and L (num_layers, where the "
                         "layers repeat), or with 'activations' the activation memory alone")
@@ -57,6 +60,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     _check_parser(sub, command in (None, "check"))
+    serve_cli.add_parser(sub)  # `memcalc serve` (memcalc/serve/cli.py)
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
     json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
@@ -77,7 +81,10 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
     """Run `estimate`; return the JSON payload (printed as text unless --json)."""
     from memcalc.queries.estimate import estimate
 
-    model, training = model_from_args(args), training_from_args(args)
+    model = model_from_args(args)
+    if args.seq_lens is not None or args.pad_to_multiple_of or args.packing:  # variable lengths (memcalc.cli.lengths)
+        return lengths_cli.run(args, model, training_from_args, _print_estimate)
+    training = training_from_args(args)
     r = estimate(model, training)
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
            "peak_gib": r.peak_gib, "peak_phase": r.peak_phase, "moment": r.moment,
@@ -351,7 +358,7 @@ def cmd_snapshot(args: argparse.Namespace) -> dict:
 
 
 COMMANDS = {"estimate": cmd_estimate, "check": cmd_check, "capacity": cmd_capacity, "plan": cmd_plan,
-            "gpus": cmd_gpus, "tables": cmd_tables, "snapshot": cmd_snapshot}
+            "gpus": cmd_gpus, "tables": cmd_tables, "snapshot": cmd_snapshot, "serve": serve_cli.cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
