@@ -309,8 +309,7 @@ def cmd_check(args: argparse.Namespace) -> dict:
     v = check(model, training, args.gpu if args.gpu is not None else args.budget)
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes,
            "headroom_bytes": v.headroom_bytes,
-           "changes": [dict(trainer_args=c.trainer_args(), training=c.fields, peak_bytes=c.peak_bytes,
-                            why=c.why) for c in v.changes]}
+           "changes": [c.as_dict() for c in v.changes]}
     if not args.json:
         _print_check(v, args.gpu or args.budget)
     if not v.fits:
@@ -343,11 +342,9 @@ def _print_check(v: Verdict, where: str) -> None:
     print(f"does not fit: peak {peak:.2f} GiB > {budget:.2f} GiB usable on {where} "
           f"(short by {-v.headroom_bytes / GIB:.2f} GiB)")
     if not v.changes:
-        print("  no single change memcalc models makes it fit (try more GPUs with --world-size "
-              "and a DeepSpeed ZeRO-3 config)")
-    for c in v.changes:
-        fields = ", ".join(f"{k}={v}" for k, v in c.trainer_args().items())
-        print(f"  fits with {fields}: peak {c.peak_bytes / GIB:.2f} GiB ({c.why})")
+        print("  no combination of up to three changes memcalc models makes it fit")
+    for i, c in enumerate(v.changes, 1):
+        print(f"  {i}. fits with {c.text()}")
 
 
 def cmd_snapshot(args: argparse.Namespace) -> dict:
