@@ -275,6 +275,9 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
                    "default: transformers' defaults")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
+    from memcalc.cli.launch_configs import add_launch_config_args
+
+    add_launch_config_args(p)
     p.add_argument("--seq-len", type=int, help="tokens per sequence")
     p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. RTX-4090 (its usable memory)")
     p.add_argument("--budget", default=None, help="'local', bytes or '24GB' instead of --gpu")
@@ -295,17 +298,21 @@ def cmd_check(args: argparse.Namespace) -> dict:
     trainer = args.trainer_args if args.trainer_args is not None else {}
     if args.axolotl is not None:
         trainer = _from_axolotl(args)
-    if args.seq_len is None:
+    from memcalc.cli.launch_configs import training_from_launch_configs
+
+    launched = training_from_launch_configs(args, trainer) if args.torchtitan_config else None
+    if args.seq_len is None and launched is None:
         fail("seq_len", "the sequence length is needed", "pass --seq-len N")
     if args.deepspeed is not None:
         from memcalc.inputs.trainers.trainer_args import trainer_args_dict
 
         trainer = {**trainer_args_dict(trainer), "deepspeed": args.deepspeed}
     model = model_from_args(args)
-    training = TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
-                                                world_size=args.world_size,
-                                                attention_mask=args.attention_mask,
-                                                pad_tokens=args.pad_tokens)
+    launched = launched or training_from_launch_configs(args, trainer)
+    training = launched or TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
+                                                            world_size=args.world_size,
+                                                            attention_mask=args.attention_mask,
+                                                            pad_tokens=args.pad_tokens)
     v = check(model, training, args.gpu if args.gpu is not None else args.budget)
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes,
            "headroom_bytes": v.headroom_bytes,
