@@ -11,7 +11,7 @@ from huggingface_hub import constants  # noqa: E402
 
 from memcalc import LoRA, ModelSpec, SpecError  # noqa: E402
 from memcalc.cli import main  # noqa: E402
-from memcalc.inputs.hf.hub import pretrained  # noqa: E402
+from memcalc.inputs.hf.hub import pretrained_config  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hub"
 COMMIT = "0" * 40
@@ -60,8 +60,9 @@ def test_from_pretrained_reads_the_cached_config(repo, published):
 
 @pytest.mark.usefixtures("offline_cache")
 def test_peft_repo_gives_base_spec_and_adapter():
-    spec, lora = pretrained("test/llama-2-7b-lora-on-meta")
-    assert spec.with_(name="x") == ModelSpec.from_pretrained("meta-llama/Llama-2-7b-hf").with_(name="x")
+    config, lora = pretrained_config("test/llama-2-7b-lora-on-meta")
+    assert ModelSpec.from_hf_config(config).with_(name="x") == \
+        ModelSpec.from_pretrained("meta-llama/Llama-2-7b-hf").with_(name="x")
     assert lora == LoRA(rank=64, alpha=16, dropout=0.1, targets=["q_proj", "v_proj"])
 
 
@@ -71,7 +72,7 @@ def test_offline_and_missing_says_so_in_one_line():
         ModelSpec.from_pretrained("meta-llama/Llama-3.1-8B")
     assert "not in the local Hugging Face cache" in str(err.value) and "HF_HUB_OFFLINE" in str(err.value)
     with pytest.raises(SpecError, match="genaitraining/llama-2-7b-domain-tuned: config.json is not in the local"):
-        pretrained("AliAbdien/llama-2-7b-lora")  # the published adapter's base is not cached
+        pretrained_config("AliAbdien/llama-2-7b-lora")  # the published adapter's base is not cached
 
 
 @pytest.mark.usefixtures("offline_cache")

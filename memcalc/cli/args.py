@@ -106,7 +106,7 @@ def model_from_args(args: argparse.Namespace):
     if (args.model is None) == (args.hf_config is None):
         fail("model", "give exactly one of --model PRESET or --hf-config PATH",
               "e.g. --model gpt2")
-    from memcalc.inputs.hf.hub import cli_model
+    from memcalc.cli.hub_model import cli_model
 
     model = cli_model(args) if args.model is not None else _from_hf(args.hf_config, args)
     changes = field_values(args, flag_fields(ModelSpec, skip=_MODEL_SKIP + ("implementation",)))

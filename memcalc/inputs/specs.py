@@ -195,9 +195,9 @@ class ModelSpec(FrozenModel):
         ...
         memcalc.core.errors.SpecError: model: 'not a repo' is not a hub id 'org/name'; fix: ...
         """
-        from memcalc.inputs.hf.hub import pretrained
+        from memcalc.inputs.hf.hub import pretrained_config
 
-        return pretrained(repo_id, revision, implementation)[0]
+        return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
 
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.

@@ -22,7 +22,7 @@ from typing import Any
 
 from memcalc.core.errors import MemcalcError, SpecError
 from memcalc.integrations.live import model_fields, spec_of
-from memcalc.integrations.meter import WARN_ABOVE, Comparison, StepMeter, predict, tensors_of
+from memcalc.integrations.meter import WARN_ABOVE, Comparison, StepMeter, note_overrides, predict, tensors_of
 
 try:
     from transformers import TrainerCallback as _Base
@@ -72,7 +72,9 @@ class MemoryCheckCallback(_Base):
         training = TrainingConfig.from_trainer_args(args, seq_len=seq_len, device=device,
                                                     attention_mask=self.attention_mask,
                                                     pad_tokens=self.pad_tokens)
-        training = training.with_(**_live(model))
+        live = _live(model)
+        note_overrides(training, live)
+        training = training.with_(**live)
         spec = self.model_spec or spec_of(model)
         self.comparison = predict(spec, training, "cuda" if device == "cuda" else "cpu-tracker", self.warn_above)
         if self.meter is None:  # added after Trainer.__init__: starts now

@@ -142,6 +142,19 @@ class Comparison:
                 json.dump(self.as_dict(), f, indent=2, sort_keys=True)
 
 
+def note_overrides(training: Any, live: dict) -> None:
+    """Log each field the live objects set to another value than the caller's (nothing silent).
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> note_overrides(TrainingConfig(micro_batch=1, seq_len=8, optimizer="sgd"), {"optimizer": "adamw"})
+    """
+    given = training.model_fields_set
+    for name, value in live.items():
+        if name in given and getattr(training, name) != value:
+            LOG.warning(f"memcalc: {name}={getattr(training, name)!r} given, but the live model or optimizer "
+                        f"says {value!r}: predicting with {value!r}")
+
+
 def predict(model_spec: Any, training: Any, backend: str, warn_above: float = WARN_ABOVE) -> Comparison:
     """The prediction for the run, as an empty Comparison."""
     from memcalc.queries.estimate import estimate

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from memcalc.core.errors import SpecError
 from memcalc.integrations.live import model_fields, optimizer_fields, spec_of
-from memcalc.integrations.meter import WARN_ABOVE, Comparison, StepMeter, predict, tensors_of
+from memcalc.integrations.meter import WARN_ABOVE, Comparison, StepMeter, note_overrides, predict, tensors_of
 
 
 @contextlib.contextmanager
@@ -45,6 +45,7 @@ def watch(model: Any, optimizer: Any, training: Any, steps: int = 3, json_path: 
         raise SpecError("training", f"expected a TrainingConfig or a dict, got {type(training).__name__}",
                         "pass training={'micro_batch': 4, 'seq_len': 512, ...}")
     live = {**model_fields(model), **optimizer_fields(optimizer)}
+    note_overrides(training, live)
     training = training.with_(**live)
     comparison = predict(model_spec or spec_of(model), training,
                          "cuda" if training.device == "cuda" else "cpu-tracker", warn_above)

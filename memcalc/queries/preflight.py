@@ -228,11 +228,13 @@ class _Search:
     @staticmethod
     def _stacked_numerics(useful: list[Option], members: frozenset, parts: list, peak: int) -> bool:
         """A combination with a fitting part is shown only as numerics stacked on numerics (pure
-        bf16 with 8-bit states: precision given up, not the training) that lowers the peak."""
+        bf16 with 8-bit states: precision given up, not the training): every fitting part gives up
+        numerics already, the rest adds a numerics change, and the peak falls below each part's."""
         def cost(m: object) -> int:
             return useful[m].cost if isinstance(m, int) else NOTHING if m == "batch" else HARDWARE
-        return max(map(cost, members)) == NUMERICS and all(part_peak > peak for _, part_peak in parts) \
-            and all(any(cost(m) == NUMERICS for m in members - part) for part, _ in parts)
+        return max(map(cost, members)) == NUMERICS and all(
+            part_peak > peak and max(map(cost, part)) == NUMERICS and any(cost(m) == NUMERICS for m in members - part)
+            for part, part_peak in parts)
 
     def _batch(self, fields: dict) -> Option | None:
         """The largest micro-batch below the current one that divides the step's sequences and

@@ -79,11 +79,11 @@ def _not_cached(repo_id: str, filename: str) -> SpecError:
                      f"{filename}`), or unset HF_HUB_OFFLINE")
 
 
-def pretrained(repo_id: str, revision: str | None = None, implementation: str = "hf") -> tuple:
-    """(ModelSpec, LoRA or None) of a hub repo: a model repo's config.json, or a peft repo's
-    adapter_config.json with its base model's config.json."""
+def pretrained_config(repo_id: str, revision: str | None = None) -> tuple[dict, Any]:
+    """(config.json as a dict, LoRA or None) of a hub repo: a model repo's config.json, or a peft
+    repo's adapter_config.json with its base model's config.json (ModelSpec.from_pretrained and
+    `--model org/name` build the spec)."""
     from memcalc.inputs.lora import LoRA
-    from memcalc.inputs.specs import ModelSpec
 
     if not is_hub_id(repo_id):
         raise SpecError("model", f"{str(repo_id)[:60]!r} is not a hub id 'org/name'",
@@ -103,25 +103,4 @@ def pretrained(repo_id: str, revision: str | None = None, implementation: str = 
             raise SpecError("adapter_config.base_model_name_or_path", f"{str(base)[:60]!r} is not a hub id",
                             "pass the base model with --hf-config PATH and the adapter with --lora-config")
         config = download_json(base, "config.json", adapter.get("revision"))
-    spec = ModelSpec.from_hf_config(config, implementation=implementation)
-    return spec.with_(name=repo_id), lora
-
-
-def cli_model(args: Any) -> Any:
-    """--model NAME on the CLI: a preset, or a hub id (with --revision). A peft repo's adapter is
-    left on args.hub_lora for the training flags (commands without --lora-* flags refuse it)."""
-    from memcalc.inputs.specs import ModelSpec
-
-    revision = getattr(args, "revision", None)
-    if not is_hub_id(args.model):
-        if revision is not None:
-            raise SpecError("revision", "is for hub ids (org/name)", f"drop --revision for the preset {args.model}")
-        return ModelSpec.preset(args.model)
-    spec, lora = pretrained(args.model, revision, args.implementation or "hf")
-    if lora is not None:
-        if not hasattr(args, "lora_rank"):
-            raise SpecError("model", f"{args.model} is a peft adapter repo; this command reads full "
-                            "training", f"use `memcalc estimate --model {args.model}`")
-        if args.lora_config is None and args.lora_rank is None:
-            args.hub_lora = lora
-    return spec
+    return config, lora
