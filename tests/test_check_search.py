@@ -109,3 +109,17 @@ def test_every_printed_suggestion_fits(preset, args, seq_len, gpu, tmp_path, cap
 def test_fitting_step_has_no_changes():
     v = memcalc.check(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128), "H100-80GB")
     assert v.fits and v.changes == []
+
+
+def test_lora_user_gets_qlora_under_the_same_adapters_and_no_tiny_stacks():
+    model = ModelSpec.preset("llama-3-8b")
+    training = TrainingConfig(micro_batch=4, seq_len=2048, precision="bf16-amp", checkpointing="per-layer",
+                              lora=memcalc.LoRA(rank=16))
+    v = memcalc.check(model, training, "RTX-4090")
+    _check_ranked(v)
+    applied = [training.with_(**c.fields) for c in v.changes]
+    assert any(t.quantization == "nf4" and t.lora == training.lora for t in applied)
+    for c, t in zip(v.changes, applied):
+        assert memcalc.estimate(model, t).peak_bytes == c.peak_bytes <= v.budget_bytes
+    # 8-bit states of rank-16 adapters buy 0.1% of the budget: not stacked on pure bf16 (MIN_STACK_GAIN)
+    assert not any(t.optimizer == "adamw-8bit" and t.precision == "bf16" for t in applied)

@@ -125,3 +125,19 @@ def test_live_objects_read():
 def test_bad_steps_named():
     with pytest.raises(memcalc.SpecError, match="steps"):
         MemoryCheckCallback(steps=0)
+
+
+def test_callback_never_stops_a_run_it_cannot_predict(tmp_path, caplog):
+    """A refused run (label smoothing is not modelled) is logged by name; training goes on."""
+    model = _gpt2()
+    callback = MemoryCheckCallback(json_path=str(tmp_path / "memcheck.json"))
+    with tempfile.TemporaryDirectory() as run_dir, caplog.at_level(logging.INFO, logger="memcalc"):
+        args = transformers.TrainingArguments(output_dir=run_dir, use_cpu=True, per_device_train_batch_size=2,
+                                              max_steps=1, report_to="none", save_strategy="no",
+                                              logging_strategy="no", disable_tqdm=True, label_smoothing_factor=0.1)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=_dataset(4, 16, 500),
+                                       callbacks=[callback])
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+        assert trainer.train().global_step == 1
+    assert any("trainer_args.label_smoothing_factor" in r.message for r in caplog.records if r.levelname == "ERROR")
+    assert callback.comparison is None and callback.meter is None or callback.meter.tracker is None

@@ -129,3 +129,15 @@ def test_cli_accelerate(tmp_path, capsys):
     code, _, err = _check(capsys, ["check", "--accelerate-config", str(ACCEL / "examples/slurm/fsdp_config.yaml"),
                                    "--model", "gpt2", "--seq-len", "128", "--gpu", "A100-40GB"])
     assert code == 2 and "accelerate.fsdp_config.fsdp_version" in err
+
+
+def test_torchtitan_every_job_config_field_is_accounted_for():
+    """JobConfig's sections and fields (tests/data/torchtitan/job_config_fields.json, read from torchtitan's
+    job_config.py) are each read, inert (a whole section, with why) or refused by name."""
+    from memcalc.inputs.trainers.torchtitan import INERT_SECTIONS, KEYS
+
+    sections = json.loads((TITAN / "job_config_fields.json").read_text())["sections"]
+    assert set(sections) <= set(INERT_SECTIONS) | set(KEYS)
+    for section, fields in sections.items():
+        if section in KEYS:
+            assert set(fields) <= set(KEYS[section]), section

@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from memcalc.core.errors import MemcalcError, SpecError
-from memcalc.integrations.live import model_fields, spec_of
+from memcalc.integrations.live import model_fields, optimizer_fields, spec_of
 from memcalc.integrations.meter import WARN_ABOVE, Comparison, StepMeter, note_overrides, predict, tensors_of
 
 try:
@@ -62,9 +62,17 @@ class MemoryCheckCallback(_Base):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
-        """Predict the peak for this run."""
+        """Predict the peak for this run. A run memcalc cannot predict (a refusal, named) is logged
+        and left alone: the callback never stops the user's training."""
         if self.comparison is not None or self._done:
             return
+        try:
+            self._predict(args, model, optimizer, train_dataloader)
+        except MemcalcError as err:
+            LOG.error(f"memcalc: no check for this run: {err}")
+            self._finish()
+
+    def _predict(self, args: Any, model: Any, optimizer: Any, train_dataloader: Any) -> None:
         from memcalc.inputs.training import TrainingConfig
 
         device = _device(args, model)
@@ -72,7 +80,7 @@ class MemoryCheckCallback(_Base):
         training = TrainingConfig.from_trainer_args(args, seq_len=seq_len, device=device,
                                                     attention_mask=self.attention_mask,
                                                     pad_tokens=self.pad_tokens)
-        live = _live(model)
+        live = _live(model, optimizer)
         note_overrides(training, live)
         training = training.with_(**live)
         spec = self.model_spec or spec_of(model)
@@ -125,10 +133,15 @@ def _seq_len(loader: Any) -> int:
                         "pass MemoryCheckCallback(seq_len=N)") from None
 
 
-def _live(model: Any) -> dict:
-    """What the live model changes in the Trainer's TrainingConfig."""
+def _live(model: Any, optimizer: Any) -> dict:
+    """What the live model and optimizer change in the Trainer's TrainingConfig: pure bf16
+    weights, adapters, quantization; a custom optimizer's class and implementation (the weight
+    decay stays the Trainer's: it puts it on its parameter groups, not in the defaults)."""
     fields = model_fields(model)
     fields.pop("device")
+    if optimizer is not None:  # accelerate's AcceleratedOptimizer wraps the torch one
+        opt = optimizer_fields(getattr(optimizer, "optimizer", optimizer))
+        fields.update({k: v for k, v in opt.items() if k != "weight_decay"})
     if "lora" in fields or "quantization" in fields:
         # refusals.finetune: the Trainer's own tensors are measured on full training only
         LOG.warning("memcalc: LoRA/quantized model: predicted without the HF Trainer's own tensors "

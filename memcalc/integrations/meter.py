@@ -109,7 +109,7 @@ class Comparison:
         self.steps.append(row)
         reserved = f", reserved {measured['reserved_bytes'] / MIB:.2f} MiB" if "reserved_bytes" in measured else ""
         line = (f"memcalc: step {step}: predicted {predicted / MIB:.2f} MiB, measured "
-                f"{measured['measured_bytes'] / MIB:.2f} MiB{reserved} ({self.backend}), error {error:+.3%}")
+                f"{measured['measured_bytes'] / MIB:.2f} MiB{reserved} ({self.backend}), error {error:+.4%}")
         LOG.info(line)
         if abs(error) > self.warn_above:
             warnings.warn(f"{line}: above {self.warn_above:.0%}; the run differs from what memcalc "

@@ -67,6 +67,9 @@ def options(training: TrainingConfig) -> list[Option]:
         if training.quantization == "none":
             out.append(Option("adapters", {"lora": ADAPTER, "quantization": "nf4", **off}, TRAINING,
                               f"QLoRA: nf4 base (bitsandbytes 4-bit) with LoRA {ADAPTER_TEXT}{note}"))
+    elif training.lora is not None and training.quantization == "none":
+        out.append(Option("adapters", {"quantization": "nf4"}, TRAINING,
+                          "QLoRA: the base quantised to nf4 (bitsandbytes 4-bit) under the same adapters"))
     return out
 
 
