@@ -8,7 +8,11 @@ from memcalc.core.errors import SpecError
 
 def cli_model(args: argparse.Namespace):
     """The ModelSpec of --model (with --revision for a hub id). A peft repo's adapter is left on
-    args.hub_lora for the training flags (commands without --lora-* flags refuse it)."""
+    args.hub_lora for the training flags (commands without --lora-* flags refuse it).
+
+    >>> cli_model(argparse.Namespace(model="gpt2", revision=None, implementation=None)).name
+    'gpt2'
+    """
     from memcalc.inputs.hf.hub import is_hub_id, pretrained_config
     from memcalc.inputs.specs import ModelSpec
 

@@ -11,7 +11,12 @@ from memcalc.core.errors import SpecError
 
 
 def add_launch_config_args(p: argparse.ArgumentParser) -> None:
-    """The two flags."""
+    """The two flags.
+
+    >>> p = argparse.ArgumentParser(); add_launch_config_args(p)
+    >>> p.parse_args(["--torchtitan-config", "llama3_8b.toml"]).torchtitan_config
+    'llama3_8b.toml'
+    """
     p.add_argument("--accelerate-config", help="accelerate's config YAML (`accelerate config`): ranks, "
                    "DDP / FSDP2 / DeepSpeed, mixed precision")
     p.add_argument("--torchtitan-config", help="torchtitan job config TOML (instead of --trainer-args; "
@@ -19,7 +24,11 @@ def add_launch_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def training_from_launch_configs(args: argparse.Namespace, trainer: Any) -> Any:
-    """The TrainingConfig of `check` when a launch config is given (None otherwise)."""
+    """The TrainingConfig of `check` when a launch config is given (None otherwise).
+
+    >>> training_from_launch_configs(argparse.Namespace(accelerate_config=None, torchtitan_config=None), {}) is None
+    True
+    """
     from memcalc.inputs.training import TrainingConfig
 
     accel, titan = getattr(args, "accelerate_config", None), getattr(args, "torchtitan_config", None)

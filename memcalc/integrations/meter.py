@@ -136,7 +136,10 @@ class Comparison:
                 "steps": self.steps, "worst_error": max((abs(s["error"]) for s in self.steps), default=None)}
 
     def write(self, path: str | os.PathLike | None) -> None:
-        """Write the comparison as JSON to `path` (nothing when None)."""
+        """Write the comparison as JSON to `path` (nothing when None).
+
+        >>> Comparison("m", {}, 1, 1, "cpu").write(None)
+        """
         if path is not None:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(self.as_dict(), f, indent=2, sort_keys=True)
@@ -156,7 +159,13 @@ def note_overrides(training: Any, live: dict) -> None:
 
 
 def predict(model_spec: Any, training: Any, backend: str, warn_above: float = WARN_ABOVE) -> Comparison:
-    """The prediction for the run, as an empty Comparison."""
+    """The prediction for the run, as an empty Comparison.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> c = predict(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=64, device="cpu"), "cpu-tracker")
+    >>> c.predicted_peak_bytes > c.predicted_first_step_peak_bytes > 0, c.steps
+    (True, [])
+    """
     from memcalc.queries.estimate import estimate
 
     r = estimate(model_spec, training)

@@ -39,7 +39,8 @@ def _hub() -> Any:
 
 def download_json(repo_id: str, filename: str, revision: str | None = None, missing_ok: bool = False) -> dict | None:
     """One JSON file of a hub repo, from the cache or the Hub (None when missing_ok and the
-    repo has no such file)."""
+    repo has no such file); every failure is one SpecError naming the repo and the fix
+    (tests/test_hub.py reads an offline cache)."""
     hub = _hub()
     from huggingface_hub import constants, errors
 
@@ -82,7 +83,13 @@ def _not_cached(repo_id: str, filename: str) -> SpecError:
 def pretrained_config(repo_id: str, revision: str | None = None) -> tuple[dict, Any]:
     """(config.json as a dict, LoRA or None) of a hub repo: a model repo's config.json, or a peft
     repo's adapter_config.json with its base model's config.json (ModelSpec.from_pretrained and
-    `--model org/name` build the spec)."""
+    `--model org/name` build the spec).
+
+    >>> pretrained_config("gpt2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.SpecError: model: 'gpt2' is not a hub id 'org/name'; fix: ...
+    """
     from memcalc.inputs.lora import LoRA
 
     if not is_hub_id(repo_id):

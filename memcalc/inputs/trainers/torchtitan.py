@@ -86,7 +86,13 @@ OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
 
 
 def read_toml(path: str | os.PathLike) -> dict:
-    """The tables of a TOML file (bounded read)."""
+    """The tables of a TOML file (bounded read; tomllib, tomli on Python 3.10).
+
+    >>> read_toml(b"x.toml")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.SpecError: torchtitan_config: expected a dict or a path, got bytes; fix: ...
+    """
     from memcalc.core.files import read_bounded
 
     try:
