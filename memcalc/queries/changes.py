@@ -79,7 +79,13 @@ _CKPT = {"per-layer": " (each decoder layer recomputed in backward)",
 
 def _optimizer_options(training: TrainingConfig) -> list[Option]:
     out = []
-    if training.optimizer in ("sgd", "sgd-momentum", "adam", "adamw"):
+    if training.hf_trainer and training.optimizer == "adamw":
+        # the Trainer's optim names reach two: adamw_torch_fused, and adamw_torch (torch's default)
+        out += [Option("optimizer", {"optimizer_impl": impl}, NOTHING, f"optimizer implementation {text}")
+                for impl, text in (("fused", "fused (optim adamw_torch_fused)"),
+                                   (None, "torch's default (optim adamw_torch)"))
+                if impl != training.optimizer_impl]
+    elif training.optimizer in ("sgd", "sgd-momentum", "adam", "adamw") and not training.hf_trainer:
         out += [Option("optimizer", {"optimizer_impl": impl}, NOTHING, f"optimizer implementation {impl}")
                 for impl in ("foreach", "fused", "for-loop") if impl != training.resolved_optimizer_impl]
     if training.optimizer in ("adam", "adamw"):

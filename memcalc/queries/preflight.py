@@ -89,8 +89,8 @@ class Change:
                 name, value = "BitsAndBytesConfig", {"load_in_4bit": True, "bnb_4bit_quant_type": value}
             out[TRAINER_NAMES.get(name, name)] = value
         if "optimizer_impl" in self.fields and "optimizer" not in self.fields:
-            out["optim"] = {"fused": "adamw_torch_fused"}.get(self.fields["optimizer_impl"],
-                                                              f"adamw_torch with {self.fields['optimizer_impl']}")
+            impl = self.fields["optimizer_impl"]  # the Trainer reaches fused and torch's default
+            out["optim"] = {"fused": "adamw_torch_fused", None: "adamw_torch"}.get(impl, f"adamw_torch ({impl})")
         return out
 
 
