@@ -21,7 +21,7 @@ _LAZY = {"model_state_bytes": "memcalc.formulas.model_states",
          "GPUS": "memcalc.inputs.gpus", "GPU": "memcalc.inputs.gpus", "parse_budget": "memcalc.inputs.gpus",
          "local_gpus": "memcalc.inputs.gpus", "check": "memcalc.queries.preflight",
          "Verdict": "memcalc.queries.preflight", "estimate_lengths": "memcalc.queries.lengths",
-         "LengthsReport": "memcalc.queries.lengths",
+         "LengthsReport": "memcalc.queries.lengths", "watch": "memcalc.integrations.watch",
          "load_snapshot": "memcalc.allocator.snapshot", "replay_snapshot": "memcalc.allocator.replay",
          "replay_events": "memcalc.allocator.replay", "AllocatorSettings": "memcalc.allocator.settings"}
 

@@ -47,7 +47,7 @@ def test_every_suggested_change_fits_when_applied(tmp_path, capsys):
     assert code == 1 and report["changes"]
     budget = GPUS["RTX-4090"].usable_bytes
     for change in report["changes"]:
-        t = TrainingConfig.from_trainer_args({**fields, **change["trainer_args"]}, seq_len=1024)
+        t = TrainingConfig.from_trainer_args(fields, seq_len=1024).with_(**change["training"])
         peak = memcalc.estimate(ModelSpec.preset("gpt2"), t).peak_bytes
         assert peak == change["peak_bytes"] <= budget
 

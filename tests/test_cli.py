@@ -22,7 +22,7 @@ def test_public_api_is_pinned():
         "candidates", "optimal_segment_size",
         "ModelSpec", "TrainingConfig", "LoRA", "model_state_bytes", "zero_paper_mixed_precision_bytes",
         "max_micro_batch", "max_seq_len", "max_layers", "fits", "Capacity", "estimate_grid", "plan",
-        "check", "Verdict", "estimate_lengths", "LengthsReport",
+        "check", "Verdict", "estimate_lengths", "LengthsReport", "watch",
         "Plan", "GPUS", "GPU", "parse_budget", "local_gpus",
         "load_snapshot", "replay_snapshot", "replay_events", "AllocatorSettings"])
     for name in memcalc.__all__:

@@ -94,3 +94,15 @@ def test_server_answers_and_refuses_over_http():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.slow  # a search of tens of cold estimates (memcalc.check)
+def test_changes_with_adapters_are_json():
+    """check's LoRA/QLoRA suggestions reach the page as JSON (the adapters as their fields)."""
+    import json
+
+    a = api.changes_answer({"model": "llama-3-8b", "gpu": "RTX-4090", "micro_batch": "4", "seq_len": "2048",
+                            "precision": "bf16-amp", "checkpointing": "per-layer"})
+    first = json.loads(json.dumps(a))["changes"][0]
+    assert first["fields"]["lora"]["rank"] == 16 and first["fields"]["quantization"] == "nf4"
+    assert first["headroom_bytes"] > 0 and first["gives_up"] == "the training"

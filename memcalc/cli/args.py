@@ -43,7 +43,8 @@ def model_args(p: argparse.ArgumentParser) -> None:
     from memcalc.inputs.specs import ModelSpec
 
     g = p.add_argument_group("model")
-    g.add_argument("--model", help="preset name, e.g. gpt2, llama-3-8b")
+    g.add_argument("--model", help="preset name (e.g. gpt2, llama-3-8b) or Hugging Face Hub id (org/name)")
+    g.add_argument("--revision", help="with a hub id: branch, tag or commit (default main)")
     g.add_argument("--hf-config", help="path to a Hugging Face config.json")
     add_fields(g, ModelSpec, flag_fields(ModelSpec, skip=_MODEL_SKIP), bools="value")
 
@@ -105,7 +106,9 @@ def model_from_args(args: argparse.Namespace):
     if (args.model is None) == (args.hf_config is None):
         fail("model", "give exactly one of --model PRESET or --hf-config PATH",
               "e.g. --model gpt2")
-    model = ModelSpec.preset(args.model) if args.model is not None else _from_hf(args.hf_config, args)
+    from memcalc.cli.hub_model import cli_model
+
+    model = cli_model(args) if args.model is not None else _from_hf(args.hf_config, args)
     changes = field_values(args, flag_fields(ModelSpec, skip=_MODEL_SKIP + ("implementation",)))
     if args.implementation and args.model:
         changes["implementation"] = args.implementation
@@ -128,6 +131,7 @@ def training_from_args(args: argparse.Namespace, **fixed):
 
     fields = field_values(args, flag_fields(TrainingConfig, skip=("lora",)))
     lora = lora_from_args(args) if hasattr(args, "lora_rank") else None
+    lora = lora if lora is not None else getattr(args, "hub_lora", None)  # a peft repo's adapter
     if lora is not None:
         fields["lora"] = lora
     if "tensor_parallel" in fields and "world_size" not in fields:

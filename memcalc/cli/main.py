@@ -275,6 +275,9 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
                    "default: transformers' defaults")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
+    from memcalc.cli.launch_configs import add_launch_config_args
+
+    add_launch_config_args(p)
     p.add_argument("--seq-len", type=int, help="tokens per sequence")
     p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. RTX-4090 (its usable memory)")
     p.add_argument("--budget", default=None, help="'local', bytes or '24GB' instead of --gpu")
@@ -295,22 +298,25 @@ def cmd_check(args: argparse.Namespace) -> dict:
     trainer = args.trainer_args if args.trainer_args is not None else {}
     if args.axolotl is not None:
         trainer = _from_axolotl(args)
-    if args.seq_len is None:
+    from memcalc.cli.launch_configs import training_from_launch_configs
+
+    launched = training_from_launch_configs(args, trainer) if args.torchtitan_config else None
+    if args.seq_len is None and launched is None:
         fail("seq_len", "the sequence length is needed", "pass --seq-len N")
     if args.deepspeed is not None:
         from memcalc.inputs.trainers.trainer_args import trainer_args_dict
 
         trainer = {**trainer_args_dict(trainer), "deepspeed": args.deepspeed}
     model = model_from_args(args)
-    training = TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
-                                                world_size=args.world_size,
-                                                attention_mask=args.attention_mask,
-                                                pad_tokens=args.pad_tokens)
+    launched = launched or training_from_launch_configs(args, trainer)
+    training = launched or TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
+                                                            world_size=args.world_size,
+                                                            attention_mask=args.attention_mask,
+                                                            pad_tokens=args.pad_tokens)
     v = check(model, training, args.gpu if args.gpu is not None else args.budget)
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes,
            "headroom_bytes": v.headroom_bytes,
-           "changes": [dict(trainer_args=c.trainer_args(), training=c.fields, peak_bytes=c.peak_bytes,
-                            why=c.why) for c in v.changes]}
+           "changes": [c.as_dict() for c in v.changes]}
     if not args.json:
         _print_check(v, args.gpu or args.budget)
     if not v.fits:
@@ -343,11 +349,9 @@ def _print_check(v: Verdict, where: str) -> None:
     print(f"does not fit: peak {peak:.2f} GiB > {budget:.2f} GiB usable on {where} "
           f"(short by {-v.headroom_bytes / GIB:.2f} GiB)")
     if not v.changes:
-        print("  no single change memcalc models makes it fit (try more GPUs with --world-size "
-              "and a DeepSpeed ZeRO-3 config)")
-    for c in v.changes:
-        fields = ", ".join(f"{k}={v}" for k, v in c.trainer_args().items())
-        print(f"  fits with {fields}: peak {c.peak_bytes / GIB:.2f} GiB ({c.why})")
+        print("  no combination of up to three changes memcalc models makes it fit")
+    for i, c in enumerate(v.changes, 1):
+        print(f"  {i}. fits with {c.text()}")
 
 
 def cmd_snapshot(args: argparse.Namespace) -> dict:

@@ -19,7 +19,9 @@ from memcalc.core.errors import SpecError
 _FIX = "give the path of a Hugging Face config.json"
 _FIXES = {"trainer_args": "give the JSON TrainingArguments.to_json_string() writes",
           "deepspeed": "give the DeepSpeed config JSON", "axolotl": "give an axolotl config.yml",
-          "adapter_config": "pass peft's adapter_config.json (or its folder)"}
+          "adapter_config": "pass peft's adapter_config.json (or its folder)",
+          "accelerate_config": "give the YAML `accelerate config` writes",
+          "torchtitan_config": "give a torchtitan job config TOML"}
 
 
 def _fix(field: str) -> str:

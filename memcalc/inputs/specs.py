@@ -183,6 +183,22 @@ class ModelSpec(FrozenModel):
 
         return spec_from_hf(cls, config, implementation)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, revision: str | None = None,
+                        implementation: Implementation = "hf") -> "ModelSpec":
+        """A spec from a Hugging Face Hub id: its config.json (a peft repo: its base model's),
+        read through huggingface_hub from the cache or the Hub, never weights
+        (memcalc.inputs.hf.hub; HF_HUB_OFFLINE=1 reads the cache only).
+
+        >>> ModelSpec.from_pretrained("not a repo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        memcalc.core.errors.SpecError: model: 'not a repo' is not a hub id 'org/name'; fix: ...
+        """
+        from memcalc.inputs.hf.hub import pretrained_config
+
+        return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
+
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.
 

@@ -213,5 +213,6 @@ def changes_answer(query: dict[str, str]) -> dict:
 
     q = parse_query(query)
     v = check(model_of(q), training_of(q), gpu(q["gpu"]).name)
-    found = [{"fields": dict(c.fields), "peak_bytes": c.peak_bytes, "why": c.why} for c in v.changes]
+    found = [{"fields": c.as_dict()["training"], "peak_bytes": c.peak_bytes, "why": c.why,  # LoRA as its fields
+              "headroom_bytes": c.headroom_bytes, "gives_up": c.gives_up} for c in v.changes]
     return {"fits": v.fits, "changes": found}

@@ -57,28 +57,33 @@ INERT: dict[str, str] = {
 # lora_* keys are inert only when no adapter is set (an adapter is refused above)
 
 
-def read_yaml(path: str | os.PathLike) -> dict:
-    """The mapping in a YAML file, read with yaml.safe_load (bounded read, no tags executed)."""
+def read_yaml(path: str | os.PathLike, field: str = "axolotl") -> dict:
+    """The mapping in a YAML file, read with yaml.safe_load (bounded read, no tags executed);
+    errors name `field`."""
     from memcalc.core.files import read_bounded
 
     try:
         import yaml
     except ImportError:
-        raise MemcalcError("axolotl", "reading YAML needs PyYAML", "pip install 'memcalc[config]'") from None
+        raise MemcalcError(field, "reading YAML needs PyYAML", "pip install 'memcalc[config]'") from None
     if not isinstance(path, (str, os.PathLike)):
-        raise SpecError("axolotl", f"expected a dict or a path, got {type(path).__name__}",
-                        "give an axolotl config.yml")
+        raise SpecError(field, f"expected a dict or a path, got {type(path).__name__}",
+                        _what(field))
     path = os.fspath(path)
     try:
-        value = yaml.safe_load(read_bounded(path, "axolotl").decode("utf-8"))
+        value = yaml.safe_load(read_bounded(path, field).decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise SpecError("axolotl", f"{path!r} is not valid YAML ({str(err).splitlines()[0][:80]})",
-                        "give an axolotl config.yml") from None
+        raise SpecError(field, f"{path!r} is not valid YAML ({str(err).splitlines()[0][:80]})",
+                        _what(field)) from None
     except RecursionError:  # PyYAML's parser recurses once per nesting level
-        raise SpecError("axolotl", f"{path!r} nests YAML too deeply", "give an axolotl config.yml") from None
+        raise SpecError(field, f"{path!r} nests YAML too deeply", _what(field)) from None
     if not isinstance(value, dict):
-        raise SpecError("axolotl", f"{path!r} does not hold a YAML mapping", "give an axolotl config.yml")
+        raise SpecError(field, f"{path!r} does not hold a YAML mapping", _what(field))
     return value
+
+
+def _what(field: str) -> str:
+    return {"axolotl": "give an axolotl config.yml"}.get(field, f"give the {field.replace('_', ' ')} YAML file")
 
 
 def axolotl_fields(config: dict | str | os.PathLike) -> tuple[dict, int | None, str]:

@@ -162,7 +162,7 @@ async function changes(qs, mine) {
   $("changes").replaceChildren(...(found.length ? found.map((c) => {
     const fields = Object.entries(c.fields).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`);
     return li(`${fields.join(", ")}: peak ${gib(c.peak_bytes)} (${c.why})`);
-  }) : [li(data.error || "no single change memcalc models makes it fit; try more GPUs with sharding")]));
+  }) : [li(data.error || "no combination of up to three changes memcalc models makes it fit")]));
 }
 
 function colour(category) {
