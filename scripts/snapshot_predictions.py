@@ -42,6 +42,8 @@ def _recorded() -> dict:
     for path in sorted((ROOT / "validate" / "results").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
+            if "key" not in row:  # a run of many steps (cpu-ci-lengths.jsonl), not one configuration
+                continue
             key = json.loads(row["key"])
             out[f"recorded {path.name} {row['name']}"] = _report(
                 ModelSpec.make(**key["model"]), TrainingConfig.make(**key["training"]))
