@@ -21,7 +21,9 @@ def meta_num_parameters(hf_config: dict) -> int:
 
 def live_optimizer_state_bytes(torch, optimizer: str, params: list) -> int:
     """Bytes of the distinct state storages the real optimizer (validate.measure.step.optimizer_class)
-    holds after one step on `params` with all-ones gradients."""
+    holds after one step on `params` with all-ones gradients: its per-parameter state and, for
+    bitsandbytes' 8-bit optimizers, the qmaps in its name2qmap (made at construction, held
+    whether or not a parameter is large enough to use them)."""
     from validate.measure.step import optimizer_class
 
     opt = optimizer_class(optimizer)(params, **({} if optimizer == "adafactor" else {"lr": 1e-3}))
@@ -29,11 +31,11 @@ def live_optimizer_state_bytes(torch, optimizer: str, params: list) -> int:
         p.grad = torch.ones_like(p)
     opt.step()
     seen, live = set(), 0
-    for p in params:
-        for v in opt.state[p].values():
-            if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
-                seen.add(v.untyped_storage().data_ptr())
-                live += v.untyped_storage().nbytes()
+    held = [v for p in params for v in opt.state[p].values()]
+    for v in held + list(getattr(opt, "name2qmap", {}).values()):
+        if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
+            seen.add(v.untyped_storage().data_ptr())
+            live += v.untyped_storage().nbytes()
     return live
 
 

@@ -7,12 +7,15 @@ parameter's dtype; autocast leaves parameters, hence gradients and states, in fp
     fp32, fp16-amp, bf16-amp     4        4      8 | 4 | 0
     bf16 (pure)                  2        2      4 | 2 | 0
 
-Fine-tuning optimizers (memcalc.tape.finetune_optim), from a count alone, as one tensor:
-adamw-8bit 2 bytes/param (uint8 state1, state2) + 8 bytes per block of 256 (fp32 absmax1,
-absmax2); paged-adamw-8bit and paged-adamw 0 on CUDA (their states are managed memory that torch's
-allocator does not count; 2 or 8 bytes/param on CPU, where paging is off); adafactor 0 (its
-factored states, 4 x (rows + cols) per matrix, need the shapes: a lower bound; estimate() counts
-them, and the fp32 states of small tensors).
+Fine-tuning optimizers, from a count alone, as one tensor of that many elements, by the
+bitsandbytes state-size rule the engine uses too (memcalc.tape.bnb_states.optimizer_bytes):
+below min_8bit_size (4096 elements) two fp32 states, 8 bytes/param; from it, adamw-8bit 2
+bytes/param (uint8 state1, state2) + 8 bytes per block of 256 (fp32 absmax1, absmax2) + the two
+shared qmaps (2 x 1 KiB: on CPU from construction, on CUDA with the first 8-bit parameter);
+paged-adamw-8bit and paged-adamw the same, less state1/state2 on CUDA from 1e5 elements (managed
+memory that torch's allocator does not count; paging is off on CPU); adafactor 0 (its factored
+states, 4 x (rows + cols) per matrix, need the shapes: a lower bound; estimate() counts them,
+and the fp32 states of small tensors).
 
 Adam's per-tensor `step` counters are a few bytes per tensor, not per parameter, and are left out
 (estimate() counts them). The ZeRO paper's mixed-precision figure (fp16 weights and grads plus fp32
@@ -25,6 +28,7 @@ from __future__ import annotations
 from memcalc.core.errors import MemcalcError, UnknownNameError, closest_names
 from memcalc.engine.regime import STATES_PER_PARAM, param_element_size
 from memcalc.inputs.training import FINE_TUNE_OPTIMIZERS, PRECISIONS, SHARDINGS
+from memcalc.tape.bnb_states import optimizer_bytes
 
 # bytes per element of the parameters (and so of their gradients and optimizer states)
 PARAM_BYTES = {p: param_element_size(p) for p in PRECISIONS}
@@ -53,8 +57,10 @@ def model_state_bytes(params: int, precision: str = "fp32", optimizer: str = "ad
     112000000000
     >>> model_state_bytes(1_000, precision="bf16", optimizer="sgd")
     4000
-    >>> model_state_bytes(1_024, precision="bf16", optimizer="adamw-8bit")  # 2+2 + 2 + 8/256
-    6176
+    >>> model_state_bytes(1_024, precision="bf16", optimizer="adamw-8bit")  # < 4096: fp32 states
+    12288
+    >>> model_state_bytes(8_192, precision="bf16", optimizer="adamw-8bit")  # 2+2 + 2 + 8/256 + qmaps
+    51456
     """
     elt = _lookup(PARAM_BYTES, precision, "precision")
     _check_params(params)
@@ -69,14 +75,13 @@ def fine_tune_state_bytes(params: int, optimizer: str, device: str = "cuda") -> 
     tensor (module docstring; a lower bound for adafactor).
 
     >>> fine_tune_state_bytes(4096, "adamw-8bit"), fine_tune_state_bytes(4096, "paged-adamw", "cpu")
-    (8320, 32768)
+    (10368, 32768)
+    >>> fine_tune_state_bytes(4095, "adamw-8bit"), fine_tune_state_bytes(200_000, "paged-adamw")
+    (32760, 0)
     """
-    blocks = -(-params // 256)
-    if optimizer == "adafactor" or (optimizer.startswith("paged") and device == "cuda"):
+    if optimizer == "adafactor" or params == 0:  # no parameter, no optimizer (torch refuses one)
         return 0
-    if optimizer.endswith("8bit"):
-        return 2 * params + 8 * blocks
-    return 8 * params
+    return optimizer_bytes(optimizer, [params], device)
 
 
 def zero_paper_mixed_precision_bytes(params: int) -> int:

@@ -166,3 +166,11 @@ def check_quantization(model: ModelSpec, training: TrainingConfig) -> None:
     if model.qkv_bias or model.out_bias or model.mlp_bias:
         raise NotModelledError("quantization", "Linear4bit layers with biases are not modelled "
                                "(bnb casts the bias in place)", "use a model without linear biases")
+    odd = [n for n in (model.hidden_size, model.num_heads * model.head_size, model.ffn_size) if n % 2]
+    if training.device == "cpu" and odd:
+        # bitsandbytes/backends/cpu/ops.py dequantize_4bit: `shape[-1] % 2 != 0` falls back to
+        # the torch.compile'd backends/default/ops.py _dequantize_4bit_compute (int32 codes, fp32
+        # values); measured -15.9% on a Llama with intermediate_size 1279
+        raise NotModelledError("quantization", f"Linear4bit layers with an odd in_features ({odd[0]}) "
+                               "dequantise on CPU through bitsandbytes' compiled fallback, not modelled",
+                               "use even hidden_size, num_heads * head_dim and intermediate_size")

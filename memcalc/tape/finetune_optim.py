@@ -2,23 +2,14 @@
 transformers' Adafactor (defaults), state tensors and step temporaries, parameter by parameter.
 
 bitsandbytes (bitsandbytes/optim/optimizer.py Optimizer2State.init_state, update_step):
-- a parameter of n >= min_8bit_size (4096) elements under an 8-bit optimizer: state1, state2 uint8
-  (n bytes each, zeros_like), absmax1, absmax2 fp32 (one per block of 256: ceil(n/256)); the two
-  qmaps (256 fp32 each) are shared by every parameter (Optimizer8bit.name2qmap); below 4096
-  elements, and for every parameter of PagedAdamW (optim_bits=32), state1/state2 fp32 (4n each),
-  even for bf16 parameters (get_state_buffer's dtype). `step` is a Python int.
-- paged (CUDA): state1/state2 of parameters with >= 1e5 elements come from F.get_paged:
-  cudaMallocManaged memory wrapped by torch.frombuffer, a CPU tensor to torch, so the caching
-  allocator (max_memory_allocated) never counts it; its pages live on the GPU while used and are
-  evicted to host under memory pressure. memcalc predicts the allocator's peak and leaves them
-  out (paged_state_bytes gives their size). On CPU paging is off (a warning; zeros_like).
+- states and the shared qmaps: the one rule of memcalc.tape.bnb_states (min_8bit_size, fp32
+  absmax per 256-element block, paged states outside the allocator: memcalc predicts the
+  allocator's peak and leaves them out; paged_state_bytes gives their size).
 - CUDA step: one fused kernel per parameter, no temporaries (backends/cuda/ops.py). CPU step
   (backends/cpu/ops.py, Python): 8-bit: both states dequantised to fp32, grad.float() * 1.0,
   sqrt and its quotient: 5 x 4n alive together (+4n p.float() for bf16 parameters); 32-bit:
   g.float() * 1.0, sqrt, + eps and the quotient: 3 x 4n (+4n for bf16). Freed when the kernel
   returns (measured with validate.measure.tracker seeing inside the kernel).
-- qmaps on the device: created at construction (fill_qmap) on CPU; on CUDA moved to the device
-  at the first 8-bit parameter's init_state.
 
 Adafactor (transformers/optimization.py Adafactor.step; beta1=None, relative_step=True):
 - states fp32 (`.to(grad)` with grad upcast to fp32): exp_avg_sq_row = zeros(shape[:-1]) and
@@ -35,26 +26,14 @@ Adafactor (transformers/optimization.py Adafactor.step; beta1=None, relative_ste
 from __future__ import annotations
 
 from memcalc.allocator.rules import round_up
+from memcalc.tape import bnb_states
+from memcalc.tape.bnb_states import BNB, BNB_8BIT, MIN_8BIT_SIZE, QMAP_BYTES  # noqa: F401  (re-exported)
 
-BNB_8BIT = ("adamw-8bit", "paged-adamw-8bit")
-BNB = BNB_8BIT + ("paged-adamw",)
 THIRTY_TWO_BIT = {"adamw-8bit": "adamw-32bit", "paged-adamw-8bit": "paged-adamw"}
 """The same optimizer with optim_bits=32 for one parameter (GlobalOptimManager's module override,
 which the HF Trainer registers for nn.Embedding weights): 'adamw-32bit' is internal, two fp32
 states and the 32-bit update's temporaries."""
-MIN_8BIT_SIZE = 4096  # Optimizer2State(min_8bit_size=4096)
-BLOCK = 256  # Optimizer2State.init_state: blocksize = 256
-QMAP_BYTES = 256 * 4  # F.create_dynamic_map: 256 fp32 values
-PAGED_MIN = 100_000  # Optimizer8bit.get_state_buffer: paged only when p.numel() >= 1e5
 SCALAR = 4  # a 0-dim fp32 tensor
-
-
-def _eight_bit(optimizer: str, numel: int) -> bool:
-    return optimizer in BNB_8BIT and numel >= MIN_8BIT_SIZE
-
-
-def _paged(optimizer: str, numel: int, device: str) -> bool:
-    return optimizer.startswith("paged") and device == "cuda" and numel >= PAGED_MIN
 
 
 def factored(numel: int, rows: int, last2: tuple[int, int] | None = None) -> tuple[int, int] | None:
@@ -75,7 +54,7 @@ def state_allocations(optimizer: str, numel: int, rows: int, device: str,
                       last2: tuple[int, int] | None = None) -> list[int]:
     """Bytes of each state tensor a parameter of `numel` elements (dim 0 `rows`, == numel when
     1-D; last two dims `last2` at >= 3 dims) gets on the device, in creation order (paged CUDA
-    states excluded). bitsandbytes sizes by numel only (zeros_like, ceil(numel / 256) absmax).
+    states excluded). bitsandbytes sizes by numel only: memcalc.tape.bnb_states.state_bytes.
 
     >>> state_allocations("adamw-8bit", 4096 * 2, 64, "cpu")
     [8192, 8192, 128, 128]
@@ -93,41 +72,32 @@ def state_allocations(optimizer: str, numel: int, rows: int, device: str,
         if sq is not None:
             return [4 * sq[0], 4 * sq[1], SCALAR]
         return [4 * numel, SCALAR]
-    blocks = -(-numel // BLOCK)
-    if _eight_bit(optimizer, numel):
-        states = [] if _paged(optimizer, numel, device) else [numel, numel]
-        return states + [4 * blocks, 4 * blocks]
-    return [] if _paged(optimizer, numel, device) else [4 * numel, 4 * numel]
+    return bnb_states.state_bytes(optimizer, numel, device)
 
 
 def paged_state_bytes(optimizer: str, numels: list[int], device: str) -> int:
-    """Bytes of unified (managed) memory the paged optimizers hold, outside torch's allocator.
+    """Bytes of unified (managed) memory the paged optimizers hold, outside torch's allocator
+    (memcalc.tape.bnb_states.paged_bytes).
 
     >>> paged_state_bytes("paged-adamw-8bit", [200_000, 100], "cuda")
     400000
     """
-    return sum((2 * n if _eight_bit(optimizer, n) else 8 * n) for n in numels
-               if _paged(optimizer, n, device))
+    return bnb_states.paged_bytes(optimizer, numels, device)
 
 
 def shared_allocations(optimizer: str, numels: list[int], device: str) -> list[int]:
-    """The qmaps of an 8-bit optimizer (shared by all parameters): on CPU from construction,
-    on CUDA once a parameter of >= 4096 elements is initialised.
+    """The qmaps of an 8-bit optimizer (memcalc.tape.bnb_states.shared_bytes).
 
     >>> shared_allocations("adamw-8bit", [10], "cpu"), shared_allocations("adamw-8bit", [10], "cuda")
     ([1024, 1024], [])
     """
-    if optimizer not in BNB_8BIT:
-        return []
-    if device == "cpu" or any(n >= MIN_8BIT_SIZE for n in numels):
-        return [QMAP_BYTES, QMAP_BYTES]
-    return []
+    return bnb_states.shared_bytes(optimizer, numels, device)
 
 
 def _bnb_temporaries(optimizer: str, numel: int, param_elt: int, device: str) -> list[int]:
     if device == "cuda":
         return []
-    copies = 5 if _eight_bit(optimizer, numel) else 3
+    copies = 5 if bnb_states.eight_bit(optimizer, numel) else 3
     return [4 * numel] * (copies + (param_elt != 4))
 
 

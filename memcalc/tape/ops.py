@@ -300,6 +300,13 @@ def lora_branch(ops: Ops, x: Value, w: Value, result: Value, tokens: Poly, n_out
 BLOCKSIZE = 64  # bnb_4bit blocksize (Params4bit default); double quantisation: 256 absmax a block
 CODE_BYTES = 16 * 4  # quant_state.code: the 16-value nf4/fp4 table, fp32, one per weight
 DYNAMIC_MAP = "bitsandbytes name2qmap['dynamic']"
+QUANTIZE_TABLES = "bitsandbytes CPU quantize_4bit tables"
+QUANTIZE_TABLE_BYTES = (16 * 4, 15 * 4, 16 * 8)
+"""On CPU, quantize_4bit is the Python backends/default/ops.py kernel (no CPU one is
+registered); its first call in the process caches, for good, the 16-value code (fp32,
+backends/utils.py _get_4bit_code's _code_4bit_cache) and, in the functools cache of
+_get_4bit_quantize_bounds, the 15 fp32 midpoints and the int64 argsort order of that code:
+252 bytes (measured with validate.measure.tracker seeing inside the kernel)."""
 
 
 def quant_stat_bytes(n: int, double: bool) -> list[int]:
@@ -318,7 +325,8 @@ def quant_stat_bytes(n: int, double: bool) -> list[int]:
 
 def quantized_param(ops: Ops, label: str, count: int, rows: int) -> Value:
     """A Params4bit weight: two 4-bit values a byte (uint8), frozen, plus its QuantState
-    tensors (alive all run, category quantization_stats)."""
+    tensors (alive all run, category quantization_stats); the first one also brings the
+    process-global tables its quantisation caches (DYNAMIC_MAP, QUANTIZE_TABLES on CPU)."""
     v = ops.g.param(label, Poly.const(-(-count // 2)), 1, trainable=False, category="quantized_weights")
     v.rows, v.quant = rows, count
     double = ops.regime.quantization == "nf4-double"
@@ -326,6 +334,9 @@ def quantized_param(ops: Ops, label: str, count: int, rows: int) -> Value:
         # functional.quantize_blockwise caches create_dynamic_map() (256 fp32) on the weights'
         # device in the process-global name2qmap["dynamic"] at the first double quantisation
         ops.g.buffer(DYNAMIC_MAP, Poly.const(256 * 4), 4).storage.category = "quantization_stats"
+    if ops.regime.device == "cpu" and not any(b.label.startswith(QUANTIZE_TABLES) for b in ops.g.buffers):
+        for i, nbytes in enumerate(QUANTIZE_TABLE_BYTES):
+            ops.g.buffer(f"{QUANTIZE_TABLES} {i}", Poly.const(nbytes), 4).storage.category = "quantization_stats"
     for i, nbytes in enumerate(quant_stat_bytes(count, double)):
         ops.g.buffer(f"{label} quant_state {i}", Poly.const(nbytes), 4).storage.category = "quantization_stats"
     return v
@@ -333,33 +344,37 @@ def quantized_param(ops: Ops, label: str, count: int, rows: int) -> Value:
 
 def linear_4bit(ops: Ops, x: Value, w: Value, tokens: Poly, n_out: int, name: str) -> Value:
     """bnb.nn.Linear4bit.forward (bitsandbytes 0.50.2 nn/modules.py, autograd MatMul4Bit):
-    x.to(compute_dtype); gemm_4bit (dequantises the weight into a compute-dtype temporary and
-    runs F.linear: on CUDA the caching allocator sees that temporary, on CPU the op runs below
-    the dispatch mode and its temporaries are not live tensors); .to(input dtype). Nothing is
-    saved but the packed weight (ctx.tensors, no saved-tensor hooks, so it never triggers a
-    checkpoint recompute). Backward (MatMul4Bit.backward): [nested: absmax dequantised, fp32
-    per block], the weight dequantised in its original dtype, cast to the gradient's dtype when
-    they differ, grad_A = grad @ W (measured op by op with validate.measure.tracker)."""
+    x.to(compute_dtype); gemm_4bit: on CPU the Python backends/default/ops.py
+    _gemm_4bit_default_impl (bitsandbytes registers no CPU gemm_4bit), on CUDA
+    backends/cuda/ops.py _dequant_linear_fallback (taken for every M here; its custom kernel for
+    small M is not modelled): [nested: absmax dequantised (dequantize_blockwise, fp32 per block)
+    + offset], the weight dequantised into a compute-dtype temporary (dequantize_4bit),
+    F.linear; both freed when the op returns (on CPU the process holds them although a dispatch
+    mode sees one op: measured with validate.measure.tracker seeing inside the kernel, and
+    against the CPU allocator's own alloc/free stream); .to(input dtype). The caller holds its
+    argument until forward returns. Nothing is saved but the packed weight (ctx.tensors, no
+    saved-tensor hooks, so it never triggers a checkpoint recompute). Backward
+    (MatMul4Bit.backward): [nested: absmax dequantised, fp32 per block], the weight dequantised
+    in its original dtype, cast to the gradient's dtype when they differ, grad_A = grad @ W
+    (measured op by op with validate.measure.tracker)."""
     g, regime = ops.g, ops.regime
     c, q, n = regime.bnb_compute_elt, regime.quant_elt, w.quant
     double = regime.quantization == "nf4-double"
     blocks = -(-n // BLOCKSIZE)
     xc = ops.to(x, c, f"{name} x.to(compute_dtype)")
-    extra = []
-    if regime.device == "cuda":  # backends/default/ops.py _gemm_4bit_default_impl
-        absmax = None
-        if double:
-            a1 = g.op(f"{name} dequantize absmax", [], Poly.const(blocks * 4), requires_grad=False)
-            absmax = g.op(f"{name} absmax + offset", [a1], Poly.const(blocks * 4), requires_grad=False)
-        deq = g.op(f"{name} dequantize_4bit", [absmax] if absmax else [], Poly.const(n * c),
-                   requires_grad=False, elt=c)
-        extra = [deq] + ([absmax] if absmax else [])
+    absmax = None  # backends/default/ops.py _gemm_4bit_default_impl, on every device
+    if double:
+        a1 = g.op(f"{name} dequantize absmax", [], Poly.const(blocks * 4), requires_grad=False)
+        absmax = g.op(f"{name} absmax + offset", [a1], Poly.const(blocks * 4), requires_grad=False)
+    deq = g.op(f"{name} dequantize_4bit", [absmax] if absmax else [], Poly.const(n * c),
+               requires_grad=False, elt=c)
+    extra = [deq] + ([absmax] if absmax else [])
     back = ([Temp(Poly.const(blocks * 4))] if double else []) + [Temp(Poly.const(n * q))]
     back += [FreeTemps(1)] if double else []  # dequantize_4bit's local absmax, on return
     if q != c:  # F.dequantize_4bit(B, state).to(grad_output.dtype): the first copy then freed
         back += [Temp(Poly.const(n * c)), FreeTemps(1)]
     out = g.op(f"{name} gemm_4bit", [xc, w] + extra, tokens * n_out * c, backward=back + [Grad(0)], elt=c)
     out = ops.to(out, x.elt, f"{name} .to(input dtype)")
-    if xc is not x:
-        ops.scope_end([xc])  # the local `x`, rebound to the cast, lives until forward returns
+    # the caller holds its argument, and the local `x` rebound to the cast, until forward returns
+    ops.scope_end([x] + ([xc] if xc is not x else []))
     return out

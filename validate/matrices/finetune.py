@@ -10,6 +10,10 @@ from memcalc.inputs.training import TrainingConfig
 from validate.run.case import Case
 
 QV = ("q_proj", "v_proj")
+# small vocabulary and one short sequence: Linear4bit's forward on CPU (gemm_4bit dequantising the
+# weight into a temporary, issue 24) sets the forward phase's peak
+QLORA_SHAPES = (dict(h=320, a=5, kv=5, L=2, V=500, b=1, s=32, f=1280, P=256, dropout=0.0, tie=False),
+                dict(h=256, a=8, kv=2, L=2, V=500, b=1, s=32, f=1024, P=256, dropout=0.0, tie=False))
 # (model kind, shape, precision, checkpointing, attention, optimizer, impl, grad_accum, extra)
 ROWS = (
     ("llama-hf", 0, "fp32", "none", "sdpa", "adamw", "for-loop", 1, dict(lora=LoRA(rank=8, targets=QV))),
@@ -67,21 +71,27 @@ ROWS = (
     ("llama-hf", 0, "bf16", "per-layer", "sdpa", "paged-adamw-8bit", None, 1,
      dict(lora=LoRA(rank=8, targets=QV), quantization="nf4-double", max_grad_norm=1.0)),
     ("llama-hf", 0, "fp32", "none", "sdpa", "adafactor", None, 1, dict(lora=LoRA(rank=8, targets=QV))),
+    # issue 24's QLoRA set-ups: nf4 double quantisation r16 on Llama, nf4 with AdamW8bit on Mistral,
+    # both under bf16 autocast
+    ("llama-hf", QLORA_SHAPES[0], "bf16-amp", "per-layer", "sdpa", "adamw", "for-loop", 1,
+     dict(lora=LoRA(rank=16, alpha=32, dropout=0.05, targets=QV), quantization="nf4-double")),
+    ("mistral-hf", QLORA_SHAPES[1], "bf16-amp", "per-layer", "eager", "adamw-8bit", None, 1,
+     dict(lora=LoRA(rank=16, alpha=32, targets=QV), quantization="nf4", max_grad_norm=1.0)),
 )
 
 
 def finetune_cases(device: str = "cpu") -> list[Case]:
     """The fine-tuning ci rows ft00, ft01, ...
 
-    >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0]
-    (27, 'ft00: hf llama-like L2 h64 V500 ')
+    >>> cases = finetune_cases(); len(cases), cases[0].label.split("|")[0], cases[28].label.split("|")[0]
+    (29, 'ft00: hf llama-like L2 h64 V500 ', 'ft28: hf mistral-like L2 h256 V500 ')
     """
     from validate.matrices.shapes import CI_SHAPES, _model
 
     cases = []
     for i, (kind, shape_i, precision, ck, attention, optimizer, impl, ga, extra) in enumerate(ROWS):
-        shape = CI_SHAPES[shape_i]
-        spec, cfg = _model(kind, shape)
+        shape = CI_SHAPES[shape_i] if isinstance(shape_i, int) else shape_i
+        spec, cfg = _mistral(shape) if kind == "mistral-hf" else _model(kind, shape)
         training = TrainingConfig.make(
             micro_batch=shape["b"], seq_len=shape["s"], grad_accum=ga, precision=precision,
             optimizer=optimizer, optimizer_impl=impl, checkpointing=ck,
@@ -89,3 +99,14 @@ def finetune_cases(device: str = "cpu") -> list[Case]:
             **extra)
         cases.append(Case(f"ft{i:02d}", spec, training, cfg))
     return cases
+
+
+def _mistral(shape: dict):
+    """(spec, hf_config) of a MistralForCausalLM without a sliding window on a shape dict."""
+    from memcalc.inputs.specs import ModelSpec
+
+    cfg = dict(model_type="mistral", vocab_size=shape["V"], hidden_size=shape["h"],
+               num_hidden_layers=shape["L"], num_attention_heads=shape["a"], num_key_value_heads=shape["kv"],
+               intermediate_size=shape["f"], max_position_embeddings=shape["P"], sliding_window=None,
+               tie_word_embeddings=shape["tie"], attention_dropout=shape["dropout"])
+    return ModelSpec.from_hf_config(cfg).with_(name="mistral-like"), cfg

@@ -9,10 +9,15 @@ buffers, gradients, optimizer state, inputs, activations, temporaries), plus ten
 with `track_tensor`. What it cannot see: scratch memory inside one kernel (it never becomes a
 tensor), and tensors made under `no_dispatch`. A custom op is one op to the mode (the mode is
 off while its kernel runs), so the tensors a Python kernel allocates and frees inside are
-unseen; the kernels in SEE_INSIDE (bitsandbytes' CPU optimizer updates, Python functions that
-dequantize the 8-bit states to fp32 temporaries: bitsandbytes/backends/cpu/ops.py) are run with
-the mode on. The peak is checked after every op, when the op's
-inputs and outputs are alive together: the same moment the CUDA caching allocator peaks.
+unseen; the kernels in SEE_INSIDE are run with the mode on: bitsandbytes' CPU optimizer updates
+(Python functions that dequantize the 8-bit states to fp32 temporaries:
+bitsandbytes/backends/cpu/ops.py) and its 4-bit and blockwise (de)quantisation ops, whose CPU
+kernels are Python too (gemm_4bit: backends/default/ops.py _gemm_4bit_default_impl dequantises
+the weight into a temporary and runs F.linear; quantize_4bit caches its code tables for the
+process). Checked against the CPU allocator's own alloc/free stream (torch.profiler
+profile_memory), which sees every allocation: tests/test_validate_tracker.py. The peak is
+checked after every op, when the op's inputs and outputs are alive together: the same moment the
+CUDA caching allocator peaks.
 
 Works under FakeTensorMode (enter the fake mode first, then the tracker): fake tensors have
 meta storages with real sizes, and those storages are freed (and weakref callbacks fire) like
@@ -29,7 +34,10 @@ from torch.utils._pytree import tree_flatten
 
 # custom ops whose CPU kernel is a Python function allocating temporaries the process really holds
 SEE_INSIDE = frozenset({"bitsandbytes::optimizer_update_8bit_blockwise",
-                        "bitsandbytes::optimizer_update_32bit"})
+                        "bitsandbytes::optimizer_update_32bit",
+                        "bitsandbytes::gemm_4bit", "bitsandbytes::dequantize_4bit",
+                        "bitsandbytes::quantize_4bit", "bitsandbytes::dequantize_blockwise",
+                        "bitsandbytes::quantize_blockwise"})
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 

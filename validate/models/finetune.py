@@ -56,6 +56,7 @@ def quantize_linears(model, training) -> None:
     quant_type = "fp4" if training.quantization == "fp4" else "nf4"
     double = training.quantization == "nf4-double"
     compute = getattr(torch, COMPUTE_DTYPE[training.precision])
+    forget_quantize_tables()
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if not isinstance(child, torch.nn.Linear) or f"{name}.{child_name}".endswith("lm_head") \
@@ -69,9 +70,27 @@ def quantize_linears(model, training) -> None:
             if child.bias is not None:
                 q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
             setattr(module, child_name, q.to("cpu"))
-    if double:  # the process-global dynamic map made at the first double quantisation: a fresh
-        import bitsandbytes.functional as bnbf  # copy per case, as a new process would make
-
-        bnbf.name2qmap["dynamic"] = bnbf.name2qmap["dynamic"].clone()
+    fresh_quantize_tables(double)
     model.is_loaded_in_4bit = True
     prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def forget_quantize_tables() -> None:
+    """Empty the tables bitsandbytes' CPU quantize_4bit caches for the process at its first call
+    (backends/utils.py _code_4bit_cache, backends/default/ops.py _get_4bit_quantize_bounds'
+    functools cache), so that each case makes and holds them as a new process would
+    (memcalc.tape.ops.QUANTIZE_TABLES)."""
+    from bitsandbytes.backends import utils
+    from bitsandbytes.backends.default import ops
+
+    utils._code_4bit_cache.clear()
+    ops._get_4bit_quantize_bounds.cache_clear()
+
+
+def fresh_quantize_tables(double: bool) -> None:
+    """The process-global dynamic map made at the first double quantisation: a fresh copy per
+    case, as a new process would make (memcalc.tape.ops.DYNAMIC_MAP)."""
+    if double:
+        import bitsandbytes.functional as bnbf
+
+        bnbf.name2qmap["dynamic"] = bnbf.name2qmap["dynamic"].clone()
