@@ -127,8 +127,10 @@ def _hf_variant(draw, family: str, fields: dict) -> dict:
         rule = draw(st.sampled_from(["mistral", "qwen2"]))
         if window is not None and (rule == "qwen2" or not any((fields["qkv_bias"], fields["out_bias"],
                                                                  fields["mlp_bias"]))):
+            # HF Qwen3 (q/k norms) slides by Qwen2's rule only: every layer sliding is max_window_layers 0
+            every = 0 if out.get("qk_norm") else None
             out.update(sliding_window=window,
-                       max_window_layers=draw(st.integers(0, fields["num_layers"])) if rule == "qwen2" else None)
+                       max_window_layers=draw(st.integers(0, fields["num_layers"])) if rule == "qwen2" else every)
     elif can.sliding == "patterned":
         out.update(sliding_window=draw(st.sampled_from([w for w in WINDOWS if w is not None])),
                    sliding_window_pattern=draw(st.integers(1, 3)))
