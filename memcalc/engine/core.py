@@ -272,7 +272,8 @@ def _gc_paused() -> Iterator[None]:
 
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
     """The regime of `training`, with the shape conditions a program branches on."""
-    return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len),
+    return replace(Regime.of(training), attention=training.resolved_attention(model),
+                   sliding_window_reached=window_reached(model, training.seq_len),
                    single_sequence=single_sequence(training, model))
 
 
@@ -297,7 +298,8 @@ def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) ->
     """
     math = model is not None and training.device == "cpu" and model.attn_dropout > 0
     hf_loss = model is not None and model.implementation == "hf"  # loss.hf_causal_lm_loss's shift
-    return training.micro_batch == 1 and (training.attention == "eager" or math or hf_loss)
+    eager = (training.attention if model is None else training.resolved_attention(model)) == "eager"
+    return training.micro_batch == 1 and (eager or math or hf_loss)
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:

@@ -27,6 +27,7 @@ GEMMA2 = FamilyDeclaration(
     sandwich_norms=True,
     supports=Supports(sdpa_refusal="transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
                                    "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
+                      default_attention="eager",  # modeling_gemma2.py: _supports_sdpa = False
                       sliding="patterned", attn_softcap=True, logit_softcap=True),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA3 = FamilyDeclaration(

@@ -32,6 +32,7 @@ GPT_OSS = FamilyDeclaration(
     block_parameters="memcalc.formulas.parameters:gpt_oss_block", expert_biases=True,
     supports=Supports(sdpa_refusal="transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel."
                                    "_supports_sdpa is False: SDPA has no attention sinks)",
+                      default_attention="eager",  # modeling_gpt_oss.py: _supports_sdpa = False
                       sliding="patterned", moe=True),
     biases=((False, False, True), (True, True, True)), check="memcalc.families.declarations.gpt_oss:check",
     builder="validate.models.hf:gpt_oss_config")
