@@ -191,7 +191,8 @@ def _unsupported(model: ModelSpec, training: TrainingConfig, field: str) -> str 
     if field == "use_cache":
         covered = families_with(use_cache=True)
     elif field in ("attention_mask", "pad_tokens"):
-        covered = tuple(f for f in families_with() if training.attention_mask in declaration(f).supports.attention_masks)
+        covered = tuple(f for f in families_with()
+                        if training.attention_mask in declaration(f).supports.attention_masks)
     else:
         covered = families_with(trainer_inputs=True)
     names = ", ".join(covered)

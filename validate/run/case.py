@@ -128,7 +128,8 @@ class Case:
         ck = t.checkpointing + (f"/{t.checkpoint_every}" if t.checkpoint_every else "")
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
-                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention or 'default-' + t.resolved_attention(s)} "
+                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} "
+                f"{t.attention or 'default-' + t.resolved_attention(s)} "
                 f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
                 + call_path_label(t) + _finetuning_label(t)
                 + (f" experts={t.experts_implementation}" if s.moe else "")
