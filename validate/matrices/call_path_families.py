@@ -36,6 +36,10 @@ SPECS = {
     "gpt_neox": dict(_LLAMA_LIKE, num_kv_heads=None, activation="gelu", rotary_fraction=0.25,
                      parallel_residual=True, qkv_bias=True, out_bias=True, mlp_bias=True),
     "stablelm": dict(_LLAMA_LIKE, qkv_bias=True, out_bias=False, rotary_fraction=0.5, parallel_residual=True),
+    "qwen3_moe": dict(_MOE, qkv_bias=True, out_bias=True, moe=dict(num_experts=5, top_k=3, expert_ffn_size=24,
+                      dense_layers=(0,))),
+    "gpt_oss": dict(_MOE, qkv_bias=True, out_bias=True, mlp_bias=True, head_dim=16, sliding_window=16,
+                    sliding_window_pattern=2, moe=dict(num_experts=4, top_k=2, expert_ffn_size=24)),
 }
 """A small spec of each family whose Trainer call path is lifted (family -> ModelSpec fields)."""
 TRAINER_PATH = dict(attention_mask="ones", labels="separate", num_items_in_batch=True)
@@ -54,7 +58,7 @@ def ci_call_path_family_cases(device: str = "cpu") -> list[Case]:
     """The Trainer's call path per family and kernel, then two transformers.Trainer runs.
 
     >>> cases = ci_call_path_family_cases(); len(cases), cases[0].name, cases[-1].trainer_args["use_cpu"]
-    (44, 'cpf00', True)
+    (50, 'cpf00', True)
     """
     rows = []
     for family in SPECS:

@@ -14,7 +14,6 @@ _QWEN3_KEYS = LLAMA_KEYS | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob
                                         "mlp_only_layers"}
 _READER = "memcalc.families.declarations.moe:fields"
 _BUILDER = "validate.models.hf:moe_config"
-_SUPPORTS = Supports(moe=True)
 _TRAINER_PATH = Supports(moe=True, trainer_inputs=True, attention_masks=TRAINER_MASKS)
 """With the HF Trainer's call path measured (validate/matrices/call_path_families.py)."""
 MIXTRAL = FamilyDeclaration(
@@ -35,7 +34,7 @@ QWEN3_MOE = FamilyDeclaration(
     "qwen3_moe", programs={"hf": "hf_moe:QWEN3_MOE"},
     hf_types=(HFType("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", reader=_READER,
                      modelled=_QWEN3_KEYS, window_key="ignored"),),
-    qk_norm_parameters="head", supports=_SUPPORTS, biases=((False, False, False), (True, True, False)),
+    qk_norm_parameters="head", supports=_TRAINER_PATH, biases=((False, False, False), (True, True, False)),
     builder=_BUILDER)
 OLMOE = FamilyDeclaration(
     "olmoe", programs={"hf": "hf_moe:OLMOE"},
