@@ -197,7 +197,7 @@ def test_call_paths_measured_to_differ_stay_refused_by_name(family, field, value
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(50)])
+@pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(56)])
 def test_the_trainer_call_path_is_the_measured_peak_on_every_family(name):
     """validate/matrices/call_path_families.py's rows, measured now."""
     from validate.matrices.call_path_families import ci_call_path_family_cases

@@ -272,8 +272,7 @@ def _gc_paused() -> Iterator[None]:
 
 def _regime(model: ModelSpec, training: TrainingConfig) -> Regime:
     """The regime of `training`, with the shape conditions a program branches on."""
-    return replace(Regime.of(training), attention=training.resolved_attention(model),
-                   sliding_window_reached=window_reached(model, training.seq_len),
+    return replace(Regime.of(training, model), sliding_window_reached=window_reached(model, training.seq_len),
                    single_sequence=single_sequence(training, model))
 
 

@@ -55,10 +55,11 @@ def family_spec(family: str) -> ModelSpec:
 
 
 def ci_call_path_family_cases(device: str = "cpu") -> list[Case]:
-    """The Trainer's call path per family and kernel, then two transformers.Trainer runs.
+    """The Trainer's call path per family and kernel, two transformers.Trainer runs, then the
+    use_cache rows (cache_cases).
 
-    >>> cases = ci_call_path_family_cases(); len(cases), cases[0].name, cases[-1].trainer_args["use_cpu"]
-    (50, 'cpf00', True)
+    >>> cases = ci_call_path_family_cases(); len(cases), cases[0].name, cases[-1].training.use_cache
+    (56, 'cpf00', True)
     """
     rows = []
     for family in SPECS:
@@ -76,4 +77,22 @@ def ci_call_path_family_cases(device: str = "cpu") -> list[Case]:
         fields = {"per_device_train_batch_size": 2, "use_cpu": True}
         t = TrainingConfig.from_trainer_args(fields, seq_len=40, device="cpu")
         cases.append(Case(f"cpf{len(cases):02d}", family_spec(family), t, trainer_args=fields))
-    return cases
+    return cases + cache_cases(device, len(cases))
+
+
+CACHE_ROWS = (("olmo2", "eager"), ("gemma3", "sdpa"), ("gemma", "eager"), ("granite", "eager"), ("gemma3", "eager"),
+              ("gemma2", "eager"))
+"""use_cache=True where the cache's copies set the peak (a 16-token vocabulary, 4 layers: the
+end of the forward, not the loss's backward, is the peak; the estimate's cache effect there is
+15-95 KB)."""
+
+
+def cache_cases(device: str, first: int) -> list[Case]:
+    """use_cache=True rows (a plain loop's model(input_ids=ids, labels=ids)), numbered from `first`.
+
+    >>> [c.training.use_cache for c in cache_cases("cpu", 0)]
+    [True, True, True, True, True, True]
+    """
+    return [Case(f"cpf{first + i:02d}", family_spec(f).with_(vocab_size=16, num_layers=4),
+                 TrainingConfig(micro_batch=2, seq_len=64, device=device, attention=a, use_cache=True))
+            for i, (f, a) in enumerate(CACHE_ROWS)]

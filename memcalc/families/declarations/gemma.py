@@ -20,7 +20,8 @@ _BUILDER = "validate.models.hf:gemma_config"
 GEMMA = FamilyDeclaration(
     "gemma", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma", "GemmaConfig", "GemmaForCausalLM", reader=_READER, modelled=_KEYS),),
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS), activations=("gelu_tanh",),
+    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True),
+    activations=("gelu_tanh",),
     biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA2 = FamilyDeclaration(
     "gemma2", programs={"hf": "hf_gemma:PROGRAM"},
@@ -30,7 +31,8 @@ GEMMA2 = FamilyDeclaration(
                                    "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
                       default_attention="eager",  # modeling_gemma2.py: _supports_sdpa = False
                       sliding="patterned", attn_softcap=True, logit_softcap=True,
-                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True),
+                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True,
+                      use_cache=True),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA3 = FamilyDeclaration(
     "gemma3", programs={"hf": "hf_gemma:PROGRAM"},
@@ -38,7 +40,7 @@ GEMMA3 = FamilyDeclaration(
                      modelled=_KEYS2 | {"sliding_window_pattern", "_sliding_window_pattern"}),),
     sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True,
                                            trainer_inputs=True, attention_masks=TRAINER_MASKS,
-                                           windowed_call_path=True),
+                                           windowed_call_path=True, use_cache=True),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 DECLARATIONS = (GEMMA, GEMMA2, GEMMA3)
 
