@@ -54,7 +54,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     the fine-tuning optimizers (validate.matrices.optim), the call paths and the Trainer
     (validate.matrices.call_path, ci_trainer), LoRA/QLoRA (validate.matrices.finetune) and MoE (validate.matrices.moe).
 
-    >>> cases = ci_matrix(); 300 < len(cases) < 400
+    >>> cases = ci_matrix(); 300 < len(cases) < 500
     True
     """
     from validate.matrices.families_a import families_cases
