@@ -111,7 +111,7 @@ class Case:
 
         >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
         >>> Case("x", ModelSpec.preset("gpt2").with_(num_layers=2), tc).label
-        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none sdpa ga1'
+        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none default-sdpa ga1'
         >>> Case("y", ModelSpec.preset("qwen2-0.5b").with_(num_layers=2), tc).label.split("|")[0]
         'y: hf qwen2-0.5b L2 h896 V151936 '
         >>> Case("z", ModelSpec.preset("gpt2").with_(num_layers=2),
