@@ -268,7 +268,7 @@ def finetune_steps(draw, model: ModelSpec, training: TrainingConfig, index_tied:
         try:
             t = out.with_(**group)
             check_estimate(model, t)
-            build_graph(model, Regime.of(t))  # freeze patterns that match, something trainable
+            build_graph(model, Regime.of(t, model))  # freeze patterns that match, something trainable
         except (MemcalcError, ValueError):
             continue
         out = t

@@ -118,3 +118,91 @@ def test_estimate_cli_reads_the_call_path_flags(capsys):
     out = capsys.readouterr().out
     t = TrainingConfig(micro_batch=1, seq_len=64, use_cache=True, attention_mask="ones", labels="separate")
     assert f'"peak_bytes": {memcalc.estimate(ModelSpec.preset("gpt2").with_(num_layers=2), t).peak_bytes}' in out
+
+
+# ---- issue 24: the kernel transformers picks, and the Trainer's call path on every family --------
+def test_default_attention_is_what_transformers_picks_for_each_class():
+    """PreTrainedModel.get_correct_attn_implementation (transformers 5.24 modeling_utils.py) tries
+    SDPA and falls back to eager when the class's _supports_sdpa is False: each declaration's
+    Supports.default_attention must say the same, read from the transformers class itself."""
+    transformers = pytest.importorskip("transformers")
+    from memcalc.families.registry import FAMILIES
+
+    for decl in FAMILIES.values():
+        for hf in decl.hf_types:
+            picks = "sdpa" if getattr(transformers, hf.model_class)._supports_sdpa else "eager"
+            assert decl.supports.default_attention == picks, (decl.name, hf.model_class)
+            assert (decl.supports.sdpa_refusal is None) == (picks == "sdpa"), decl.name
+
+
+@pytest.mark.parametrize("family, picked", [("gemma2", "eager"), ("llama", "sdpa"), ("phi3", "sdpa")])
+def test_the_validator_lets_transformers_pick_and_memcalc_assumes_the_same(family, picked):
+    """A model built with no attn_implementation (validate.models.hf.build_hf, attention=None)
+    runs the kernel memcalc's report says it assumed."""
+    pytest.importorskip("transformers")
+    from tests.test_programs import SPECS
+    from validate.models.hf import build_hf
+
+    spec = ModelSpec.make(**SPECS["hf", family])
+    t = TrainingConfig(micro_batch=1, seq_len=8, device="cpu")
+    _, description = build_hf(spec, t)
+    report = memcalc.estimate(spec, t)
+    assert description.endswith(f"default={picked}") and report.attention == picked and report.attention_assumed
+
+
+@given(cases(checkpointing=["none", "per-layer"]))
+def test_naming_the_default_kernel_changes_no_number(case):
+    """attention=None is exactly the resolved kernel named explicitly (an explicit kernel is never
+    replaced)."""
+    model, t = case
+    default = t.with_(attention=None)
+    if t.attention != default.resolved_attention(model):
+        return
+    assert _peak(model, default) == _peak(model, t)
+
+
+def test_default_training_arguments_answer_for_every_preset():
+    """`memcalc check --trainer-args` with a default TrainingArguments (mask of ones, labels of
+    their own, num_items_in_batch, the Trainer's tensors) answers for every preset memcalc ships."""
+    from memcalc.inputs.presets import PRESETS
+
+    t = TrainingConfig.from_trainer_args({}, seq_len=256)
+    for name in PRESETS:
+        assert memcalc.estimate(ModelSpec.preset(name), t).peak_bytes > 0, name
+
+
+def test_check_cli_answers_for_gemma2_with_default_trainer_args(tmp_path, capsys):
+    """Gemma-2 is not stopped with "use attention='eager'": transformers picks eager for it."""
+    from memcalc.cli import main
+
+    args = tmp_path / "args.json"
+    args.write_text("{}")
+    code = main(["check", "--model", "gemma-2-2b", "--trainer-args", str(args), "--seq-len", "512",
+                 "--budget", "1000GB"])
+    assert code == 0 and "fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family, field, value", [("phi3", "use_cache", True), ("gpt_neox", "use_cache", True),
+                                                  ("phi3", "attention_mask", "padded")])
+def test_call_paths_measured_to_differ_stay_refused_by_name(family, field, value):
+    """Measured (validate tracker, b3 s40, SDPA): use_cache=True lowers Phi-3's peak by 46,080 B and
+    GPT-NeoX's by 61,440 B (their k and v are slices of the fused projection; the cache's
+    copies are contiguous), which their programs do not model; padded masks are not measured."""
+    from tests.test_programs import SPECS
+
+    spec = ModelSpec.make(**SPECS["hf", family])
+    t = TrainingConfig(micro_batch=1, seq_len=8, **{field: value}, **({"pad_tokens": 2} if value == "padded" else {}))
+    with pytest.raises(NotModelledError, match=f"^{field}:"):
+        memcalc.estimate(spec, t)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(56)])
+def test_the_trainer_call_path_is_the_measured_peak_on_every_family(name):
+    """validate/matrices/call_path_families.py's rows, measured now."""
+    from validate.matrices.call_path_families import ci_call_path_family_cases
+    from validate.run.runner import run_case
+
+    case = next(c for c in ci_call_path_family_cases() if c.name == name)
+    row = run_case(case)
+    assert row["status"] == "ok" and abs(row["error_pct"]) <= 0.01, row.get("error_pct")

@@ -89,7 +89,8 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
            "peak_gib": r.peak_gib, "peak_phase": r.peak_phase, "moment": r.moment,
            "first_step_peak_bytes": r.first_step_peak_bytes, "phases": r.phases,
-           "components": r.components, "rank_peak_bytes": r.rank_peak_bytes}
+           "components": r.components, "rank_peak_bytes": r.rank_peak_bytes,
+           "attention": r.attention, "attention_assumed": r.attention_assumed}
     if args.formula:
         expr = r.expr if args.formula == "peak" else r.formula("activations")
         out["formula"] = str(expr)
@@ -121,6 +122,8 @@ def routing_note(training: TrainingConfig) -> str:
 def _print_estimate(out: dict) -> None:
     print(f"{out['model']} ({out['params']:,} parameters): peak {out['peak_gib']:.3f} GiB "
           f"in {out['peak_phase']} ({out['moment']})")
+    how = "transformers' default for this model type" if out["attention_assumed"] else "as given"
+    print(f"  attention: {out['attention']} ({how})")
     if "moe_routing" in out:
         print(f"  routing: {out['moe_routing']}")
     print("  at the peak:")

@@ -17,11 +17,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from fnmatch import fnmatchcase
 
 from memcalc.allocator.rules import granularity
 from memcalc.inputs.lora import LoRA
 from memcalc.inputs.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from memcalc.inputs.specs import ModelSpec
 
 # optimizer state tensors per parameter, each of the parameter's shape and dtype
 # (torch/optim/adam.py, adamw.py: exp_avg, exp_avg_sq; sgd.py: momentum_buffer)
@@ -118,8 +122,16 @@ class Regime:
     half dtype: bf16, fp16 under fp16-amp)."""
 
     @classmethod
-    def of(cls, training: TrainingConfig) -> "Regime":
-        """The regime of a training config."""
+    def of(cls, training: TrainingConfig, model: ModelSpec | None = None) -> "Regime":
+        """The regime of a training config; attention=None is the kernel transformers picks for
+        `model` (TrainingConfig.resolved_attention), sdpa where no model is given.
+
+        >>> from memcalc.inputs.specs import ModelSpec
+        >>> t = TrainingConfig(micro_batch=1, seq_len=8)
+        >>> Regime.of(t).attention, Regime.of(t, ModelSpec.preset("gemma-2-2b")).attention
+        ('sdpa', 'eager')
+        """
+        attention = training.resolved_attention(model) if model is not None else training.attention or "sdpa"
         mixed = training.fsdp_mixed_precision
         precision = "bf16" if mixed else training.precision
         param_elt = param_element_size(precision)
@@ -138,7 +150,7 @@ class Regime:
                    optimizer=training.optimizer, optimizer_impl=training.resolved_optimizer_impl,
                    weight_decay=training.resolved_weight_decay,
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
-                   attention=training.attention, grad_accum=training.grad_accum,
+                   attention=attention, grad_accum=training.grad_accum,
                    use_cache=training.use_cache, attention_mask=training.attention_mask,
                    labels=training.labels, num_items_in_batch=training.num_items_in_batch,
                    hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm,

@@ -71,7 +71,7 @@ def regime_for(model: ModelSpec, training: TrainingConfig) -> Regime:
     >>> regime_for(ModelSpec.preset("gemma-2-2b"), t).sliding_window_reached
     True
     """
-    return replace(Regime.of(training), sliding_window_reached=window_reached(model, training.seq_len),
+    return replace(Regime.of(training, model), sliding_window_reached=window_reached(model, training.seq_len),
                    single_sequence=single_sequence(training, model))
 
 
@@ -96,7 +96,8 @@ def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) ->
     """
     math = model is not None and training.device == "cpu" and model.attn_dropout > 0
     hf_loss = model is not None and model.implementation == "hf"  # loss.hf_causal_lm_loss's shift
-    return training.micro_batch == 1 and (training.attention == "eager" or math or hf_loss)
+    eager = (training.attention if model is None else training.resolved_attention(model)) == "eager"
+    return training.micro_batch == 1 and (eager or math or hf_loss)
 
 
 def window_reached(model: ModelSpec, seq_len: int) -> bool:

@@ -184,6 +184,30 @@ def divide_by_num_items(ops: Ops, loss: Value) -> Value:
     return out
 
 
+def _unsupported(model: ModelSpec, training: TrainingConfig, field: str) -> str | None:
+    """Why the family's declaration (Supports.use_cache, attention_masks, trainer_inputs,
+    windowed_call_path) does not cover this call-path field's value; None if it does."""
+    can = declaration(model.family).supports
+    if field == "use_cache":
+        covered = families_with(use_cache=True)
+    elif field in ("attention_mask", "pad_tokens"):
+        covered = tuple(f for f in families_with()
+                        if training.attention_mask in declaration(f).supports.attention_masks)
+    else:
+        covered = families_with(trainer_inputs=True)
+    names = ", ".join(covered)
+    if model.family not in covered:
+        return f"is modelled and measured for the HF {names} programs"
+    if model.sliding_window is not None and not can.windowed_call_path:
+        return f"is modelled and measured for the HF {names} programs without sliding windows"
+    if model.reorder_and_upcast_attn:
+        return "is modelled and measured without GPT-2's reorder_and_upcast_attn"
+    if field in ("attention_mask", "pad_tokens") and model.moe is not None and model.moe.output_router_logits:
+        return ("is not modelled with the MoE auxiliary loss (load_balancing_loss_func's attention_mask "
+                "branch: its scatter_add_ weighted counts)")
+    return None
+
+
 def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse, by field, the call paths not modelled.
 
@@ -199,14 +223,11 @@ def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError(changed[0], "the reference models have no HF call path; "
                                f"{changed[0]}={getattr(training, changed[0])!r} is not modelled there",
                                f"use implementation='hf' or drop {changed[0]}")
-    if changed and (not declaration(model.family).supports.call_path or model.sliding_window is not None
-                    or model.reorder_and_upcast_attn):
-        names = " and ".join(families_with(call_path=True))
-        raise NotModelledError(changed[0], f"the HF call path ({changed[0]}="
-                               f"{getattr(training, changed[0])!r}) is modelled and measured for the HF "
-                               f"{names} programs without sliding windows, GPT-2's "
-                               f"upcast attention or experts, not for this {model.family} model",
-                               f"drop {changed[0]} (the default call path is modelled)")
+    for field in changed:
+        why = _unsupported(model, training, field)
+        if why is not None:
+            raise NotModelledError(field, f"{field}={getattr(training, field)!r} {why}, not for this "
+                                   f"{model.family} model", f"drop {field} (the default call path is modelled)")
     if changed and training.tensor_parallel > 1:
         raise NotModelledError(changed[0], "the HF call path is not modelled under tensor parallelism",
                                f"drop {changed[0]} or use tensor_parallel=1")
@@ -215,7 +236,7 @@ def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
                                "checkpoint regions is not modelled (HF turns the cache off only "
                                "under its own per-layer checkpointing)",
                                "pass use_cache=False, or checkpointing none or per-layer")
-    if (training.attention_mask == "padded" and training.attention == "sdpa"
+    if (training.attention_mask == "padded" and training.resolved_attention(model) == "sdpa"
             and training.device == "cpu" and model.attn_dropout > 0):
         raise NotModelledError("attention_mask", "a padded mask with SDPA's math kernel (CPU "
                                "with attention dropout) is not modelled",

@@ -5,8 +5,8 @@ the registry imports no program and no torch.
 
 >>> d = FamilyDeclaration("toy", programs={"hf": "hf_llama:PROGRAM"}, hf_types=(HFType("toy", "ToyConfig",
 ...     "ToyForCausalLM", reader="memcalc.inputs.hf.config:llama_fields"),))
->>> d.model_types, d.supports.sdpa_refusal is None
-(('toy',), True)
+>>> d.model_types, d.supports.sdpa_refusal is None, d.supports.default_attention
+(('toy',), True, 'sdpa')
 """
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from typing import Any, Mapping
 
 EMPTY: Mapping = MappingProxyType({})
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
+ALL_MASKS = ("none", "ones", "padded")
+"""TrainingConfig.attention_mask's kinds (a declaration's Supports.attention_masks)."""
+TRAINER_MASKS = ("none", "ones")
+"""No mask or an all-ones one (the HF Trainer's default collator on unpadded or packed batches)."""
 LLAMA_KEYS = frozenset({"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                         "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
                         "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
@@ -79,8 +83,21 @@ class Supports:
     precisions: tuple[str, ...] = PRECISIONS
     sdpa_refusal: str | None = None
     """Why the class has no SDPA path (None: it has one)."""
-    call_path: bool = False
-    """use_cache, attention_mask, separate labels, num_items_in_batch, hf_trainer (memcalc.families.call_path)."""
+    default_attention: str = "sdpa"
+    """The kernel transformers runs when the user names none (TrainingConfig.attention=None):
+    PreTrainedModel.get_correct_attn_implementation (modeling_utils.py, transformers 5.24) tries
+    "sdpa" and falls back to "eager" when _sdpa_can_dispatch raises, as it does for a class whose
+    `_supports_sdpa` is False."""
+    use_cache: bool = False
+    """use_cache=True: the DynamicCache's key/value copies (memcalc.families.call_path.cache_kv)
+    modelled and measured."""
+    attention_masks: tuple[str, ...] = ("none",)
+    """The attention_mask kinds ('none', 'ones', 'padded') modelled and measured."""
+    trainer_inputs: bool = False
+    """labels='separate', num_items_in_batch and hf_trainer (memcalc.families.call_path:
+    batch_inputs, trainer_inputs, divide_by_num_items) modelled and measured."""
+    windowed_call_path: bool = False
+    """The fields above also with a sliding window (else refused with one)."""
     lora: LoRALayout | None = None
     """LoRA and frozen parameters (None: refused)."""
     quantization: bool = False

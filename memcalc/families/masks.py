@@ -6,7 +6,8 @@ it returns.
   embeddings' dtype for every kind, window or not (allow_is_causal_skip=False);
 - sdpa: the full causal mask is skipped (None: SDPA's is_causal); a sliding mask is skipped only
   while seq_len < sliding_window (_ignore_causal_mask_sdpa: `kv_length >= local_attention_size`
-  keeps it), else it is a (1, 1, s, s) bool tensor expanded (a view) to (b, 1, s, s).
+  keeps it), else it is a (1, 1, s, s) bool tensor expanded (a view) to (b, 1, s, s), or with a
+  2-D attention_mask a (b, 1, s, s) one (sdpa_mask: and_masks with padding_mask_function).
 """
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ def build_masks(ops: Ops, spec: ModelSpec, regime: Regime, elt: int) -> dict[str
             name = "causal mask" if kind == "full" else "sliding causal mask"
             masks[kind] = g.op(name, [], size("b s s", elt), requires_grad=False, elt=elt)
         elif kind == "sliding" and regime.sliding_window_reached:
-            masks[kind] = g.op("sliding bool mask", [], size("s s", 1), requires_grad=False, elt=1)
+            # with a 2-D attention_mask, sdpa_mask ands padding_mask_function (padding_mask[batch_idx,
+            # kv_idx]) into the mask function, so the broadcast result has the batch dimension
+            # (measured: Gemma-3 SDPA, mask of ones, b3 s40 window 16: +2*s*s B); else (1, 1, s, s)
+            shape = "s s" if regime.attention_mask == "none" else "b s s"
+            masks[kind] = g.op("sliding bool mask", [], size(shape, 1), requires_grad=False, elt=1)
         else:
             masks[kind] = None
     return masks

@@ -70,7 +70,7 @@ def program_refs() -> dict[tuple[str, str], str]:
 def families_with(**supports: object) -> tuple[str, ...]:
     """The families whose Supports have these values, in FAMILY_NAMES order.
 
-    >>> families_with(call_path=True)
+    >>> families_with(attention_masks=("none", "ones", "padded"))
     ('gpt2', 'llama')
     """
     return tuple(d.name for d in FAMILIES.values()

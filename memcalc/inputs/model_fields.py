@@ -16,9 +16,10 @@ from memcalc.inputs.moe import MoESpec
 
 @runtime_checkable
 class ModelFields(Protocol):
-    """What a decoder stack's parameter count and expert routing depend on."""
+    """What a decoder stack's parameter count, expert routing and default kernel depend on."""
 
     family: str
+    implementation: str
     vocab_size: int
     hidden_size: int
     num_layers: int

@@ -1,12 +1,15 @@
 """TrainingConfig: how one training step runs (shapes, precision, optimizer, checkpointing)."""
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from memcalc.core.input_model import FrozenModel
 from memcalc.inputs.lora import LoRA
+
+if TYPE_CHECKING:
+    from memcalc.inputs.model_fields import ModelFields
 
 Precision = Literal["fp32", "fp16-amp", "bf16-amp", "bf16"]
 TorchOptimizer = Literal["sgd", "sgd-momentum", "adam", "adamw"]
@@ -82,8 +85,11 @@ class TrainingConfig(FrozenModel):
     selective (attention core recomputed, Korthikanti et al. 2022)."""
     checkpoint_every: int | None = Field(default=None, gt=0)
     """Layers per checkpointed segment, for checkpointing='every-k'."""
-    attention: Attention = "sdpa"
-    """eager (explicit softmax(QK^T)V) or sdpa (F.scaled_dot_product_attention)."""
+    attention: Attention | None = None
+    """eager (explicit softmax(QK^T)V) or sdpa (F.scaled_dot_product_attention); None: the kernel
+    transformers picks when the user names none (resolved_attention: the family declaration's
+    Supports.default_attention, eager for Gemma-2 and GPT-OSS, sdpa elsewhere and for the
+    reference models)."""
     device: Device = "cuda"
     """Where the step runs: cuda (caching allocator rules apply) or cpu."""
     world_size: int = Field(default=1, gt=0)
@@ -200,6 +206,26 @@ class TrainingConfig(FrozenModel):
         if self.optimizer in FINE_TUNE_OPTIMIZERS:
             return "for-loop"  # bitsandbytes' Optimizer8bit.step and Adafactor.step loop over params
         return "foreach" if self.device == "cuda" else "for-loop"
+
+    def resolved_attention(self, model: ModelFields) -> str:
+        """The attention kernel the step runs on `model` (a ModelSpec): the explicit one, else
+        what transformers picks for its class (Supports.default_attention; the reference models,
+        which are not transformers', run sdpa).
+
+        >>> from memcalc.inputs.specs import ModelSpec
+        >>> t = TrainingConfig(micro_batch=1, seq_len=8)
+        >>> t.resolved_attention(ModelSpec.preset("gemma-2-2b")), t.resolved_attention(ModelSpec.preset("gpt2"))
+        ('eager', 'sdpa')
+        >>> t.with_(attention="sdpa").resolved_attention(ModelSpec.preset("gemma-2-2b"))
+        'sdpa'
+        """
+        if self.attention is not None:
+            return self.attention
+        from memcalc.families.registry import declaration
+
+        if model.implementation != "hf":
+            return "sdpa"
+        return declaration(model.family).supports.default_attention
 
     @property
     def resolved_weight_decay(self) -> float:

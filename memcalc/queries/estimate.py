@@ -77,6 +77,24 @@ class MemoryReport:
         return found
 
     @property
+    def attention(self) -> str:
+        """The attention kernel the step was modelled with: TrainingConfig.attention, or where
+        that is None the one transformers picks for the model type (eager for Gemma-2 and
+        GPT-OSS, sdpa elsewhere; TrainingConfig.resolved_attention).
+
+        >>> t = TrainingConfig(micro_batch=1, seq_len=128)
+        >>> r = estimate(ModelSpec.preset("gemma-2-2b").with_(num_layers=2), t)
+        >>> r.attention, r.attention_assumed
+        ('eager', True)
+        """
+        return self.training.resolved_attention(self.model)
+
+    @property
+    def attention_assumed(self) -> bool:
+        """Whether `attention` is transformers' default (TrainingConfig.attention was None)."""
+        return self.training.attention is None
+
+    @property
     def first_step_peak_bytes(self) -> int:
         """Peak of the first step (no optimizer state until optimizer.step() makes it)."""
         return self._get("first_step_peak_bytes")

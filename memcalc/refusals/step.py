@@ -165,9 +165,11 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
 
 def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
     """What the model's transformers class can run: its declaration's sdpa_refusal (Gemma-2 and
-    GPT-OSS have no SDPA path).
+    GPT-OSS have no SDPA path; with attention=None the step runs their default, eager).
 
-    >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8))  # doctest: +ELLIPSIS
+    >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8))  # eager
+    >>> check_attention(ModelSpec.preset("gemma-2-2b"), TrainingConfig(micro_batch=1, seq_len=8,
+    ...                 attention="sdpa"))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     memcalc.core.errors.NotModelledError: attention: transformers' Gemma-2 runs no SDPA path ...
@@ -177,7 +179,7 @@ def check_attention(model: ModelSpec, training: TrainingConfig) -> None:
         raise NotModelledError("precision", f"{training.precision} is not modelled for {model.family}",
                                f"use one of {', '.join(can.precisions)}")
     why = can.sdpa_refusal
-    if why is not None and training.attention == "sdpa":
+    if why is not None and training.resolved_attention(model) == "sdpa":
         raise NotModelledError("attention", why, "use attention='eager'")
 
 

@@ -23,6 +23,7 @@ from validate.matrices.one_head import ci_one_head_cases
 from validate.matrices.neox import ci_neox_cases
 from validate.matrices.families_b import ci_families_b
 from validate.matrices.call_path import ci_callpath_cases
+from validate.matrices.call_path_families import ci_call_path_family_cases
 from validate.matrices.trainer import ci_trainer_cases
 from validate.matrices.optim import ci_optim_matrix
 from validate.matrices.dropout import ci_dropout_cases
@@ -53,7 +54,7 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     the fine-tuning optimizers (validate.matrices.optim), the call paths and the Trainer
     (validate.matrices.call_path, ci_trainer), LoRA/QLoRA (validate.matrices.finetune) and MoE (validate.matrices.moe).
 
-    >>> cases = ci_matrix(); 300 < len(cases) < 400
+    >>> cases = ci_matrix(); 300 < len(cases) < 500
     True
     """
     from validate.matrices.families_a import families_cases
@@ -75,7 +76,8 @@ def ci_matrix(device: str = "cpu") -> list[Case]:
     return (cases + ci_optim_matrix(device, _model)  # fine-tuning optimizers, clipping (validate/matrices/optim.py)
             + ci_callpath_cases(device)  # the HF call paths (validate/matrices/call_path.py)
             + ci_trainer_cases(device)  # through transformers.Trainer (validate/matrices/trainer.py)
-            + finetune_cases(device))  # LoRA, QLoRA, frozen parameters (validate/matrices/finetune.py)
+            + finetune_cases(device)  # LoRA, QLoRA, frozen parameters (validate/matrices/finetune.py)
+            + ci_call_path_family_cases(device))  # the Trainer's call path, every family (call_path_families.py)
 
 
 # ---- gpu ---------------------------------------------------------------------------------------

@@ -267,7 +267,7 @@ def sdpa_backend(spec, training) -> str | None:
     >>> sdpa_backend(spec, TrainingConfig(micro_batch=1, seq_len=8, device="cpu", attention="sdpa"))
     'FLASH_ATTENTION'
     """
-    if training.attention != "sdpa":
+    if training.resolved_attention(spec) != "sdpa":
         return None
     try:
         from torch.nn.attention import SDPBackend

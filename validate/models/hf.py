@@ -250,15 +250,17 @@ def build_hf(spec, training, config: dict | None = None):
     >>> spec = ModelSpec.make(family="gpt2", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2)
     >>> build_hf(spec, TrainingConfig(micro_batch=1, seq_len=4, attention="eager"))[1]
     'hf:GPT2LMHeadModel:eager'
+    >>> build_hf(spec, TrainingConfig(micro_batch=1, seq_len=4))[1]  # the kernel transformers picks
+    'hf:GPT2LMHeadModel:default=sdpa'
     """
     import transformers
 
     transformers.logging.set_verbosity_error()  # config-default chatter, one line per model
     model_type, cfg = _make_config(config if config is not None else hf_config_dict(spec))
     cls = getattr(transformers, CLASSES[model_type])
-    attn = training.attention
+    attn = training.attention  # None: transformers picks (get_correct_attn_implementation)
     if training.checkpointing == "selective":
-        attn = register_selective(training.attention)
+        attn = register_selective(training.resolved_attention(spec))
     extra = {}
     if hasattr(cfg, "num_experts_per_tok"):  # MoE: transformers' experts path (integrations/moe.py)
         extra["experts_implementation"] = training.experts_implementation
@@ -267,7 +269,8 @@ def build_hf(spec, training, config: dict | None = None):
     from validate.models.moe_routing import install
 
     install(model)  # MoE models: record each forward's routing (validate.models.moe_routing)
-    return model.train(), f"hf:{cls.__name__}:{training.attention}"
+    picked = model.config._attn_implementation  # the kernel the model runs, as transformers resolved it
+    return model.train(), f"hf:{cls.__name__}:{picked if training.attention else f'default={picked}'}"
 
 
 # ---- checkpointing -----------------------------------------------------------------------------

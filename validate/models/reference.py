@@ -116,7 +116,7 @@ class GPT2Attention(nn.Module):
         a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
         self.a, self.d = a, d
         self.c_attn = nn.Linear(h, 3 * a * d, bias=spec.qkv_bias)
-        self.core = _CheckpointedCore(AttentionCore(spec, training.attention),
+        self.core = _CheckpointedCore(AttentionCore(spec, training.resolved_attention(spec)),
                                       training.checkpointing == "selective")
         self.c_proj = nn.Linear(a * d, h, bias=spec.out_bias)
 
@@ -200,7 +200,7 @@ class LlamaAttention(nn.Module):
         self.q_proj = nn.Linear(h, a * d, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(h, kv * d, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(h, kv * d, bias=spec.qkv_bias)
-        self.core = _CheckpointedCore(AttentionCore(spec, training.attention),
+        self.core = _CheckpointedCore(AttentionCore(spec, training.resolved_attention(spec)),
                                       training.checkpointing == "selective")
         self.o_proj = nn.Linear(a * d, h, bias=spec.out_bias)
 

@@ -111,7 +111,7 @@ class Case:
 
         >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
         >>> Case("x", ModelSpec.preset("gpt2").with_(num_layers=2), tc).label
-        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none sdpa ga1'
+        'x: hf gpt2 L2 h768 V50257 | b1 s8 fp32 adamw/foreach ckpt=none default-sdpa ga1'
         >>> Case("y", ModelSpec.preset("qwen2-0.5b").with_(num_layers=2), tc).label.split("|")[0]
         'y: hf qwen2-0.5b L2 h896 V151936 '
         >>> Case("z", ModelSpec.preset("gpt2").with_(num_layers=2),
@@ -128,7 +128,8 @@ class Case:
         ck = t.checkpointing + (f"/{t.checkpoint_every}" if t.checkpoint_every else "")
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
-                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} {t.attention} "
+                f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} "
+                f"{t.attention or 'default-' + t.resolved_attention(s)} "
                 f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
                 + call_path_label(t) + _finetuning_label(t)
                 + (f" experts={t.experts_implementation}" if s.moe else "")

@@ -4,7 +4,7 @@ sandwich norms, soft-capping and alternating sliding layers; Gemma-3 q/k norms a
 table per layer kind). Read by memcalc.inputs.hf.gemma."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import LLAMA_KEYS, TRAINER_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import NotModelledError, SpecError
 from memcalc.inputs.hf.values import count, flag, get
 
@@ -20,20 +20,27 @@ _BUILDER = "validate.models.hf:gemma_config"
 GEMMA = FamilyDeclaration(
     "gemma", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma", "GemmaConfig", "GemmaForCausalLM", reader=_READER, modelled=_KEYS),),
-    supports=Supports(), activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
+    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True),
+    activations=("gelu_tanh",),
+    biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA2 = FamilyDeclaration(
     "gemma2", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma2", "Gemma2Config", "Gemma2ForCausalLM", reader=_READER, modelled=_KEYS2),),
     sandwich_norms=True,
     supports=Supports(sdpa_refusal="transformers' Gemma-2 runs no SDPA path (Gemma2PreTrainedModel."
                                    "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
-                      sliding="patterned", attn_softcap=True, logit_softcap=True),
+                      default_attention="eager",  # modeling_gemma2.py: _supports_sdpa = False
+                      sliding="patterned", attn_softcap=True, logit_softcap=True,
+                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True,
+                      use_cache=True),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA3 = FamilyDeclaration(
     "gemma3", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM", reader=_READER,
                      modelled=_KEYS2 | {"sliding_window_pattern", "_sliding_window_pattern"}),),
-    sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True),
+    sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True,
+                                           trainer_inputs=True, attention_masks=TRAINER_MASKS,
+                                           windowed_call_path=True, use_cache=True),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 DECLARATIONS = (GEMMA, GEMMA2, GEMMA3)
 

@@ -3,7 +3,7 @@ sliding-window layers, biased experts with a clamped SwiGLU: memcalc.families.hf
 by memcalc.inputs.hf.gpt_oss."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import TRAINER_MASKS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import SpecError
 from memcalc.inputs.hf.values import flag, get
 
@@ -32,7 +32,9 @@ GPT_OSS = FamilyDeclaration(
     block_parameters="memcalc.formulas.parameters:gpt_oss_block", expert_biases=True,
     supports=Supports(sdpa_refusal="transformers' GPT-OSS runs no SDPA path (GptOssPreTrainedModel."
                                    "_supports_sdpa is False: SDPA has no attention sinks)",
-                      sliding="patterned", moe=True),
+                      default_attention="eager",  # modeling_gpt_oss.py: _supports_sdpa = False
+                      sliding="patterned", moe=True,
+                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True),
     biases=((False, False, True), (True, True, True)), check="memcalc.families.declarations.gpt_oss:check",
     builder="validate.models.hf:gpt_oss_config")
 DECLARATIONS = (GPT_OSS,)

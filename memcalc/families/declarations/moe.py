@@ -3,7 +3,7 @@ Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE (per-head q/k RMSNorm), OLMoE (q/k
 whole projection). Read by memcalc.inputs.hf.config.moe_fields."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import LLAMA_KEYS, TRAINER_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.core import limits
 from memcalc.core.errors import SpecError
 from memcalc.families.declarations.llama import fields as llama_fields
@@ -14,30 +14,33 @@ _QWEN3_KEYS = LLAMA_KEYS | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob
                                         "mlp_only_layers"}
 _READER = "memcalc.families.declarations.moe:fields"
 _BUILDER = "validate.models.hf:moe_config"
-_SUPPORTS = Supports(moe=True)
+_TRAINER_PATH = Supports(moe=True, trainer_inputs=True, attention_masks=TRAINER_MASKS)
+"""With the HF Trainer's call path measured (validate/matrices/call_path_families.py)."""
 MIXTRAL = FamilyDeclaration(
     "mixtral", programs={"hf": "hf_moe:MIXTRAL"},
     hf_types=(HFType("mixtral", "MixtralConfig", "MixtralForCausalLM", reader=_READER,
                      modelled=LLAMA_KEYS | _MOE_KEYS | {"router_jitter_noise"}),),
-    supports=Supports(moe=True, router_jitter=True), check="memcalc.families.declarations.moe:check_mixtral",
+    supports=Supports(moe=True, router_jitter=True,
+                      trainer_inputs=True, attention_masks=TRAINER_MASKS),
+    check="memcalc.families.declarations.moe:check_mixtral",
     builder=_BUILDER)
 QWEN2_MOE = FamilyDeclaration(
     "qwen2_moe", programs={"hf": "hf_moe:QWEN2_MOE"},
     hf_types=(HFType("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM", reader=_READER,
                      modelled=_QWEN3_KEYS | {"shared_expert_intermediate_size", "qkv_bias"},
                      window_key="ignored"),),
-    supports=_SUPPORTS, biases=((False, False, False), (True, False, False)), builder=_BUILDER)
+    supports=_TRAINER_PATH, biases=((False, False, False), (True, False, False)), builder=_BUILDER)
 QWEN3_MOE = FamilyDeclaration(
     "qwen3_moe", programs={"hf": "hf_moe:QWEN3_MOE"},
     hf_types=(HFType("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", reader=_READER,
                      modelled=_QWEN3_KEYS, window_key="ignored"),),
-    qk_norm_parameters="head", supports=_SUPPORTS, biases=((False, False, False), (True, True, False)),
+    qk_norm_parameters="head", supports=_TRAINER_PATH, biases=((False, False, False), (True, True, False)),
     builder=_BUILDER)
 OLMOE = FamilyDeclaration(
     "olmoe", programs={"hf": "hf_moe:OLMOE"},
     hf_types=(HFType("olmoe", "OlmoeConfig", "OlmoeForCausalLM", reader=_READER,
                      modelled=LLAMA_KEYS | _MOE_KEYS | {"norm_topk_prob"}),),
-    qk_norm_parameters="projection", supports=_SUPPORTS, biases=((False, False, False), (True, True, False)),
+    qk_norm_parameters="projection", supports=_TRAINER_PATH, biases=((False, False, False), (True, True, False)),
     builder=_BUILDER)
 DECLARATIONS = (MIXTRAL, QWEN2_MOE, QWEN3_MOE, OLMOE)
 

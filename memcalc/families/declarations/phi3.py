@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from memcalc.families.declaration import LLAMA_CONFIG_KEYS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import (
+    TRAINER_MASKS, LLAMA_CONFIG_KEYS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports)
 from memcalc.inputs.hf.values import get, llama_like, partial_rotary_factor
 
 PHI3 = FamilyDeclaration(
@@ -22,7 +23,8 @@ PHI3 = FamilyDeclaration(
     config_keys=MappingProxyType(dict(LLAMA_CONFIG_KEYS, resid_dropout="resid_pdrop",
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.formulas.parameters:phi3_block",
-    supports=Supports(dropouts=frozenset({"attn", "resid"}), partial_rotary=True),
+    supports=Supports(
+        trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}), partial_rotary=True),
     builder="validate.models.hf:phi3_config")
 DECLARATIONS = (PHI3,)
 
