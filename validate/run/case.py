@@ -73,6 +73,9 @@ class Case:
     trainer_args: dict | None = None
     """TrainingArguments fields: the case runs through transformers.Trainer
     (validate.run.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
+    topic: str | None = None
+    """The matrix topic the row comes from (validate/matrices/rows/TOPIC.json), which names its
+    tolerance (validate.matrices.tolerances); not part of the key."""
 
     @property
     def distributed(self) -> bool:
