@@ -106,7 +106,7 @@ def test_the_table_covers_every_topic_and_each_open_gap_is_a_row():
 
 
 def test_the_bounds_catch_a_tenth_of_a_percent():
-    """CI's claim: one CPU row off by 0.1% fails (the README states a worst of a few thousandths
+    """CI's claim: one CPU row off by 0.1% fails (docs/accuracy.md states a worst of a few thousandths
     of a percent)."""
     for topic, limit in TOLERANCES.items():
         if not topic.startswith("gpu-"):
