@@ -1,7 +1,7 @@
 """Re-check recorded measurements against the current engine (no torch, no GPU needed).
 
     python scripts/check_recorded.py                       # validate/results/*.jsonl, cuda rows, 3%
-    python scripts/check_recorded.py validate/results/cpu-ci.jsonl --device cpu --tolerance 1
+    python scripts/check_recorded.py validate/results/cpu-ci.jsonl --device cpu     # 0.05%
 
 For each recorded row of the device (row['device'], else training.device), rebuild the ModelSpec
 and TrainingConfig from the row's `model` and `training` dicts, recompute memcalc.estimate, and
@@ -11,8 +11,10 @@ predicts less than the card's memory (extra.total_bytes); a row the engine refus
 --allow-unpredicted). Rows whose measurement errored, and rows of configurations with parts that
 estimate() does not take (e.g. 'parallel', validate/distributed/measure.py's data-parallel runs), are
 listed and skipped. The last row of each
-configuration counts (a resumed run appends). Exit 1 on any failure, 0 otherwise, also when there
-is no row of the device (nothing recorded yet); 2 on bad input.
+configuration counts (a resumed run appends). The default tolerance is the device's bound in
+validate.matrices.tolerances (the one table). Exit 1 on any failure, and when there is no row of
+the device to check (asked to check, nothing was: a check that cannot fail is no check); 0
+otherwise; 2 on bad input.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MIB = 2**20
-DEFAULT_TOLERANCE = {"cuda": 3.0, "cpu": 1.0}
 
 
 SINGLE_DEVICE_FIELDS = {"model", "training", "hf_config"}
@@ -97,12 +98,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="results files (default validate/results/*.jsonl)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--tolerance", type=float, help="allowed |error| in %% (cuda 3, cpu 1)")
+    parser.add_argument("--tolerance", type=float,
+                        help="allowed |error| in %% (default: the device's, validate.matrices.tolerances)")
     parser.add_argument("--allow-unpredicted", action="store_true",
                         help="rows the engine refuses (NotModelledError) do not fail")
     parser.add_argument("--json", action="store_true", help="one JSON object per checked row")
     args = parser.parse_args(argv)
-    tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE[args.device]
+    from validate.matrices.tolerances import DEVICE_DEFAULTS
+
+    tolerance = args.tolerance if args.tolerance is not None else DEVICE_DEFAULTS[args.device].peak_pct
     paths = args.paths or sorted(glob.glob(str(ROOT / "validate" / "results" / "*.jsonl")))
     for p in paths:
         if not Path(p).is_file():
@@ -139,9 +143,11 @@ def main(argv=None) -> int:
     for why, names in reasons.items():
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         print(f"skip {len(names)}: {why}: {', '.join(names[:3])}{more}")
-    if not checked and not skipped:
-        print(f"check_recorded: no {args.device} rows in {len(paths)} file(s): nothing to check")
-        return 0
+    if not checked:
+        print(f"check_recorded: no {args.device} row to re-predict in {len(paths)} file(s) ({len(skipped)} "
+              f"skipped): nothing was checked; fix: record {args.device} results first "
+              f"(docs/GPU_RUN.md for cuda) or ask for a device that has them", file=sys.stderr)
+        return 1
     print(f"check_recorded: {checked} {args.device} rows re-predicted in {time.perf_counter() - start:.1f} s, "
           f"{len(failed)} outside +-{tolerance}% or unexplained, {len(skipped)} skipped")
     return 1 if failed else 0

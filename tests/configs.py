@@ -59,14 +59,3 @@ def measured_step_temporaries(optimizer: str, make_params) -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
     return tr.peak - before
-
-
-def assert_matches_recorded(report, row: dict, rel: float, phase_bytes: int = 160) -> None:
-    """The report's peak within `rel` of a recorded row's measured peak (the live-tensor
-    tracker's, validate/results/), and each phase's within `rel` or `phase_bytes` bytes (the
-    small phases of tiny steps, where a few bytes are a large share)."""
-    measured = row["measured_peak_bytes"]
-    assert abs(report.peak_bytes - measured) / measured < rel, (report.peak_bytes, measured)
-    for phase, got in row["phases"].items():
-        gap = abs(report.phases[phase] - got["measured"])
-        assert gap / got["measured"] < rel or gap <= phase_bytes, (phase, report.phases[phase], got["measured"])

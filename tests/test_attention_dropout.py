@@ -1,4 +1,4 @@
-"""Attention dropout under eager attention, the llama families (validate/matrices/dropout.py): measured
+"""Attention dropout under eager attention, the llama families (validate/matrices/rows/attention-locals.json): measured
 peaks, and a property over every program."""
 import json
 from pathlib import Path

@@ -1,11 +1,15 @@
 """Constant buffers and the checkpointed bias gradient against recorded measurements (a second
 method: the live-tensor tracker's peaks in validate/results/, re-predicted by this engine).
 
-- The tiny one-layer s = 1 steps of the seed-7 fresh sweep were 36-40 B short (the
-  rotary inv_freq/original_inv_freq buffers, then uncounted): now 4 B (the loss gradient's seed).
-- Checkpointed linears with a bias (GPT-NeoX, reference GPT-2) were 60-384 B over in backward:
-  the bias's gradient (validate_outputs' sum_to) is made after the recomputed saved tensors are
-  freed (memcalc.tape.graph.Returns before it in Ops.linear).
+- Tiny one-layer s = 1 steps of the seed-7 fresh sweep, where the rotary inv_freq and
+  original_inv_freq buffers (36-40 B) are a visible share of the step.
+- Checkpointed linears with a bias (GPT-NeoX, reference GPT-2): the bias's gradient
+  (validate_outputs' sum_to) is made after the recomputed saved tensors are freed
+  (memcalc.tape.graph.Returns before it in Ops.linear); made before the frees it would put
+  these rows 60-384 B over.
+
+Each row is short by no more than the bytes memcalc knowingly leaves out
+(validate.matrices.tolerances.UNMODELLED_BYTES); exactness is an xfail while those are open.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import pytest
 import memcalc
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
+from validate.matrices.tolerances import LOSS_SEED_BYTES, UNMODELLED_BYTES
 
 RESULTS = Path(__file__).resolve().parents[1] / "validate" / "results"
 
@@ -35,15 +40,21 @@ def _shortfall(row: dict) -> int:
     return row["measured_peak_bytes"] - report.peak_bytes
 
 
-@pytest.mark.parametrize("file,name", [("fresh-sweep-seed7.jsonl", "fresh7-011"),
-                                       ("fresh-sweep-seed7.jsonl", "fresh7-019"),
-                                       ("fresh-sweep-seed7.jsonl", "fresh7-028")])
-def test_tiny_steps_count_their_buffers(file, name):
-    assert _shortfall(_row(file, name)) == 4  # the loss gradient's seed alone
+TINY = [("fresh-sweep-seed7.jsonl", name) for name in ("fresh7-011", "fresh7-019", "fresh7-028")]
+BIASED = [("cpu-ci.jsonl", name) for name in ("cifb04-gpt_neox", "cifb05-gpt_neox", "head06", "ci17", "ci61")]
+"""The tiny steps and the checkpointed linears with a bias, above."""
 
 
-@pytest.mark.parametrize("name,left", [("cifb04-gpt_neox", 4), ("cifb05-gpt_neox", 16), ("head06", 4),
-                                       ("ci17", 0), ("ci61", 16)])
-def test_checkpointed_bias_gradients_after_the_recomputed_tensors(name, left):
-    # `left`: the loss gradient's seed (4 B) and, on the fp16-amp rows, 12 B more (open)
-    assert _shortfall(_row("cpu-ci.jsonl", name)) == left
+@pytest.mark.parametrize("file,name", TINY + BIASED)
+def test_short_by_no_more_than_the_unmodelled_bytes(file, name):
+    """Under-predicted by at most what memcalc knowingly leaves out (tolerances.UNMODELLED_BYTES:
+    the loss's 4-byte seed, 12 B more on some autocast rows), never over-predicted."""
+    assert 0 <= _shortfall(_row(file, name)) <= UNMODELLED_BYTES
+
+
+@pytest.mark.parametrize("file,name", TINY + BIASED)
+def test_exact(file, name):
+    shortfall = _shortfall(_row(file, name))
+    if shortfall:
+        open_ = "" if shortfall <= LOSS_SEED_BYTES else ", and bytes of some autocast rows not yet found"
+        pytest.xfail(f"{shortfall} B short: the loss's backward seed{open_} (docs/known-gaps.md)")

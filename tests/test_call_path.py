@@ -199,10 +199,10 @@ def test_call_paths_measured_to_differ_stay_refused_by_name(family, field, value
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(56)])
 def test_the_trainer_call_path_is_the_measured_peak_on_every_family(name):
-    """validate/matrices/call_path_families.py's rows, measured now."""
-    from validate.matrices.call_path_families import ci_call_path_family_cases
+    """validate/matrices/rows/call-paths-by-family.json's rows, measured now."""
+    from validate.matrices.load import topic_cases
     from validate.run.runner import run_case
 
-    case = next(c for c in ci_call_path_family_cases() if c.name == name)
+    case = next(c for c in topic_cases("call-paths-by-family", "cpu") if c.name == name)
     row = run_case(case)
     assert row["status"] == "ok" and abs(row["error_pct"]) <= 0.01, row.get("error_pct")

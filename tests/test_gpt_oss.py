@@ -76,12 +76,14 @@ def test_the_auxiliary_loss_is_read_and_costs_what_moe_aux_models():
     """output_router_logits turns on GptOssForCausalLM's load_balancing_loss_func: the config key
     reaches the spec, and the backward peak holds at least every layer's captured (N, E) router
     logits more (kept until the forward returns, their gradients waiting for each layer's own
-    backward: L*N*E fp32 elements here; validate/matrices/gpt_oss.py's gptoss-aux rows measure it)."""
-    from validate.matrices.gpt_oss import GPT_OSS_CONFIG
+    backward: L*N*E fp32 elements here; the gptoss-aux rows of validate/matrices/rows/gpt-oss.json
+    measure it)."""
+    from validate.matrices import topic_cases
 
-    spec = ModelSpec.from_hf_config({**GPT_OSS_CONFIG, "output_router_logits": True})
+    config = topic_cases("gpt-oss", "cpu")[0].hf_config  # the rows' config.json
+    spec = ModelSpec.from_hf_config({**config, "output_router_logits": True})
     assert spec.moe.output_router_logits
-    plain = ModelSpec.from_hf_config(GPT_OSS_CONFIG)
+    plain = ModelSpec.from_hf_config(config)
     t = TrainingConfig(micro_batch=2, seq_len=40, device="cpu", attention="eager")
     extra = estimate(spec, t).phases["backward"] - estimate(plain, t).phases["backward"]
     assert extra >= spec.num_layers * 2 * 40 * spec.moe.num_experts * 4

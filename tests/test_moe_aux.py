@@ -9,7 +9,10 @@ from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from tests.strategies import moe_steps, random_routing
-from validate.matrices.moe import MOE_CONFIGS
+from validate.matrices import topic_cases
+
+MOE_CONFIGS = {c.hf_config["model_type"]: c.hf_config for c in topic_cases("moe", "cpu") if c.hf_config}
+"""The MoE rows' config.json per model type (validate/matrices/rows/moe.json)."""
 
 MIXTRAL = MOE_CONFIGS["mixtral"]
 
@@ -45,7 +48,7 @@ def test_jitter_on_a_family_without_it_is_refused_by_name():
 
 
 # (config changes, precision, measured steady peak without and with them) for Mixtral of
-# validate.matrices.moe at b2 s40 (N = 80 tokens, E = 4 experts, L = 2, h = 64), SGD, grouped_mm, SDPA,
+# the moe rows' models at b2 s40 (N = 80 tokens, E = 4 experts, L = 2, h = 64), SGD, grouped_mm, SDPA,
 # fp32 / bf16 / bf16-amp: validate.measure.backends (torch 2.13 CPU, transformers 5.24), 2026-12-01
 MEASURED = [({"output_router_logits": True}, "fp32", 2014568, 2017128),
             ({"output_router_logits": True}, "bf16", 1111112, 1112392),
@@ -85,11 +88,9 @@ def test_worst_routing_bounds_the_measured_eager_rows():
     import json
     from pathlib import Path
 
-    from validate.matrices.moe_aux import ci_moe_aux_cases
-
     path = Path(__file__).parents[1] / "validate/results/cpu-ci-moe-aux.jsonl"
     measured = {r["name"]: r["measured_peak_bytes"] for r in map(json.loads, path.read_text().splitlines())}
-    eager = [c for c in ci_moe_aux_cases() if c.training.experts_implementation == "eager"]
+    eager = [c for c in topic_cases("moe-aux-loss", "cpu") if c.training.experts_implementation == "eager"]
     assert len(eager) >= 4
     for case in eager:
         assert estimate(case.spec, case.training).peak_bytes >= measured[case.name], case.name

@@ -20,6 +20,7 @@ from memcalc.engine.simulation import build_graph
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from tests.strategies import cases
+from validate.matrices.tolerances import LOSS_SEED_BYTES
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 96, "hidden_size": 64,
           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
@@ -45,9 +46,9 @@ def test_one_sequence_runs_no_reshape_copy():
 
 
 def test_selective_eager_llama_at_one_sequence_matches_the_measured_peak():
-    # 4 B left: the loss gradient's seed, a gap of every configuration (checkpointing none
-    # too); the rotary inv_freq buffers (2 x 8 bf16, 32 B) are counted (category buffers)
-    assert MEASURED - estimate(LLAMA, SELECTIVE).peak_bytes == 4
+    # short by no more than the loss gradient's seed, a gap of every configuration (checkpointing
+    # none too); the rotary inv_freq buffers (2 x 8 bf16, 32 B) are counted (category buffers)
+    assert 0 <= MEASURED - estimate(LLAMA, SELECTIVE).peak_bytes <= LOSS_SEED_BYTES
 
 
 def test_selective_holds_position_ids():
@@ -55,7 +56,7 @@ def test_selective_holds_position_ids():
     # position_ids (s int64) until the region's backward: measured 809,000 B with SDPA (b1 s96
     # bf16, the model above), 768 B more than memcalc gave without them
     sdpa = SELECTIVE.with_(attention="sdpa")
-    assert 809_000 - estimate(LLAMA, sdpa).peak_bytes == 4
+    assert 0 <= 809_000 - estimate(LLAMA, sdpa).peak_bytes <= LOSS_SEED_BYTES
     graph = build_graph(LLAMA, regime_for(LLAMA, sdpa))
     held = [n for n in graph.nodes if n.name == "checkpointed closure's position_ids"]
     assert len(held) == LLAMA.num_layers and all(n.region is not None for n in held)
@@ -66,12 +67,12 @@ def test_per_layer_and_every_k_regions_hold_position_ids():
     # validator's segments pass their recorded calls: both keep the layers' position_ids until
     # the first layer's backward. Measured (fp32 eager, the model above, b1 s96): per-layer
     # 1,315,144 B, every-k/2 1,757,768 B, each 836 B above memcalc without them (768 B of
-    # position_ids); 4 B left: the loss gradient's seed (the inv_freq buffers, 2 x 8 fp32, are
-    # counted)
+    # position_ids); short by no more than the loss gradient's seed (the inv_freq buffers,
+    # 2 x 8 fp32, are counted)
     fp32 = SELECTIVE.with_(precision="fp32")
     for training, measured in ((fp32.with_(checkpointing="per-layer"), 1_315_144),
                                (fp32.with_(checkpointing="every-k", checkpoint_every=2), 1_757_768)):
-        assert measured - estimate(LLAMA, training).peak_bytes == 4
+        assert 0 <= measured - estimate(LLAMA, training).peak_bytes <= LOSS_SEED_BYTES
         graph = build_graph(LLAMA, regime_for(LLAMA, training))
         held = [n for n in graph.nodes if n.name == "checkpointed closure's position_ids"]
         assert len(held) == len(regime_for(LLAMA, training).segment_starts(LLAMA.num_layers))

@@ -74,3 +74,40 @@ def test_one_configuration_prints_json(tmp_path):
     assert row["implementation"] == "hf:LlamaForCausalLM:sdpa"
     assert row["measured_peak_bytes"] > 0 and row["training"]["precision"] == "bf16-amp"
     assert (tmp_path / "one.md").exists()
+
+
+def test_rows_selects_matrix_rows_and_refuses_unknown_names():
+    from validate.run.cli import build_parser, matrix_cases
+
+    args = build_parser().parse_args(["run", "--matrix", "ci", "--rows", "moe03, ci22,sweep300"])
+    assert [c.name for c in matrix_cases(args)] == ["ci22", "moe03", "sweep300"]  # matrix order
+    _one_line_error(_run("run", "--matrix", "ci", "--rows", "ci22,moe99"), "rows", "moe99", "fix")
+
+
+def test_each_row_is_held_to_its_topics_bound_unless_tolerance_is_given():
+    from validate.matrices.tolerances import TOLERANCES
+    from validate.run.cli import build_parser, matrix_cases, tolerances
+
+    for argv, expect in ((["--matrix", "ci"], None), (["--matrix", "ci", "--tolerance", "1"], 1.0)):
+        args = build_parser().parse_args(["run", *argv])
+        cases = matrix_cases(args)
+        allowed = tolerances(args, cases)
+        assert all(allowed[c.key] == (expect or TOLERANCES[c.topic].peak_pct) for c in cases)
+
+
+def test_a_row_off_by_a_tenth_of_a_percent_fails_the_run(monkeypatch, tmp_path, capsys):
+    """CI's claim (.ci/run): a ci row whose prediction moves by 0.1% fails `validate run`, which
+    passed it at the old 1%."""
+    from validate.run import cli
+
+    def fake_run(cases, *_, **__):
+        return [{"key": c.key, "name": c.name, "label": c.label, "status": "ok", "error_pct": err,
+                 "measured_peak_bytes": 10**6, "predicted_peak_bytes": int(10**6 * (1 + err / 100))}
+                for c, err in zip(cases, (0.004, 0.1))]
+
+    monkeypatch.setattr(cli, "run_cases", fake_run)
+    monkeypatch.setattr(cli, "check_case", lambda *_: None)
+    argv = ["run", "--matrix", "ci", "--rows", "ci00,ci01", "--out", str(tmp_path / "x.jsonl")]
+    assert cli.main(argv) == cli.EXIT_OUT_OF_TOLERANCE
+    assert "1 of 2 configurations failed: ci01: error +0.1000% outside +-0.05%" in capsys.readouterr().err
+    assert cli.main([*argv, "--tolerance", "1"]) == 0

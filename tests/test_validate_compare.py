@@ -91,16 +91,17 @@ def test_markdown_table():
     row = result_row(Case("c", SPEC, TC), _report(1050), _measurement())
     table = markdown_table([row], 1.0)
     assert "| configuration | predicted (MiB) | measured (MiB) | error | status |" in table
-    assert "+5.00%" in table and "FAIL" in table
+    assert "+5.0000%" in table and "FAIL" in table
 
 
 def test_ci_matrix_covers_every_value_and_the_important_pairs():
-    from validate.matrices import ci_matrix
+    from validate.matrices import get_matrix, topic_cases
 
-    everything = ci_matrix()
-    cases = [c for c in everything if c.name.startswith("ci") and c.name[2:].isdigit()]  # pairwise ciNN
+    everything = get_matrix("ci")
+    cases = topic_cases("training-options", "cpu")  # the two pairwise designs, rows ciNN
+    assert [c.name for c in cases] == [f"ci{i:02d}" for i in range(len(cases))]
     assert {c.training.optimizer for c in everything} - {c.training.optimizer for c in cases} == {
-        "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"}  # validate/matrices/optim.py
+        "adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adafactor"}  # the optimizers topic
     impl = lambda c: c.spec.implementation  # noqa: E731
     family = lambda c: ("qwen2" if c.hf_config else c.spec.family) + "-" + impl(c)  # noqa: E731
     t = lambda f: (lambda c: getattr(c.training, f))  # noqa: E731
@@ -118,17 +119,19 @@ def test_ci_matrix_covers_every_value_and_the_important_pairs():
 
 
 def test_family_rows_cover_every_family_with_each_setting():
-    from validate.matrices.families_a import AXES, families_cases
+    from memcalc.inputs.training import CHECKPOINTINGS
+    from validate.matrices import topic_cases
 
-    cases = families_cases()
+    cases = topic_cases("families-from-config", "cpu")
     family = lambda c: c.hf_config["model_type"]  # noqa: E731
-    for value in AXES["family"]:
+    assert {family(c) for c in cases} == {"qwen3", "mistral", "qwen2", "gemma", "gemma2", "gemma3_text"}
+    for value in {family(c) for c in cases}:
         rows = [c for c in cases if family(c) == value]
         assert {c.training.precision for c in rows} >= {"fp32", "bf16-amp"} or len(rows) >= 4, value
     windowed = [c for c in cases if c.spec.sliding_window is not None]
     reached = {(c.training.attention, c.training.seq_len >= c.spec.sliding_window) for c in windowed}
     assert reached == {(a, r) for a in ("eager", "sdpa") for r in (True, False)}
-    assert {c.training.checkpointing for c in cases} == set(AXES["checkpointing"])
+    assert {c.training.checkpointing for c in cases} == set(CHECKPOINTINGS)
     assert all(c.training.attention == "eager" for c in cases if family(c) == "gemma2")
 
 

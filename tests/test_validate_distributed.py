@@ -14,11 +14,17 @@ from memcalc.core.errors import MemcalcError  # noqa: E402
 from memcalc.inputs.specs import ModelSpec  # noqa: E402
 from memcalc.inputs.training import TrainingConfig  # noqa: E402
 from validate.distributed.formulas import Layout, component_misses, phase_peaks  # noqa: E402
-from validate.matrices.dist import dist_model  # noqa: E402
+from validate.matrices import topic_cases  # noqa: E402
 from validate.distributed.tracker import DistTracker  # noqa: E402
 from validate.distributed.measure import measure_distributed, resolve_parallelism  # noqa: E402
 from validate.distributed.launch import RankFailure  # noqa: E402
 from validate.measure.backends import measure  # noqa: E402
+
+
+def dist_model(kind: str) -> ModelSpec:
+    """The dist-ci rows' gpt2-ref or llama-ref (validate/matrices/rows/data-parallel.json)."""
+    return next(c.spec for c in topic_cases("data-parallel", "cpu") if c.name == f"{kind}-W2-none")
+
 
 if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)

@@ -188,7 +188,7 @@ def sdpa_math(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Val
     repeats k and v before k is scaled; `key_expanded`, `value_expanded` and, from half inputs,
     `value_acc` live until the function returns, and the scaled transpose of the contiguous
     repeated k reaches bmm uncopied (measured: pure bf16 Llama GQA and bf16/fp16-amp Gemma MQA
-    under checkpointing, validate/matrices/gqa_math.py)."""
+    under checkpointing, validate/matrices/rows/sdpa-math.json)."""
     g, a, d = ops.g, spec.num_heads, spec.head_size
     k_layout, v_layout = layouts
     kv = spec.kv_heads if k_layout == "projection" else a
@@ -336,7 +336,7 @@ expansion but autocast's cast: bmm's reshapes merge the size-1 batch dimension t
 p @ v save the stride-0 views, which keep the kv-sized rotated k and the fused projection (Phi-3's
 qkv, v a view of it) alive until their backward (measured, Phi-3 two heads one kv head, pure bf16,
 eager, sqrt checkpointing, b=1: the forward and backward phases need these views; rows in
-validate/matrices/sweep4.py)."""
+validate/matrices/rows/attention-views.json)."""
 
 
 def reference_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, copies: tuple[bool, bool, bool]) -> Value:

@@ -19,7 +19,7 @@ Backward (it runs first: its nodes are the step's last): scalar products, SumBac
 (a view of the (E) gradient, no allocation), the .float() copy's gradient (N, E) in the logits'
 dtype, softmax's gradient (N, E), which waits in the router linear's input buffer until that
 layer's backward adds the router's own gradient: L (N, E) gradients are alive through the
-trunk's backward (measured: validate/matrices/moe_aux.py).
+trunk's backward (measured: validate/matrices/rows/moe-aux-loss.json).
 """
 from __future__ import annotations
 

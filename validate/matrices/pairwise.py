@@ -1,16 +1,16 @@
-"""Pairwise (all-pairs) covering designs and the row builder the pairwise ci designs share
-(validate.matrices' ci rows, validate.matrices.families_b): every value of every axis appears and every
-pair of values of any two axes appears in some row, far fewer rows than the full product. No
-torch here.
+"""Pairwise (all-pairs) covering designs: every value of every axis appears and every pair of
+values of any two axes appears in some row, far fewer rows than the full product. The designs
+that chose the rows of several topics (validate/matrices/rows/: training-options, families,
+families-from-config, moe, moe-aux-loss, gpt-oss, gpu-quick, gpu-full; each file's `about` names
+its axes and seed) are written out as rows; this is the tool for designing new ones, and
+tests/test_validate_compare.py checks that the written rows still cover every pair. No torch here.
 """
 from __future__ import annotations
 
 import itertools
 import random
 
-from memcalc.inputs.specs import ModelSpec
-from memcalc.inputs.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainingConfig
-from validate.run.case import Case
+from memcalc.inputs.training import CHECKPOINTINGS, OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS
 
 TRAINING_AXES = {
     "precision": PRECISIONS,
@@ -64,23 +64,3 @@ def _candidate(axes, names, uncovered, rng) -> tuple:
                                                  (max(k, m), w if k < m else v)) in uncovered
                                                 for m, w in row.items()))
     return tuple(row[k] for k in range(len(names)))
-
-
-def pairwise_case(name: str, row: dict, shape: dict, device: str, spec: ModelSpec,
-                  hf_config: dict | None = None) -> Case:
-    """A pairwise row as a Case: the row's TRAINING_AXES (every-k checkpointing every 2 layers)
-    on the shape's micro_batch `b` and seq_len `s`, for `spec`.
-
-    >>> row = dict(precision="bf16-amp", checkpointing="every-k", optimizer="adamw", impl="fused",
-    ...            attention="sdpa", grad_accum=2)
-    >>> c = pairwise_case("x", row, dict(b=2, s=16), "cpu", ModelSpec.preset("gpt2"))
-    >>> c.training.checkpoint_every, c.training.grad_accum, c.training.micro_batch
-    (2, 2, 2)
-    """
-    ck = row["checkpointing"]
-    training = TrainingConfig.make(
-        micro_batch=shape["b"], seq_len=shape["s"], grad_accum=row["grad_accum"],
-        precision=row["precision"], optimizer=row["optimizer"], optimizer_impl=row["impl"],
-        checkpointing=ck, checkpoint_every=2 if ck == "every-k" else None,
-        attention=row["attention"], device=device)
-    return Case(name, spec, training, hf_config)

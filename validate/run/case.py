@@ -26,8 +26,13 @@ def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None
 
 
 def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None) -> dict:
-    return {"model": spec.model_dump(mode="json"), "training": _training_fields(training),
-            "hf_config": hf_config}
+    """The configuration a key names. The attention kernel is the one the step runs (None, the
+    kernel transformers picks, is keyed as that kernel), so a row that names the default and one
+    that leaves it to transformers are the same configuration."""
+    fields = _training_fields(training)
+    if fields.get("attention") is None:
+        fields["attention"] = training.resolved_attention(spec)
+    return {"model": spec.model_dump(mode="json"), "training": fields, "hf_config": hf_config}
 
 
 def _training_fields(training: TrainingConfig) -> dict:
@@ -73,6 +78,9 @@ class Case:
     trainer_args: dict | None = None
     """TrainingArguments fields: the case runs through transformers.Trainer
     (validate.run.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
+    topic: str | None = None
+    """The matrix topic the row comes from (validate/matrices/rows/TOPIC.json), which names its
+    tolerance (validate.matrices.tolerances); not part of the key."""
 
     @property
     def distributed(self) -> bool:

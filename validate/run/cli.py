@@ -25,13 +25,14 @@ from pathlib import Path
 
 from memcalc.cli.flags import add_fields, field_values, flag_fields
 from memcalc.cli.args import add_lora_args, lora_from_args
-from memcalc.core.errors import MemcalcError, SpecError
+from memcalc.core.errors import MemcalcError, SpecError, closest_names
 from memcalc.inputs.hf.config import load_config
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from validate.run.case import Case
 from validate.run.compare import is_distributed_row, markdown_table, mib, verdict
 from validate.matrices import MATRICES, get_matrix
+from validate.matrices.tolerances import bound
 from validate.run.runner import run_cases
 
 EXIT_BAD_INPUT = 2
@@ -67,9 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "cpu", "fake", "cuda"], default="auto",
                      help="auto: cuda for --device cuda, else the live-tensor tracker")
     run.add_argument("--out", help="JSON lines results file (a .md table is written next to it)")
-    run.add_argument("--tolerance", type=float, default=1.0, help="allowed |error| in %% (default 1.0)")
+    run.add_argument("--tolerance", type=float,
+                     help="allowed |error| in %% for every configuration (default: each row's topic bound, "
+                     "validate.matrices.tolerances: 0.05 on CPU, 3 on CUDA)")
     run.add_argument("--limit", type=int, help="run at most N configurations of the matrix")
     run.add_argument("--only", help="run matrix configurations whose label matches this regex")
+    run.add_argument("--rows", help="run these matrix rows only: names, comma-separated (e.g. ci03,moe12)")
     run.add_argument("--steps", type=int, default=3, help="steps per configuration (>= 2)")
     run.add_argument("--json", action="store_true", help="print one JSON object per configuration")
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
@@ -150,7 +154,29 @@ def matrix_cases(args) -> list[Case]:
         except re.error as err:
             raise SpecError("only", f"bad regex ({err})", "give a Python regular expression") from None
         cases = [c for c in cases if pattern.search(c.label)]
+    if args.rows:
+        names = [n.strip() for n in args.rows.split(",") if n.strip()]
+        known = {c.name for c in get_matrix(args.matrix, args.device)}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise SpecError("rows", f"no row {unknown[0]!r} in matrix {args.matrix!r}",
+                            f"use row names of the matrix, e.g. {closest_names(unknown[0], sorted(known))}")
+        cases = [c for c in cases if c.name in names]
     return cases[: args.limit] if args.limit is not None else cases
+
+
+def tolerances(args, cases: list[Case]) -> dict[str, float]:
+    """Each case's allowed |error| in %, by key: --tolerance, else its topic's bound
+    (validate.matrices.tolerances; a case outside any topic, its device's).
+
+    >>> from validate.matrices import get_matrix
+    >>> case = get_matrix("ci")[0]
+    >>> tolerances(build_parser().parse_args(["run", "--matrix", "ci"]), [case])[case.key]
+    0.05
+    """
+    if args.tolerance is not None:
+        return {c.key: args.tolerance for c in cases}
+    return {c.key: bound(c.topic, c.training.device).peak_pct for c in cases}
 
 
 def check_case(case: Case) -> None:
@@ -234,16 +260,16 @@ def cmd_run(args) -> int:
         rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
                          steps=args.steps, with_prediction=not args.no_predict)
     close()
+    allowed = tolerances(args, cases)
     if out is not None:
-        out.with_suffix(".md").write_text(_md_header(args, rows, distributed)
-                                          + markdown_table(rows, args.tolerance))
-    failures = [(r, verdict(r, args.tolerance, not args.no_predict)) for r in rows]
+        out.with_suffix(".md").write_text(_md_header(args, rows, distributed, allowed)
+                                          + markdown_table(rows, allowed))
+    failures = [(r, verdict(r, allowed[r["key"]], not args.no_predict)) for r in rows]
     failures = [(r, why) for r, why in failures if why]
     for row in rows:
         print(json.dumps(row, sort_keys=True) if args.json else _line(row), flush=True)
     if failures:
-        tolerance = "" if distributed else f" (tolerance {args.tolerance}%)"
-        print(f"validate: {len(failures)} of {len(rows)} configurations failed{tolerance}: "
+        print(f"validate: {len(failures)} of {len(rows)} configurations failed: "
               + "; ".join(f"{r['name']}: {w}" for r, w in failures[:5]), file=sys.stderr)
         return EXIT_OUT_OF_TOLERANCE
     return 0
@@ -267,13 +293,16 @@ def _exclusive(path: Path):
         yield
 
 
-def _md_header(args, rows: list[dict], distributed: bool) -> str:
+def _md_header(args, rows: list[dict], distributed: bool, allowed: dict[str, float]) -> str:
     what = args.matrix or args.model or args.hf_config
+    bounds = sorted(set(allowed.values()))
+    tolerance = (f"tolerance +-{bounds[0]:g}%" if len(bounds) == 1
+                 else "tolerance per topic (validate.matrices.tolerances)")
     if distributed:
-        return (f"# validate: {what} (distributed, gloo on CPU)\n\n{len(rows)} configurations, "
+        return (f"# validate: {what} (distributed, gloo on CPU)\n\n{len(rows)} configurations, {tolerance}, "
                 f"steady-state peak per rank (steps >= 2), MiB; one number when all ranks "
                 f"agree.\n\n")
-    return (f"# validate: {what}\n\n{len(rows)} configurations, tolerance +-{args.tolerance}%, "
+    return (f"# validate: {what}\n\n{len(rows)} configurations, {tolerance}, "
             f"steady-state peak (steps >= 2), bytes shown in MiB.\n\n")
 
 
@@ -286,7 +315,7 @@ def _line(row: dict) -> str:
                 + (f", {row.get('error')}" if row.get("error") else ""))
     meas, pred, err = row.get("measured_peak_bytes"), row.get("predicted_peak_bytes"), row.get("error_pct")
     in_mib = lambda x: "-" if x is None else f"{x / 2**20:.2f} MiB"  # noqa: E731
-    tail = f"error {err:+.2f}%" if err is not None else (row.get("no_prediction") or row.get("error") or "")
+    tail = f"error {err:+.4f}%" if err is not None else (row.get("no_prediction") or row.get("error") or "")
     return f"{row['label']}: measured {in_mib(meas)}, predicted {in_mib(pred)}, {row['status']}, {tail}"
 
 

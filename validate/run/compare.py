@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from memcalc.core.errors import MemcalcError
@@ -168,8 +169,8 @@ def verdict(row: dict, tolerance_pct: float, require_prediction: bool = True) ->
 
     >>> verdict({"status": "ok", "error_pct": 0.5}, 1.0) is None
     True
-    >>> verdict({"status": "ok", "error_pct": -2.0}, 1.0)
-    'error -2.00% outside +-1.0%'
+    >>> verdict({"status": "ok", "error_pct": -0.0712}, 0.05)
+    'error -0.0712% outside +-0.05%'
     """
     status = row.get("status")
     if status == "error":
@@ -183,7 +184,7 @@ def verdict(row: dict, tolerance_pct: float, require_prediction: bool = True) ->
     if err is None:
         return ("no prediction: " + str(row.get("no_prediction"))) if require_prediction else None
     if abs(err) > tolerance_pct:
-        return f"error {err:+.2f}% outside +-{tolerance_pct}%"
+        return f"error {err:+.4f}% outside +-{tolerance_pct:g}%"
     return None
 
 
@@ -235,14 +236,14 @@ def mib(x, digits: int = 2) -> str:
     return "-" if x is None else f"{x / MIB:,.{digits}f}"
 
 
-def markdown_table(rows: list[dict], tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> str:
+def markdown_table(rows: list[dict], tolerance_pct: float | Mapping[str, float] = DEFAULT_TOLERANCE_PCT) -> str:
     """Markdown table: configuration, predicted and measured (MiB), error, verdict; for
     distributed rows the measured peak of each rank (one number when all ranks agree) and no
-    verdict on a missing prediction.
+    verdict on a missing prediction. `tolerance_pct`: one for every row, or each row's by its key.
 
     >>> print(markdown_table([{"label": "a", "status": "ok", "predicted_peak_bytes": 2**20,
     ...     "measured_peak_bytes": 2**20, "error_pct": 0.0}]).splitlines()[2])
-    | a | 1.00 | 1.00 | +0.00% | ok |
+    | a | 1.00 | 1.00 | +0.0000% | ok |
     >>> print(markdown_table([{"label": "b", "status": "ok", "world_size": 2, "error_pct": None,
     ...     "measured_rank_peak_bytes": [2**20, 2**21]}]).splitlines()[2])
     | b | 1.000 / 2.000 | - | - | ok |
@@ -256,14 +257,15 @@ def markdown_table(rows: list[dict], tolerance_pct: float = DEFAULT_TOLERANCE_PC
                  "|---|---:|---:|---:|---|"]
     for r in rows:
         err = r.get("error_pct")
-        bad = verdict(r, tolerance_pct, require_prediction=not distributed)
+        tolerance = tolerance_pct[r["key"]] if isinstance(tolerance_pct, Mapping) else tolerance_pct
+        bad = verdict(r, tolerance, require_prediction=not distributed)
         status = r.get("status", "?") if bad is None else f"FAIL: {bad}"
         if distributed:
             peaks = [_rank_peaks(r), mib(r.get("predicted_peak_bytes"), 3)]
         else:
             peaks = [mib(r.get("predicted_peak_bytes")), mib(r.get("measured_peak_bytes"))]
         cells = [r.get("label", r.get("name")), *peaks,
-                 "-" if err is None else f"{err:+.2f}%", status]
+                 "-" if err is None else f"{err:+.4f}%", status]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ _QWEN3_KEYS = LLAMA_KEYS | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob
 _READER = "memcalc.families.declarations.moe:fields"
 _BUILDER = "validate.models.hf:moe_config"
 _TRAINER_PATH = Supports(moe=True, trainer_inputs=True, attention_masks=TRAINER_MASKS)
-"""With the HF Trainer's call path measured (validate/matrices/call_path_families.py)."""
+"""With the HF Trainer's call path measured (validate/matrices/rows/call-paths-by-family.json)."""
 MIXTRAL = FamilyDeclaration(
     "mixtral", programs={"hf": "hf_moe:MIXTRAL"},
     hf_types=(HFType("mixtral", "MixtralConfig", "MixtralForCausalLM", reader=_READER,
