@@ -761,10 +761,12 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False,
+                 memory: "Memory | None" = None) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory(record, graph.granularity)
+        # `memory`: another Memory to walk the step through (memcalc.engine.allocations records events)
+        self.mem = Memory(record, graph.granularity) if memory is None else memory
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()
