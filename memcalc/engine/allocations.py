@@ -55,12 +55,12 @@ class Event:
 
 class EventMemory(Memory):
     """A Memory that writes down the allocator calls instead of tracking totals: ("alloc" |
-    "free", storage, phase, micro) in order. Holds are counted per storage as Memory counts them.
+    "free", storage, phase, micro, where) in order. Holds are counted per storage as Memory counts them.
 
     >>> from memcalc.core.poly import Poly
     >>> mem = EventMemory(); st = Storage(Poly.const(8), "activations", "x")
     >>> mem.hold(st); mem.hold(st); mem.release(st); mem.release(st)
-    >>> [(k, s.label) for k, s, _, _ in mem.events]
+    >>> [(k, s.label) for k, s, *_ in mem.events]
     [('alloc', 'x'), ('free', 'x')]
     """
 
@@ -192,11 +192,12 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     >>> [e.label for e in seq.first if e.label == "cublas_workspace"]
     ['cublas_workspace']
     """
+    from memcalc.engine.core import _regime
     from memcalc.engine.simulation import _prepared
 
-    regime = regime or Regime.of(training)
+    regime = regime or _regime(model, training)
     size = _Sizer(training.micro_batch, training.seq_len)
-    graph, constants, _, _, fsdp = _prepared(model, regime, True)
+    graph, constants, shapes, _, fsdp = _prepared(model, regime, True)
     first_raw, first_mem = _walk(graph, regime, True, constants, fsdp)
     cut_first = _batch_at(first_raw, {id(v.storage) for v in graph.inputs})
     if fsdp is not None:  # a fresh Fsdp (it keeps what it gathered)
@@ -215,7 +216,25 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     kept_steady = {id(st) for st in before}
     steady = (_events(steady_raw[cut_steady:], size, handle, 2, None, regime)
               + _end_of_step(steady_mem, kept_steady, size, handle, 2))
+    if regime.data_parallel > 1:  # each rank's own optimizer states (memcalc.parallel.data)
+        _rank_optimizer(first, steady, shapes, regime, len(handle.ids))
     return EngineSequence(construction, first, steady)
+
+
+def _rank_optimizer(first: list[Event], steady: list[Event], shapes: list, regime: Regime, handle: int) -> None:
+    """The largest rank's optimizer states (made by its first optimizer.step(), one block: the
+    states of a data-parallel rank are not split per parameter here) and step temporaries, before
+    the end of each step; what memcalc.queries.estimate adds per rank."""
+    from memcalc.parallel.data import rank_optimizer_bytes_all
+
+    states, temps = max(rank_optimizer_bytes_all(shapes, regime.master_elt, regime), key=sum)
+    for events, step in ((first, 1), (steady, 2)):
+        at = next((i for i, e in enumerate(events) if e.phase == "end"), len(events))
+        add = [Event("alloc", handle, states, step, "optimizer", "rank optimizer states")] if states and step == 1 else []
+        if temps:
+            add += [Event("alloc", handle + 1, temps, step, "optimizer", "rank optimizer temporaries"),
+                    Event("free", handle + 1, temps, step, "optimizer", "rank optimizer temporaries")]
+        events[at:at] = add
 
 
 def _batch_at(raw: list[tuple], inputs: set[int]) -> int:

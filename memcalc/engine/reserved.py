@@ -114,3 +114,24 @@ def _run(a: object, events: list[Event], live: dict, phases: dict, record: list 
             phases[phase] = a.reserved_bytes
         if record is not None:
             record.append((a.reserved_bytes, a.allocated_bytes))
+
+
+def reserved_for(model: object, training: object, device_limit: int | None = None) -> ReservedReplay:
+    """The replay of `model` under `training` (settings from TrainingConfig.allocator); a MoE model's
+    'worst' routing on the eager experts path: the routing that reserves the most
+    (memcalc.engine.core._routings, the routings whose union the allocated peak bounds).
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=64)
+    >>> r = reserved_for(ModelSpec.preset("gpt2"), t)
+    >>> e = reserved_for(ModelSpec.preset("gpt2"), t.with_(allocator="expandable_segments:True"))
+    >>> r.steady and e.steady, e.peak_reserved_bytes < r.peak_reserved_bytes
+    (True, True)
+    """
+    from memcalc.engine.allocations import engine_sequence
+    from memcalc.engine.core import _regime, _routings
+
+    regime = _regime(model, training)
+    replays = [replay_sequence(engine_sequence(model, training, r), training.allocator, device_limit)
+               for r in _routings(model, regime)]
+    return max(replays, key=lambda r: (r.oom is not None, r.peak_reserved_bytes))

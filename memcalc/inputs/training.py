@@ -115,6 +115,21 @@ class TrainingConfig(FrozenModel):
     """Base weights quantised by bitsandbytes (QLoRA): none, nf4, nf4-double (double
     quantisation), fp4, int8 (load_in_8bit)."""
 
+    allocator: str = ""
+    """The CUDA caching allocator's settings, as PYTORCH_CUDA_ALLOC_CONF gives them
+    ("expandable_segments:True,max_split_size_mb:128"; keys expandable_segments, max_split_size_mb,
+    roundup_power2_divisions, garbage_collection_threshold, max_non_split_rounding_mb;
+    memcalc.allocator.settings). They change reserved memory (MemoryReport.reserved_peak_bytes),
+    never allocated memory; "" is torch's defaults. No effect on device="cpu"."""
+
+    @field_validator("allocator")
+    @classmethod
+    def _allocator(cls, v: str) -> str:
+        from memcalc.allocator.settings import AllocatorSettings
+
+        AllocatorSettings.parse(v)  # a bad key or value: one line naming it
+        return v
+
     @field_validator("lora", mode="before")
     @classmethod
     def _lora(cls, v: object) -> object:
