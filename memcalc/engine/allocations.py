@@ -84,11 +84,17 @@ class EventMemory(Memory):
         self.events.append(("alloc", st, self.phase, self.micro, self.where))
 
     def release(self, st: Storage) -> None:
-        """One reference less; freed on the last."""
+        """One reference less; freed on the last. A gradient stolen into .grad (StepSimulator.
+        _accumulate holds the .grad storage, then releases the incoming one: accumulate_grad.h takes
+        the tensor itself when nothing else holds it) is no allocation: ("steal", .grad, incoming)."""
         found = self.holds[id(st)]
         found[0] -= 1
         if not found[0]:
             del self.holds[id(st)]
+            last = self.events[-1] if self.events else None
+            if last is not None and last[0] == "alloc" and last[1].label == "grad" and last[1].size is st.size:
+                self.events[-1] = ("steal", last[1], st, self.micro, self.where)
+                return
             self.events.append(("free", st, self.phase, self.micro, self.where))
 
     def mark(self, label: str) -> None:
@@ -230,7 +236,9 @@ def _rank_optimizer(first: list[Event], steady: list[Event], shapes: list, regim
     states, temps = max(rank_optimizer_bytes_all(shapes, regime.master_elt, regime), key=sum)
     for events, step in ((first, 1), (steady, 2)):
         at = next((i for i, e in enumerate(events) if e.phase == "end"), len(events))
-        add = [Event("alloc", handle, states, step, "optimizer", "rank optimizer states")] if states and step == 1 else []
+        add = []
+        if states and step == 1:
+            add.append(Event("alloc", handle, states, step, "optimizer", "rank optimizer states"))
         if temps:
             add += [Event("alloc", handle + 1, temps, step, "optimizer", "rank optimizer temporaries"),
                     Event("free", handle + 1, temps, step, "optimizer", "rank optimizer temporaries")]
@@ -269,6 +277,9 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
     second micro-step's events repeated for micro-steps 3 and on."""
     out, workspace, second = [], None, []
     for kind, st, phase, micro, where in raw:
+        if kind == "steal":  # .grad is the incoming gradient's block: its handle goes on
+            handle.alias(st, phase)
+            continue
         n = size(st)
         if not n:
             continue

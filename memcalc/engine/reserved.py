@@ -119,7 +119,9 @@ def _run(a: object, events: list[Event], live: dict, phases: dict, record: list 
 def reserved_for(model: object, training: object, device_limit: int | None = None) -> ReservedReplay:
     """The replay of `model` under `training` (settings from TrainingConfig.allocator); a MoE model's
     'worst' routing on the eager experts path: the routing that reserves the most
-    (memcalc.engine.core._routings, the routings whose union the allocated peak bounds).
+    (memcalc.engine.core._routings, the routings whose union the allocated peak bounds). The last
+    SEQUENCES sequences and their replays are kept (capacity asks for the same step under several
+    limits).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=64)
@@ -128,10 +130,34 @@ def reserved_for(model: object, training: object, device_limit: int | None = Non
     >>> r.steady and e.steady, e.peak_reserved_bytes < r.peak_reserved_bytes
     (True, True)
     """
+    key = (model, training, device_limit)
+    found = _REPLAYS.get(key)
+    if found is None:
+        replays = [replay_sequence(seq, training.allocator, device_limit) for seq in _sequences(model, training)]
+        found = max(replays, key=lambda r: (r.oom is not None, r.peak_reserved_bytes))
+        _keep(_REPLAYS, key, found)
+    return found
+
+
+SEQUENCES = 16
+_SEQUENCES: dict = {}
+_REPLAYS: dict = {}
+
+
+def _keep(cache: dict, key: object, value: object) -> None:
+    cache[key] = value
+    while len(cache) > SEQUENCES:
+        del cache[next(iter(cache))]
+
+
+def _sequences(model: object, training: object) -> list[EngineSequence]:
+    """engine_sequence under each routing regime of the step (one for most steps)."""
     from memcalc.engine.allocations import engine_sequence
     from memcalc.engine.core import _regime, _routings
 
-    regime = _regime(model, training)
-    replays = [replay_sequence(engine_sequence(model, training, r), training.allocator, device_limit)
-               for r in _routings(model, regime)]
-    return max(replays, key=lambda r: (r.oom is not None, r.peak_reserved_bytes))
+    key = (model, training.with_(allocator=""))  # the settings do not change the sequence
+    found = _SEQUENCES.get(key)
+    if found is None:
+        found = [engine_sequence(model, training, r) for r in _routings(model, _regime(model, training))]
+        _keep(_SEQUENCES, key, found)
+    return found

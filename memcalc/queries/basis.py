@@ -70,3 +70,26 @@ def fits_on(model: object, training: object, nbytes: int, basis: str,
     if replay.oom is None:
         return True, max(replay.peak_reserved_bytes, report.peak_bytes) + outside
     return False, unlimited + outside
+
+
+def peak_on(model: object, training: object, budget: int | float | str, basis: str) -> tuple[bool, int, int]:
+    """(fits, peak on the basis, budget bytes on the basis) of one step; on device="cpu" the
+    allocated basis whatever `basis` says (no caching allocator, no device context).
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=1, seq_len=128)
+    >>> gpt2 = ModelSpec.preset("gpt2")
+    >>> a, r = peak_on(gpt2, t, "H100-80GB", "allocated"), peak_on(gpt2, t, "H100-80GB", "device")
+    >>> a[0] and r[0], a[1] < r[1]
+    (True, True)
+    """
+    from memcalc.queries.estimate import check_basis, estimate
+
+    check_basis(basis)
+    if basis == "allocated" or training.device == "cpu":
+        nbytes = parse_budget(budget)
+        peak = estimate(model, training).peak_bytes
+        return peak <= nbytes, peak, nbytes
+    nbytes = budget_bytes(budget, basis)
+    ok, peak = fits_on(model, training, nbytes, basis, budget)
+    return ok, peak, nbytes

@@ -188,14 +188,20 @@ def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget:
     n = _confirm(peak_at, guess, nbytes, cap)
     if basis == "allocated" or training.device == "cpu":
         return _result(field, nbytes, n, peak_at, cap)
-    return _step_down(field, budget, basis, n, lambda n: training.with_(**{field: n}), lambda n: model, cap)
+
+    def allocated_answer(nbytes: int) -> int:
+        return _confirm(peak_at, _symbolic_guess(model, training, field, nbytes), nbytes, cap)
+
+    return _step_down(field, budget, basis, n, lambda n: training.with_(**{field: n}), lambda _: model, cap,
+                      allocated_answer)
 
 
 def _step_down(field: str, budget: int | float | str, basis: str, n: int, training_at: Callable,
-               model_at: Callable, cap: int) -> Capacity:
+               model_at: Callable, cap: int, allocated_answer: Callable[[int], int]) -> Capacity:
     """The answer on the reserved or device basis from the allocated one `n` (reserved >= allocated,
-    so it is at most n): n, n - 1, n - 2, n - 4, ... until one fits (memcalc.queries.basis.fits_on),
-    then bisection between that and the last that did not."""
+    so it is at most n). When n does not fit, the allocated answer for the budget shrunk by the
+    basis/allocated ratio at n is the first guess (`allocated_answer(bytes)`); galloping from it
+    and bisection find k with k fitting and k + 1 not (memcalc.queries.basis.fits_on)."""
     gpu_budget = budget_bytes(budget, basis)
     seen: dict[int, tuple[bool, int]] = {}
 
@@ -204,14 +210,30 @@ def _step_down(field: str, budget: int | float | str, basis: str, n: int, traini
             seen[k] = fits_on(model_at(k), training_at(k), gpu_budget, basis, budget)
         return seen[k]
 
-    step, hi, lo = 1, n + 1, n  # hi: the smallest value known not to fit
-    while lo > 0 and not at(lo)[0]:
-        hi, lo, step = lo, max(0, lo - step), step * 2
+    def result(k: int) -> Capacity:
+        nxt = at(k + 1)[1] if k < cap else None
+        return Capacity(field, gpu_budget, k, at(k)[1] if k else None, nxt, basis)
+
+    if n == 0 or at(n)[0]:
+        return result(n)
+    ratio = at(n)[1] / max(1, _peak(model_at(n), training_at(n)))
+    guess = max(0, min(n - 1, allocated_answer(int(gpu_budget / ratio))))
+    lo, hi = 0, n  # lo fits (0: trivially), hi does not
+    step, k = 1, guess
+    if k and at(k)[0]:
+        lo = k
+        while lo + step < hi and at(lo + step)[0]:
+            lo, step = lo + step, step * 2
+        hi = min(hi, lo + step)
+    elif k:
+        hi = k
+        while hi - step > 0 and not at(hi - step)[0]:
+            hi, step = hi - step, step * 2
+        lo = max(0, hi - step)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if at(mid)[0] else (lo, mid)
-    nxt = at(lo + 1)[1] if lo < cap else None
-    return Capacity(field, gpu_budget, lo, at(lo)[1] if lo else None, nxt, basis)
+    return result(lo)
 
 
 def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
@@ -237,8 +259,9 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
     check_basis(basis)
     if basis != "allocated" and training.device != "cpu":
         n = max_layers(model, training, budget, cap, "allocated").value
-        return _step_down("num_layers", budget, basis, n, lambda n: training,
-                          lambda n: model.with_(num_layers=max(n, 1)), min(cap, MAX_LAYERS))
+        return _step_down("num_layers", budget, basis, n, lambda _: training,
+                          lambda n: model.with_(num_layers=max(n, 1)), min(cap, MAX_LAYERS),
+                          lambda nbytes: max_layers(model, training, nbytes, cap, "allocated").value)
     cap = check_int("cap", cap, 1, MAX_LAYERS)
     if training.data_parallel > 1:  # memcalc.core.limits: data-parallel ranks x layers
         cap = max(1, min(cap, MAX_RANK_LAYERS // training.data_parallel))

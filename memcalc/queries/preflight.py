@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from memcalc.queries.capacity import max_micro_batch
 from memcalc.core.errors import MemcalcError
-from memcalc.queries.estimate import estimate
-from memcalc.inputs.gpus import parse_budget
+from memcalc.queries.estimate import estimate  # noqa: F401 (the doctests use it)
+from memcalc.queries.basis import peak_on
 
 if TYPE_CHECKING:
     from memcalc.inputs.specs import ModelSpec
@@ -71,25 +71,25 @@ class Verdict:
         return self.budget_bytes - self.peak_bytes
 
 
-def check(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Verdict:
-    """Whether one step fits `budget` (bytes, '24GiB', or a catalogue GPU's usable memory).
+def check(model: ModelSpec, training: TrainingConfig, budget: int | float | str, basis: str = "device") -> Verdict:
+    """Whether one step fits `budget` (bytes, '24GiB', or a catalogue GPU) on `basis`
+    (memcalc.queries.basis: device by default, reserved, or allocated); every peak is on that basis.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> v = check(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=32, seq_len=1024), "RTX-4090")
     >>> v.fits, v.changes[0].fields
     (False, {'micro_batch': 8, 'grad_accum': 4})
-    >>> estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=4, seq_len=1024,
-    ...          grad_accum=8)).peak_bytes <= v.budget_bytes
+    >>> estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=8, seq_len=1024,
+    ...          grad_accum=4)).device_bytes <= v.budget_bytes
     True
     """
-    budget_bytes = parse_budget(budget)
-    peak = estimate(model, training).peak_bytes
-    if peak <= budget_bytes:
+    ok, peak, budget_bytes = peak_on(model, training, budget, basis)
+    if ok:
         return Verdict(True, peak, budget_bytes)
-    return Verdict(False, peak, budget_bytes, _changes(model, training, budget_bytes))
+    return Verdict(False, peak, budget_bytes, _changes(model, training, (budget, basis)))
 
 
-def _changes(model: ModelSpec, training: TrainingConfig, budget: int) -> list[Change]:
+def _changes(model: ModelSpec, training: TrainingConfig, budget: tuple) -> list[Change]:
     found: list[Change] = []
     batch = _smaller_batch(model, training, budget, {})
     if batch:
@@ -113,19 +113,20 @@ def _nonempty(change: Change | None) -> list[Change]:
     return [change] if change else []
 
 
-def _try(model: ModelSpec, training: TrainingConfig, budget: int, fields: dict, why: str) -> Change | None:
+def _try(model: ModelSpec, training: TrainingConfig, budget: tuple, fields: dict, why: str) -> Change | None:
+    """The change when the step fits with it; `budget` is (the budget, its basis)."""
     try:
-        peak = estimate(model, training.with_(**fields)).peak_bytes
+        ok, peak, _ = peak_on(model, training.with_(**fields), *budget)
     except MemcalcError:  # the change is not modelled for this step: not a suggestion
         return None
-    return Change(fields, peak, why) if peak <= budget else None
+    return Change(fields, peak, why) if ok else None
 
 
-def _smaller_batch(model: ModelSpec, training: TrainingConfig, budget: int, extra: dict) -> Change | None:
+def _smaller_batch(model: ModelSpec, training: TrainingConfig, budget: tuple, extra: dict) -> Change | None:
     """The largest micro-batch that fits (with `extra`) and divides the sequences of one
     optimizer step, gradient accumulation raised to keep that number."""
     try:
-        cap = max_micro_batch(model, training.with_(**extra), budget)
+        cap = max_micro_batch(model, training.with_(**extra), *budget)
     except MemcalcError:
         return None
     total = training.micro_batch * training.grad_accum
@@ -134,7 +135,7 @@ def _smaller_batch(model: ModelSpec, training: TrainingConfig, budget: int, extr
         return None
     accum = total // b
     fields = {**extra, "micro_batch": b, "grad_accum": accum}
-    peak = estimate(model, training.with_(**fields)).peak_bytes
+    peak = peak_on(model, training.with_(**fields), *budget)[1]
     why = (f"micro-batch {b} x {accum} accumulation steps" + (" with " + ", ".join(
         f"{k}={v}" for k, v in extra.items()) if extra else ""))
     return Change(fields, peak, why)
