@@ -45,7 +45,8 @@ def test_larger_budget_never_smaller_answer(case, budget_mib, extra_mib):
 
 
 def test_no_fit_is_zero_not_an_error():
-    r = max_micro_batch(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "1GiB", basis="allocated")
+    r = max_micro_batch(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "1GiB",
+                        basis="allocated")
     assert (r.value, r.fits, r.peak_bytes) == (0, False, None)
     assert r.next_peak_bytes > r.budget_bytes
 
