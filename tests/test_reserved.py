@@ -95,32 +95,44 @@ def test_steady_step_once_more_reserves_nothing(case: tuple, conf: str) -> None:
 @given(cases())
 def test_sequence_live_bytes_peak_is_the_engine_peak(case: tuple) -> None:
     """The sequence's live bytes (each request rounded to 512 B, as the engine rounds storages on
-    CUDA) peak in the steady step at the engine's allocated peak: the same step, walked by
-    EventMemory instead of Memory (over each routing of a MoE 'worst' bound, whose union the engine
-    takes; an expert's storages there count with the most rounding can add, so at most it)."""
+    CUDA) peak in the steady step's forward and backward at the engine's allocated peaks of those
+    phases: the same step, walked by EventMemory instead of Memory (over each routing of a MoE
+    'worst' bound, whose union the engine takes; an expert's storages there count with the most
+    rounding can add, so at most it). In the optimizer phase the sequence has one allocation per
+    tensor where the engine holds one block of their sum: at least the engine's peak, and less than
+    512 B more per temporary tensor."""
     model, training = case
     training = _cuda(training)
     if _refused(model, training):
         return
-    peaks = []
+    report = estimate(model, training)
+    engine = max(report.phases["forward"], report.phases["backward"])
+    peaks, optimizer = [], []
     for seq in _sequences(model, training):
-        live, size, peak_steady = 0, {}, 0
+        live, size, peak, opt, temporaries = 0, {}, 0, 0, 0
         for e in seq.construction + seq.first + seq.steady:
             n = round_up(e.nbytes, 512)
+            if e.step == 2 and e.phase == "end":  # what optimizer.step()'s last mark holds
+                opt = max(opt, live)
             if e.kind == "alloc":
                 size[e.handle] = n
                 live += n
+                temporaries += e.step == 2 and e.label.startswith("optimizer temporary")
             else:
                 live -= size.pop(e.handle)
-            if e.step == 2:
-                peak_steady = max(peak_steady, live)
-        peaks.append(peak_steady)
-    engine = estimate(model, training).peak_bytes
+            if e.step == 2 and e.phase == "optimizer":
+                opt = max(opt, live)
+            elif e.step == 2:
+                peak = max(peak, live)
+        peaks.append(peak)
+        optimizer.append((opt, temporaries))
     if model.moe is not None and training.experts_implementation == "eager":
         if training.moe_routing == "worst":
             assert max(peaks) <= engine
         return  # 'balanced': fractional tokens per expert, each storage rounded up in the sequence
     assert max(peaks) == engine
+    opt, temporaries = optimizer[0]
+    assert report.phases["optimizer"] <= opt < report.phases["optimizer"] + 512 * temporaries + 1
 
 
 def test_allocation_events_replay_through_the_public_replay() -> None:

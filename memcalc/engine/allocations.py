@@ -31,6 +31,7 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.tape.simulate import Memory
 
 WORKSPACE = "cublas_workspace"  # memcalc.allocator.rules.device_constants' name
+TEMPORARIES = "optimizer temporaries"  # memcalc.tape.step._optimizer_step's one storage for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +218,11 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     before = [e[1] for e in steady_raw[:cut_steady] if e[0] == "alloc" and size(e[1])]
     kept_first = _kept(first_mem, before, size, handle)
     workspace = [e for e in first_raw[:cut_first] if e[1].category == WORKSPACE]
-    first = (_events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime)
+    temps = optimizer_temporaries(graph, regime)
+    first = (_events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime, temps)
              + _end_of_step(first_mem, kept_first, size, handle, 1))
     kept_steady = {id(st) for st in before}
-    steady = (_events(steady_raw[cut_steady:], size, handle, 2, None, regime)
+    steady = (_events(steady_raw[cut_steady:], size, handle, 2, None, regime, temps)
               + _end_of_step(steady_mem, kept_steady, size, handle, 2))
     if regime.data_parallel > 1:  # each rank's own optimizer states (memcalc.parallel.data)
         _rank_optimizer(first, steady, shapes, regime, len(handle.ids))
@@ -271,7 +273,7 @@ def _kept(first_mem: EventMemory, before: list[Storage], size: _Sizer, handle: _
 
 
 def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul: int | None,
-            regime: Regime) -> list[Event]:
+            regime: Regime, temporaries: list | None = None) -> list[Event]:
     """Raw EventMemory events as Events: zero-byte storages left out (the caching allocator returns
     a null pointer for them without a block), the cuBLAS workspace moved to the first matmul, the
     second micro-step's events repeated for micro-steps 3 and on."""
@@ -282,6 +284,10 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
             continue
         n = size(st)
         if not n:
+            continue
+        if st.label == TEMPORARIES and temporaries is not None:  # the update's own allocations
+            if kind == "alloc":
+                out += _temporaries(temporaries, handle, step)
             continue
         if st.category == WORKSPACE and matmul is not None:
             workspace = Event("alloc", handle(st), n, step, "forward", st.label)
@@ -300,6 +306,84 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
         at = out.index(second[-1]) + 1
         span = 1 + max(len(handle.ids), max(e.handle for e in out))
         out[at:at] = [e for k in range(extra) for e in _renamed(second, step, (k + 1) * span)]
+    return out
+
+
+def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:
+    """The allocations optimizer.step() makes in steady state, one per tensor, as ("alloc" |
+    "free", key, bytes) in order: the engine's one block of their peak (memcalc.tape.optimizer.
+    transient_bytes, whose module says what each implementation makes) split as torch makes it.
+    Per parameter group (the HF Trainer's two, stepped one after the other):
+    - foreach Adam(W): `_foreach_add(grads, params)` with coupled weight decay (deleted before the
+      sqrt), then `_foreach_sqrt(exp_avg_sqs)`: one tensor per parameter, freed at the end;
+    - for-loop Adam(W): per parameter `grad.add(param)` (coupled weight decay), `exp_avg_sq.sqrt()`
+      and its quotient `denom`, the sqrt freed at once and the previous parameter's denom when the
+      loop variable is rebound;
+    - SGD with coupled weight decay: the grads' copies (foreach: all, for-loop: one at a time).
+    None where the engine's block is kept as it is (bitsandbytes, Adafactor: their own modules).
+
+    >>> from memcalc.engine.simulation import build_graph
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> regime = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, optimizer="adamw"))
+    >>> temps = optimizer_temporaries(build_graph(ModelSpec.preset("gpt2"), regime), regime)
+    >>> len(temps), temps[0]  # 148 sqrt copies made, then freed
+    (296, ('alloc', (0, 'sqrt', 0), 154389504))
+    """
+    from memcalc.tape.step import _param_sizes
+
+    if regime.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
+        return None
+    if regime.hf_trainer:
+        from memcalc.families.call_path import trainer_param_groups
+
+        groups = trainer_param_groups(graph, regime.weight_decay)
+    else:
+        groups = [(_param_sizes(graph), regime.weight_decay)]
+    impl = regime.optimizer_impl
+    out: list[tuple] = []
+    for g, (sizes, decay) in enumerate(groups):
+        coupled = decay > 0 and regime.optimizer in ("adam", "sgd", "sgd-momentum")
+        if impl == "fused":
+            continue
+        if regime.optimizer.startswith("sgd"):
+            if coupled:
+                out += _copies(g, "wd", sizes, impl == "foreach")
+            continue
+        if impl == "foreach":
+            if coupled:
+                out += _copies(g, "wd", sizes, True)
+            out += _copies(g, "sqrt", sizes, True)
+            continue
+        for i, n in enumerate(sizes):  # the for-loop
+            if coupled:
+                out.append(("alloc", (g, "wd", i), n))
+            out += [("alloc", (g, "sqrt", i), n), ("alloc", (g, "denom", i), n), ("free", (g, "sqrt", i), n)]
+            if i:
+                out.append(("free", (g, "denom", i - 1), sizes[i - 1]))
+            if coupled:
+                out.append(("free", (g, "wd", i), n))
+        if sizes:
+            out.append(("free", (g, "denom", len(sizes) - 1), sizes[-1]))
+    return out
+
+
+def _copies(group: int, what: str, sizes: list[int], together: bool) -> list[tuple]:
+    """One tensor per parameter: all made then all freed (foreach), or each freed before the next."""
+    made = [("alloc", (group, what, i), n) for i, n in enumerate(sizes)]
+    freed = [("free", (group, what, i), n) for i, n in enumerate(sizes)]
+    if together:
+        return made + freed
+    return [e for pair in zip(made, freed) for e in pair]
+
+
+def _temporaries(temps: list[tuple], handle: _Handles, step: int) -> list[Event]:
+    """optimizer_temporaries as Events, each key under a handle of its own."""
+    keys: dict = {}
+    out = []
+    for kind, key, n in temps:
+        if key not in keys:
+            keys[key] = handle(Storage(None, "temporaries", str(key)))  # kept by `handle`: a fresh id
+        out.append(Event(kind, keys[key], n, step, "optimizer", f"optimizer temporary {key[1]}"))
     return out
 
 
