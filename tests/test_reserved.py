@@ -188,3 +188,21 @@ def test_device_basis_boundary(case: tuple, budget_mib: int) -> None:
         assert fits_on(model, training.with_(micro_batch=dev.value), budget, "device")[0]
         assert dev.peak_bytes <= budget
     assert not fits_on(model, training.with_(micro_batch=dev.value + 1), budget, "device")[0]
+
+
+@given(cases(), st.integers(3, 6))
+def test_skipped_micro_step_repeats_change_nothing(case: tuple, grad_accum: int) -> None:
+    """The replay stops repeating a micro-step once a repeat reserves nothing new: the same run with
+    every micro-step written out (EngineSequence.events, through memcalc.replay_events) reserves the
+    same bytes."""
+    from memcalc.allocator.replay import replay_events
+
+    model, training = case
+    training = _cuda(training)
+    if _refused(model, training):
+        return
+    training = training.with_(grad_accum=grad_accum)
+    for seq in _sequences(model, training):
+        r = replay_sequence(seq)
+        full = replay_events([e.as_tuple() for e in seq.events(r.steps)])
+        assert full.peak_reserved_bytes == r.peak_reserved_bytes

@@ -21,7 +21,7 @@ repeat the second one's events with fresh handles for what each makes).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memcalc.core.errors import NotModelledError
 from memcalc.engine.regime import Regime
@@ -150,14 +150,27 @@ class EngineSequence:
     construction: list[Event]
     first: list[Event]
     steady: list[Event]
+    repeats: dict = field(default_factory=dict)
+    """'first' / 'steady' -> (start, end, extra): events[start:end] are a micro-step (the second)
+    that micro-steps 3 and on repeat `extra` more times, with the same handles (it frees all it
+    makes); memcalc.engine.reserved replays the repeats until one reserves nothing new."""
+
+    def expanded(self, which: str) -> list[Event]:
+        """The first or the steady step with every micro-step written out."""
+        events = getattr(self, which)
+        found = self.repeats.get(which)
+        if found is None:
+            return events
+        start, end, extra = found
+        return events[:end] + events[start:end] * extra + events[end:]
 
     def steady_step(self, k: int) -> list[Event]:
         """The k-th steady step (k >= 2): `steady` with fresh handles for what it allocates."""
-        return _renamed(self.steady, k, (k - 1) * _span(self))
+        return _renamed(self.expanded("steady"), k, (k - 1) * _span(self))
 
     def events(self, steps: int = 3) -> list[Event]:
-        """Construction, the first step, then steps - 1 steady steps."""
-        out = self.construction + self.first
+        """Construction, the first step, then steps - 1 steady steps, every micro-step written out."""
+        out = self.construction + self.expanded("first")
         for k in range(2, steps + 1):
             out += self.steady_step(k)
         return out
@@ -213,20 +226,21 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     matmul = _first_matmul(graph) if constants.get(WORKSPACE) else None
     cut_steady = _batch_at(steady_raw, {id(v.storage) for v in graph.inputs})
     handle = _Handles()
-    construction = [e for e in _events(first_raw[:cut_first], size, handle, 0, None, regime)
+    construction = [e for e in _events(first_raw[:cut_first], size, handle, 0, None, regime)[0]
                     if e.label != WORKSPACE]
     before = [e[1] for e in steady_raw[:cut_steady] if e[0] == "alloc" and size(e[1])]
     kept_first = _kept(first_mem, before, size, handle)
     workspace = [e for e in first_raw[:cut_first] if e[1].category == WORKSPACE]
     temps = optimizer_temporaries(graph, regime)
-    first = (_events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime, temps)
-             + _end_of_step(first_mem, kept_first, size, handle, 1))
+    first, first_repeat = _events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime, temps)
+    first += _end_of_step(first_mem, kept_first, size, handle, 1)
     kept_steady = {id(st) for st in before}
-    steady = (_events(steady_raw[cut_steady:], size, handle, 2, None, regime, temps)
-              + _end_of_step(steady_mem, kept_steady, size, handle, 2))
+    steady, steady_repeat = _events(steady_raw[cut_steady:], size, handle, 2, None, regime, temps)
+    steady += _end_of_step(steady_mem, kept_steady, size, handle, 2)
     if regime.data_parallel > 1:  # each rank's own optimizer states (memcalc.parallel.data)
         _rank_optimizer(first, steady, shapes, regime, len(handle.ids))
-    return EngineSequence(construction, first, steady)
+    repeats = {k: v for k, v in (("first", first_repeat), ("steady", steady_repeat)) if v is not None}
+    return EngineSequence(construction, first, steady, repeats)
 
 
 def _rank_optimizer(first: list[Event], steady: list[Event], shapes: list, regime: Regime, handle: int) -> None:
@@ -273,10 +287,11 @@ def _kept(first_mem: EventMemory, before: list[Storage], size: _Sizer, handle: _
 
 
 def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul: int | None,
-            regime: Regime, temporaries: list | None = None) -> list[Event]:
+            regime: Regime, temporaries: list | None = None) -> tuple[list[Event], tuple | None]:
     """Raw EventMemory events as Events: zero-byte storages left out (the caching allocator returns
-    a null pointer for them without a block), the cuBLAS workspace moved to the first matmul, the
-    second micro-step's events repeated for micro-steps 3 and on."""
+    a null pointer for them without a block), the cuBLAS workspace moved to the first matmul; and
+    how micro-steps 3 and on repeat the second (EngineSequence.repeats), or None where they are
+    written out (something the second makes outlives it) or there are none."""
     out, workspace, second = [], None, []
     for kind, st, phase, micro, where in raw:
         if kind == "steal":  # .grad is the incoming gradient's block: its handle goes on
@@ -295,18 +310,29 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
         ev = Event(kind, handle(st), n, step, phase, st.label)
         out.append(ev)
         if micro == 1 and phase in ("forward", "backward"):
-            second.append(ev)
+            second.append(len(out) - 1)  # (the same storages recur in every micro-step: by position)
         if workspace is not None and phase == "forward" and isinstance(where, int) and where >= matmul:
             out.append(workspace)
             workspace = None
     if workspace is not None:  # no matmul reached: at the start of the step
         out.insert(0, workspace)
+        second = [i + 1 for i in second]
     extra = regime.grad_accum - 2
     if extra > 0 and second:
-        at = out.index(second[-1]) + 1
+        start, end = second[0], second[-1] + 1
+        if not _survivors(out[start:end]):  # the micro-step frees all it makes: replayed as it is
+            return out, (start, end, extra)
         span = 1 + max(len(handle.ids), max(e.handle for e in out))
-        out[at:at] = [e for k in range(extra) for e in _renamed(second, step, (k + 1) * span)]
-    return out
+        out[end:end] = [e for k in range(extra) for e in _renamed(out[start:end], step, (k + 1) * span)]
+    return out, None
+
+
+def _survivors(events: list[Event]) -> set[int]:
+    """Handles allocated in `events` and not freed there."""
+    live: set[int] = set()
+    for e in events:
+        (live.add if e.kind == "alloc" else live.discard)(e.handle)
+    return live
 
 
 def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:

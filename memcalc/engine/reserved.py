@@ -66,12 +66,13 @@ def replay_sequence(seq: EngineSequence, settings: object = None, device_limit: 
     record = out.trace if trace else None
     with _gc_paused():
         try:
-            _run(a, seq.construction + seq.first, live, {}, record)
+            _run(a, seq.construction, live, {}, record)
+            _run_step(a, seq.first, seq.repeats.get("first"), live, {}, record)
             out.first_step_reserved_bytes = a.reserved_bytes
             for k in range(2, MAX_STEPS + 2):
                 before = _reserving(a)
                 phases: dict[str, int] = {}
-                _run(a, seq.steady, live, phases, record)
+                _run_step(a, seq.steady, seq.repeats.get("steady"), live, phases, record)
                 out.steps = k
                 out.phases = {p: phases.get(p, 0) for p in PHASES}
                 if _reserving(a) == before:
@@ -95,6 +96,24 @@ class _OutOfMemory(Exception):  # noqa: N818
 def _reserving(a: object) -> int:
     """Segment allocations and mappings so far (what 'reserved something new' counts)."""
     return sum(1 for kind, _ in a.segment_events if kind in ("segment_alloc", "segment_map"))
+
+
+def _run_step(a: object, events: list[Event], repeat: tuple | None, live: dict, phases: dict,
+              record: list | None) -> None:
+    """One step; a micro-step that micro-steps 3 and on repeat (EngineSequence.repeats) is replayed
+    again until a repeat reserves nothing new: from then on every repeat is the same (the rule that
+    stops the steps, one level down), so the rest change nothing and are skipped."""
+    if repeat is None:
+        _run(a, events, live, phases, record)
+        return
+    start, end, extra = repeat
+    _run(a, events[:end], live, phases, record)
+    for _ in range(extra):
+        before = _reserving(a)
+        _run(a, events[start:end], live, phases, record)
+        if _reserving(a) == before:
+            break
+    _run(a, events[end:], live, phases, record)
 
 
 def _run(a: object, events: list[Event], live: dict, phases: dict, record: list | None) -> None:
