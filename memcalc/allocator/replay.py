@@ -18,16 +18,15 @@ settings or the ones asked for. What the trace decides and no rule does:
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from memcalc.allocator.replica import AllocatorOutOfMemory, CachingAllocator
 from memcalc.allocator.settings import AllocatorSettings
 from memcalc.allocator.snapshot import StartState, load_snapshot, start_state
 from memcalc.core.errors import MemcalcError
+from memcalc.core.gc_pause import gc_paused
 
 
 @dataclass
@@ -99,7 +98,7 @@ def replay_snapshot(snapshot_or_path: dict | str | Path, *, device_limit: int | 
     if state.private_pool_segments:
         out.notes.append(f"{state.private_pool_segments} segments belong to private pools (CUDA graphs, "
                          "MemPool), which the replica does not keep apart: replayed in the default pools")
-    with _gc_paused():
+    with gc_paused():
         _run_trace(a, state.trace, live, out)
     out.recorded_peak_reserved_bytes, out.recorded_peak_requested_bytes = _recorded_peaks(
         state, out.start_reserved_bytes)
@@ -223,7 +222,7 @@ def replay_events(events: Iterable[tuple], settings: AllocatorSettings | str | N
         settings = AllocatorSettings.parse(settings)
     a = CachingAllocator(settings, device_limit)
     out = ReplayResult(settings=a.settings, device_limit=device_limit, reserved_curve=[(-1, 0)])
-    with _gc_paused():
+    with gc_paused():
         _run_events(a, events, out)
     _finish(a, out)
     return out
@@ -255,17 +254,3 @@ def _run_events(a: CachingAllocator, events: Iterable[tuple], out: ReplayResult)
         if a.reserved_bytes != reserved:
             reserved = a.reserved_bytes
             curve.append((i, reserved))
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic collector held off during a replay: blocks link to their neighbours, and the
-    collector's passes over the thousands the replay creates cost a third of its time (measured with
-    benchmarks/bench_replay.py); reference counting frees them, the collector runs again after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

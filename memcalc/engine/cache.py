@@ -1,14 +1,12 @@
 """The engine's caches, bounded: the candidates of each (model, regime) (memcalc.engine.run) and the
-derivation of each stack layout (memcalc.engine.depth), both in CACHE; and the cyclic garbage
-collector held off while they are filled.
+derivation of each stack layout (memcalc.engine.depth), both in CACHE, filled with the cyclic garbage
+collector held off (memcalc.core.gc_pause).
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
 
+from memcalc.core.gc_pause import gc_paused
 from memcalc.engine.depth import derive
 from memcalc.engine.derivation import Derivation
 from memcalc.engine.layout import N1, Layout, small_model
@@ -17,30 +15,6 @@ from memcalc.inputs.specs import ModelSpec
 CACHE: dict = {}
 """Candidates by (model, regime key, window reached, single sequence) (memcalc.engine.run.cache_key),
 derivations by ("depth", model at N1 units, layout) (derivation_key)."""
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while a step is simulated: the simulation
-    allocates tens of thousands of small objects (storages, moments, dicts) that reference
-    counting frees, and the collector's passes over them cost about a tenth of a cold estimate
-    (measured, benchmarks/bench_estimate.py); it runs again afterwards.
-
-    >>> import gc
-    >>> with gc_paused():
-    ...     gc.isenabled()
-    False
-    >>> gc.isenabled()
-    True
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
 
 
 def cached_derivation(model: ModelSpec, lay: Layout) -> Derivation | None:

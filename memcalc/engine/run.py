@@ -15,7 +15,8 @@ from typing import Iterator
 
 from memcalc.core.errors import NotModelledError
 from memcalc.core.limits import MAX_SIMULATED_LAYERS
-from memcalc.engine.cache import CACHE, cached_derivation, gc_paused, has_derivation
+from memcalc.core.gc_pause import gc_paused
+from memcalc.engine.cache import CACHE, cached_derivation, has_derivation
 from memcalc.engine.candidates import Candidates, DepthForm
 from memcalc.engine.derivation import Derivation
 from memcalc.engine.layout import N1, N2, N3, Layout, layout, supported

@@ -39,7 +39,7 @@ def run_all(tasks: list[Task], jobs: int | None = None) -> list:
     >>> run_all([(pow, (2, 3)), (pow, (3, 2))], jobs=2)
     [8, 9]
     """
-    from memcalc.engine.cache import gc_paused
+    from memcalc.core.gc_pause import gc_paused
 
     jobs = min(available_cpus() if jobs is None else jobs, len(tasks))
     with gc_paused():
