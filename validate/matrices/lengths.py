@@ -20,9 +20,9 @@ class LengthsCase:
 
     name: str
     model: str
-    """validate.matrices.shapes model kind (llama-hf, gpt2-hf, qwen2-hf)."""
+    """A model of MODELS: llama-hf or gpt2-hf."""
     shape: int
-    """Index into CI_SHAPES (widths, vocabulary, micro-batch)."""
+    """Which of the ci's shapes (the training-options topic's models): 0 for the llama, 4 for GPT-2."""
     fields: dict
     """TrainingArguments fields besides per_device_train_batch_size."""
     lengths: tuple[int, ...]
@@ -52,13 +52,27 @@ CASES = (
 )
 
 
+MODELS = {
+    # (ModelSpec fields, micro-batch): the ci's llama of shape 0 and GPT-2 of shape 4
+    # (validate/matrices/rows/training-options.json's llama-like-L2-h64-V500 and gpt2-like-L3-h128-V3000)
+    ("llama-hf", 0): (dict(name="llama-like", family="llama", vocab_size=500, hidden_size=64, num_layers=2,
+                           num_heads=4, num_kv_heads=2, intermediate_size=176, max_position_embeddings=256,
+                           tie_embeddings=False, qkv_bias=False, out_bias=False, mlp_bias=False,
+                           activation="silu", attn_dropout=0.0, implementation="hf"), 4),
+    ("gpt2-hf", 4): (dict(name="gpt2-like", family="gpt2", vocab_size=3000, hidden_size=128, num_layers=3,
+                          num_heads=8, max_position_embeddings=256, embd_dropout=0.0, attn_dropout=0.0,
+                          resid_dropout=0.0, implementation="hf"), 2),
+}
+
+
 def case_inputs(case: LengthsCase):
     """(spec, hf_config, TrainingConfig memcalc reads from the fields, TrainingArguments fields)."""
+    from memcalc.inputs.specs import ModelSpec
     from memcalc.inputs.training import TrainingConfig
-    from validate.matrices.shapes import CI_SHAPES, _model
 
-    spec, cfg = _model(case.model, CI_SHAPES[case.shape])
-    fields = {"per_device_train_batch_size": CI_SHAPES[case.shape]["b"], **case.fields, "use_cpu": True}
+    model, micro_batch = MODELS[case.model, case.shape]
+    spec, cfg = ModelSpec.make(**model), None
+    fields = {"per_device_train_batch_size": micro_batch, **case.fields, "use_cpu": True}
     training = TrainingConfig.from_trainer_args(fields, seq_len=max(case.lengths), device="cpu",
                                                 attention_mask="ones")
     return spec, cfg, training, fields

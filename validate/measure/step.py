@@ -153,7 +153,7 @@ def _build_model(spec, training, hf_config):
     from validate.models.reference import build_reference
 
     model = build_reference(spec, training)
-    description = f"reference:{type(model).__name__}:{training.attention}"
+    description = f"reference:{type(model).__name__}:{training.resolved_attention(spec)}"
     return model, description, lambda ids: model(ids, ids)
 
 
