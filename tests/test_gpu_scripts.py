@@ -4,6 +4,7 @@ re-check of recorded results against the current engine (which is how CI re-chec
 test_recorded_gpu_results_match_the_engine)."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -234,7 +235,10 @@ def test_signal_stops_the_run_and_leaves_its_files(tmp_path):
     try:
         deadline = time.time() + 120
         log = out / "gpu_run.log"
-        while time.time() < deadline and not (log.exists() and "validate:" in log.read_text()):
+        # the validator's own start stamp ("[gpu_run +Ns] validate: Ns budget: ..."), not any line that
+        # says "validate:" (the git stamp quotes the last commit's subject)
+        started = re.compile(r"\] validate: \d+s budget")
+        while time.time() < deadline and not (log.exists() and started.search(log.read_text())):
             time.sleep(0.5)
         time.sleep(2)
         os.killpg(proc.pid, signal.SIGTERM)
