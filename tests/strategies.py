@@ -158,11 +158,10 @@ def moe_specs(draw, family: str, layers: int) -> MoESpec:
 
 def tensor_parallel_degrees(model: ModelSpec | None) -> list[int]:
     """Degrees the engine splits `model` by: dividing the heads, kv heads and MLP width, and
-    none for HF GPT-2 (Conv1D is not split by torch's parallel styles)."""
+    none for HF GPT-2 (Conv1D is not split by torch's parallel styles) or a family whose
+    declaration has no plan (tensor_parallel 'none')."""
     if model is None or (model.family, model.implementation) not in TP_PROGRAMS or model.moe is not None:
         return [1]  # HF GPT-2's Conv1D, families without tensor parallelism, 3-D expert weights
-    if model.no_rope_layers or model.qk_norm or model.sliding_window is not None:
-        return [1]  # not modelled (memcalc.parallel.tensor.check_tensor_parallel)
     return [t for t in (1, 2, 4) if not (model.num_heads % t or model.kv_heads % t or model.ffn_size % t)]
 
 

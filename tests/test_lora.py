@@ -185,7 +185,8 @@ def test_from_peft_config_refuses_by_name(key, value):
     (dict(freeze=("nothing.*",)), "freeze"),
     (dict(freeze=("*",)), "freeze"),
     (dict(quantization="nf4"), "quantization"),
-    (dict(lora=LoRA(), world_size=2), "world_size"),
+    (dict(lora=LoRA(), world_size=2, sharding="zero1"), "sharding"),
+    (dict(lora=LoRA(), quantization="nf4", world_size=2), "quantization"),
 ])
 def test_bad_fine_tuning_input_names_the_field(fields, name):
     model = _small("llama")

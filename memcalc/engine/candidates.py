@@ -22,7 +22,7 @@ class Candidates:
     steady: list[Moment]
     first: list[Moment]
     param_shapes: list[tuple[int, int]]
-    """(elements, dim 0) of each parameter in module order."""
+    """(elements, dim 0) of each trainable parameter in module order."""
     param_elt: int
     """Bytes per element of the optimizer's view of the parameters (regime.master_elt)."""
     steady_set: MomentSet = field(init=False)

@@ -116,8 +116,7 @@ class Derivation:
         DDP's buckets and FSDP's shards (memcalc.engine.simulation.run_step), clipping's norms and the
         optimizer's temporaries in the steady state (memcalc.tape.step, its own functions)."""
         regime = self.layout.regime
-        sizes = [v.nbytes for v in graph.params]
-        buckets = sum(sizes) if regime.replicated else 0
+        buckets = sum(v.nbytes for v in graph.trainable_params) if regime.replicated else 0  # simulation.trainable_sizes
         sharded = (regime.master_elt // regime.param_elt) * sum(
             padded_shard_bytes(v.nbytes, v.rows, regime.data_parallel) for v in graph.params) \
             if regime.fsdp else 0
@@ -126,7 +125,7 @@ class Derivation:
             temp = max(step.finetune_temporaries(graph, regime), default=0)
         elif regime.data_parallel == 1:
             temp = step.transient(graph, regime)
-        clip = clip_bytes([n for n, _ in step.trainable_shapes(graph)], step.trainable_elt(graph), regime.device,
+        clip = clip_bytes(step.clip_numels(graph, regime), step.trainable_elt(graph), regime.device,
                           regime.granularity) if regime.max_grad_norm is not None else 0
         return {"buckets": ("ddp_buckets", buckets), "sharded": ("weights", sharded),
                 "temp": ("temporaries", temp), "clip": ("temporaries", clip)}
@@ -175,7 +174,7 @@ class Derivation:
                     moments.extend(self._first_optimizer(m, graph, bool(clip)) if "first" in parts else [m])
             out.append(moments)
         regime = self.layout.regime
-        return out[0], out[1], [(v.nbytes // regime.param_elt, v.rows) for v in graph.params]
+        return out[0], out[1], [(v.nbytes // regime.param_elt, v.rows) for v in graph.trainable_params]
 
 
 def _remove(m: Moment, category: str, sizes: list[int]) -> None:

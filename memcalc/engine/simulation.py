@@ -79,7 +79,8 @@ class StepRun:
     moments: list
     """The kept Moments, or with record=True every instant (memcalc.tape.record.RecordingMemory.log)."""
     param_shapes: list[tuple[int, int]]
-    """(elements, dim 0) of each parameter in module order."""
+    """(elements, dim 0) of each trainable parameter in module order (what each rank's optimizer
+    steps; elements of the parameter dtype)."""
     param_sizes: list[int]
     """Bytes of each parameter in module order (what the optimizer's temporaries follow)."""
     layer_starts: list[int]
@@ -116,14 +117,27 @@ def run_steps(model: ModelSpec, regime: Regime) -> tuple[StepRun, StepRun]:
     return tuple(StepRun(moments, shapes, sizes, graph.layer_starts, {}) for moments in both)
 
 
+def trainable_sizes(graph: Graph) -> list[int]:
+    """Bytes of each parameter that requires grad: what DDP's Reducer buckets (torch/nn/parallel/
+    distributed.py _build_params_for_reducer keeps `param.requires_grad` only; frozen base
+    weights and LoRA's frozen linears get no bucket space) and what each rank's optimizer steps.
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, freeze=("transformer.h.*",)))
+    >>> len(trainable_sizes(build_graph(ModelSpec.preset("gpt2").with_(num_layers=1), r)))
+    4
+    """
+    return [v.size.eval(1, 1) for v in graph.trainable_params]
+
+
 def _prepared(model: ModelSpec, regime: Regime, whole: bool) -> tuple:
     """(graph, constant storages, parameter shapes, parameter bytes, Fsdp or None) of a step."""
     graph = build_graph(model, regime)
     constants = device_constants(regime.device)
     sizes = [v.size.eval(1, 1) for v in graph.params]
-    if regime.replicated:  # DDP's gradient buckets: one more copy of every gradient
-        constants["ddp_buckets"] = sum(sizes) if whole else 0
-    shapes = [(nbytes // regime.param_elt, v.rows) for nbytes, v in zip(sizes, graph.params)]
+    if regime.replicated:  # DDP's gradient buckets: one more copy of every trainable gradient
+        constants["ddp_buckets"] = sum(trainable_sizes(graph)) if whole else 0
+    shapes = [(v.size.eval(1, 1) // regime.param_elt, v.rows) for v in graph.trainable_params]
     fsdp = None
     if regime.fsdp:
         fsdp = Fsdp.of(graph, regime)

@@ -21,6 +21,11 @@ ALL_MASKS = ("none", "ones", "padded")
 """TrainingConfig.attention_mask's kinds (a declaration's Supports.attention_masks)."""
 TRAINER_MASKS = ("none", "ones")
 """No mask or an all-ones one (the HF Trainer's default collator on unpadded or packed batches)."""
+LLAMA_TP_PLAN = (("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"), ("self_attn.v_proj", "colwise"),
+                 ("self_attn.o_proj", "rowwise"), ("mlp.gate_proj", "colwise"), ("mlp.up_proj", "colwise"),
+                 ("mlp.down_proj", "rowwise"))
+"""The Megatron plan of PyTorch's TP tutorial and torchtitan's parallelize_llama for a decoder
+layer with separate q/k/v and a gated MLP."""
 LLAMA_KEYS = frozenset({"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                         "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
                         "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
@@ -105,7 +110,12 @@ class Supports:
     tensor_parallel: str = "none"
     """'all' implementations, 'reference' only, or 'none'."""
     tensor_parallel_refusal: tuple[str, str] = ("", "")
-    """(why, fix) when an implementation outside `tensor_parallel` asks for it."""
+    """(why, fix) when an implementation outside `tensor_parallel` asks for it; for 'none', the
+    layer that has no plan and why."""
+    tensor_parallel_plan: tuple[tuple[str, str], ...] = LLAMA_TP_PLAN
+    """Each decoder layer's linears (names relative to the layer) and their style, 'colwise' or
+    'rowwise' (torch.distributed.tensor.parallel ColwiseParallel / RowwiseParallel), as
+    validate.distributed.tensor_parallel applies them to the HF class."""
     sliding: str = "none"
     """'none', 'optional' (Mistral's every-layer rule or Qwen2's max_window_layers), 'patterned'
     (sliding_window with sliding_window_pattern's local/global alternation, always)."""

@@ -82,6 +82,13 @@ class Fsdp:
             self.groups.setdefault(group_of(v.label), []).append(v)
         self.shard = {g: sum(padded_shard_bytes(v.size.eval(1, 1), v.rows, world) for v in vs)
                       for g, vs in self.groups.items()}  # bytes of the padded shard S_g
+        # frozen parameters (freeze, LoRA's base weights) are sharded and all-gathered like the
+        # others, but get no gradient: post_backward reduce-scatters only the group's parameters
+        # with a .grad (_fsdp_param_group.py FSDPParamGroup.post_backward: fsdp_params_with_grad;
+        # none: it returns before foreach_reduce), so the reduce-scatter buffers and the sharded
+        # gradients follow the trainable parameters' padded shards
+        self.grad_shard = {g: sum(padded_shard_bytes(v.size.eval(1, 1), v.rows, world)
+                                  for v in vs if v.requires_grad) for g, vs in self.groups.items()}
         self.whole = True
         """False: the sharded parameters are held as 0 bytes (memcalc.engine.depth adds them per depth)."""
         self.layers = sorted((g for g in self.groups if g != "root"), key=int)
@@ -178,7 +185,10 @@ class Fsdp:
         self._reshard(mem, g)
         if self.rs_input is not None:
             mem.release(self.rs_input)
-        self.rs_input = self._new(mem, self.master * self.world * self.shard[g], "fsdp",
+            self.rs_input = None
+        if not self.grad_shard[g]:  # a wholly frozen group: nothing to reduce
+            return
+        self.rs_input = self._new(mem, self.master * self.world * self.grad_shard[g], "fsdp",
                                   f"reduce-scatter input {g}")
         mem.mark(f"fsdp reduce-scatter {g}")
         for v in self.groups[g]:
@@ -186,16 +196,17 @@ class Fsdp:
             if st is not None:
                 mem.release(st)
         if g in self.sharded_grads:  # a later micro-step: the reduce-scatter output is added
-            out = self._new(mem, self.master * self.shard[g], "fsdp", f"reduce-scatter output {g}")
+            out = self._new(mem, self.master * self.grad_shard[g], "fsdp", f"reduce-scatter output {g}")
             mem.mark(f"fsdp reduce-scatter output {g}")  # into .grad in place, then freed
             mem.release(out)  # (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
             return  # foreach_reduce: sharded_param.grad += new_sharded_grad)
-        self.sharded_grads[g] = self._new(mem, self.master * self.shard[g], "gradients",
+        self.sharded_grads[g] = self._new(mem, self.master * self.grad_shard[g], "gradients",
                                           f"sharded grads {g}")
         mem.mark(f"fsdp sharded grads {g}")
 
     def end_of_backward(self, mem: Memory, param_grads: dict) -> None:
         """The root's post-backward runs in the final callback; then its input is freed."""
         self.post_backward(mem, "root", param_grads)
-        mem.release(self.rs_input)
-        self.rs_input = None
+        if self.rs_input is not None:
+            mem.release(self.rs_input)
+            self.rs_input = None

@@ -45,8 +45,9 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
                             f"use a divisor of {n} (e.g. {some})")
     if training.sequence_parallel and model.implementation != "reference":
         raise NotModelledError("sequence_parallel", "sequence parallelism is modelled (and "
-                               "measured) for the reference models only",
-                               "use implementation='reference' or sequence_parallel=False")
+                               "measured) for the reference models only (the HF classes' norms "
+                               "and attention take keyword arguments no SequenceParallel plan "
+                               "here shards)", "use implementation='reference' or sequence_parallel=False")
     if training.sequence_parallel and training.seq_len % t:
         raise SpecError("seq_len", f"{training.seq_len} tokens do not split evenly over "
                         f"tensor_parallel={t}", f"use a multiple of {t}")
@@ -55,15 +56,17 @@ def check_tensor_parallel(model: ModelSpec, training: TrainingConfig) -> None:
                                "(3-D expert parameters; expert parallelism) is not modelled",
                                "use tensor_parallel=1 with data-parallel sharding (zero1-3)")
     can = declaration(model.family).supports
-    if can.tensor_parallel == "none" or model.qk_norm or model.sliding_window is not None \
-            or model.no_rope_layers:
+    if can.tensor_parallel == "none":
+        why, fix = can.tensor_parallel_refusal
         names = " and ".join(families_with(tensor_parallel="all") + families_with(tensor_parallel="reference"))
-        raise NotModelledError("tensor_parallel", "tensor parallelism is modelled and measured for "
-                               f"the {names} families without sliding windows only (not for "
-                               f"{model.family}, q/k norms, sliding windows or NoPE layers)",
-                               "use tensor_parallel=1 (data parallelism and FSDP are modelled)")
+        raise NotModelledError("tensor_parallel", why or f"tensor parallelism is modelled and measured "
+                               f"for the {names} families, not {model.family}",
+                               fix or "use tensor_parallel=1 (data parallelism and FSDP are modelled)")
     if can.tensor_parallel == "reference" and model.implementation != "reference":
         raise NotModelledError("tensor_parallel", *can.tensor_parallel_refusal)
+    # what a rank runs is the narrower model's program (local_spec): per-head q/k norms (Qwen3's,
+    # Gemma-3's RMSNorm over head_dim) replicated on every rank, sliding-window and NoPE layers
+    # (masks and rotary tables are per token, not per head) need nothing more
 
 
 def local_spec(model: ModelSpec, tensor_parallel: int) -> ModelSpec:

@@ -238,22 +238,49 @@ def _phase_max(moment_set: MomentSet, totals: list[int]) -> dict[str, tuple[int,
     return out
 
 
+def _step_phase(moments: list[Moment], moment_set: MomentSet, totals: list[int], states: int,
+                temps: int, b: int, s: int) -> tuple[int, int]:
+    """(peak, index) of the optimizer phase on a data-parallel rank: every moment holds the rank's
+    optimizer states, and optimizer.step also its temporaries. clip_grad_norm_'s moment holds the
+    norms (its only temporaries: memcalc.tape.step._clip, between backward and the step), freed
+    before the step, which then holds the same storages less the norms (and, being no larger,
+    is not kept as a moment of its own): base + states + max(norms, temps)."""
+    best = None
+    for i in moment_set.by_phase["optimizer"]:
+        if moments[i].label == "clip_grad_norm_":
+            norms = int(moments[i].by_category.get("temporaries", ZERO).eval(b, s))
+            value = totals[i] - norms + states + max(norms, temps)
+        else:
+            value = totals[i] + states + temps
+        best = max(best or (value, i), (value, i))
+    return best
+
+
 def _estimate_ranks(model: ModelSpec, training: TrainingConfig, cands: Candidates, b: int, s: int) -> MemoryReport:
     """Data-parallel ranks: one simulation without the optimizer, then each rank's own
     optimizer states (alive throughout the steady state) and step temporaries."""
-    steady = _phase_max(cands.steady_set, cands.steady_set.rounded_totals(b, s))
-    first = _phase_max(cands.first_set, cands.first_set.rounded_totals(b, s))
+    steady_totals = cands.steady_set.rounded_totals(b, s)
+    first_totals = cands.first_set.rounded_totals(b, s)
+    steady = _phase_max(cands.steady_set, steady_totals)
+    first = _phase_max(cands.first_set, first_totals)
     reports = []
     for states, temps in rank_optimizer_bytes_all(cands.param_shapes, cands.param_elt, cands.regime):
         extra = {"forward": states, "backward": states, "optimizer": states + temps}
         phases = {p: v + extra[p] for p, (v, _) in steady.items()}
-        first_peak = max(v + (states + temps if p == "optimizer" else 0) for p, (v, _) in first.items())
+        at = {p: i for p, (_, i) in steady.items()}
+        if "optimizer" in steady and temps:  # clip_grad_norm_'s norms are freed before the step's temporaries
+            phases["optimizer"], at["optimizer"] = _step_phase(cands.steady, cands.steady_set, steady_totals,
+                                                               states, temps, b, s)
+        first_peak = max(v + (states if p == "optimizer" else 0) for p, (v, _) in first.items())
+        if "optimizer" in first:
+            first_peak = max(first_peak, _step_phase(cands.first, cands.first_set, first_totals, states, temps, b, s)[0])
         phase = max(phases, key=phases.get)
-        moment = cands.steady[steady[phase][1]]
+        moment = cands.steady[at[phase]]
         components = _components(moment, b, s, steady[phase][0])
         components["optimizer"] = components.get("optimizer", 0) + states
         if phase == "optimizer" and temps:
-            components["temporaries"] = components.get("temporaries", 0) + temps
+            norms = components.get("temporaries", 0) if moment.label == "clip_grad_norm_" else 0
+            components["temporaries"] = components.get("temporaries", 0) - norms + max(norms, temps)
         reports.append((phases[phase], phase, moment.label, phases, components, first_peak))
     peak, phase, label, phases, components, _ = max(reports, key=lambda r: r[0])
     # global rank = dp index * tensor_parallel + tp index (a (dp, tp) mesh, row-major); the

@@ -68,8 +68,7 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
                                "measured without frozen parameters or LoRA", "drop hf_trainer, or train "
                                "every parameter")
     if tuned and training.world_size > 1:
-        raise NotModelledError("world_size", "frozen parameters and LoRA are modelled on one rank",
-                               "use world_size 1")
+        check_finetuning_ranks(training)
     if lora is None:
         return
     if model.implementation != "hf":
@@ -97,6 +96,42 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
         if hits == ["lm_head"] and model.tie_embeddings:
             raise NotModelledError("lora.targets", "LoRA on an lm_head tied to the embedding is "
                                    "not modelled", "drop lm_head from the targets")
+
+
+def check_finetuning_ranks(training: TrainingConfig) -> None:
+    """Frozen parameters and LoRA across ranks: modelled and measured (dist-ci) under DDP
+    (sharding none: the Reducer buckets the trainable gradients only) and FSDP2 (zero2/zero3:
+    frozen parameters sharded and all-gathered, only the trainable ones reduce-scattered), with
+    tensor_parallel 1, a full-precision base and no MixedPrecisionPolicy.
+
+    >>> from memcalc.inputs.lora import LoRA
+    >>> check_finetuning_ranks(TrainingConfig(micro_batch=1, seq_len=8, world_size=2, sharding="zero1",
+    ...     lora=LoRA()))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.NotModelledError: sharding: ZeroRedundancyOptimizer partitions frozen ...
+    """
+    field = "lora" if training.lora is not None else "freeze"
+    if training.quantization != "none":
+        raise NotModelledError("quantization", "QLoRA across ranks (FSDP-QLoRA's bnb_4bit_quant_storage "
+                               "Params4bit sharded by fully_shard) is not measured: bitsandbytes' "
+                               "Linear4bit on CPU quantises at .to(device) and FSDP2's DTensor shards of "
+                               "packed uint8/bf16 storage are not validated here", "use world_size 1")
+    if training.sharding == "zero1":
+        raise NotModelledError("sharding", "ZeroRedundancyOptimizer partitions frozen parameters "
+                               "too (a rank may own only frozen ones); not measured with "
+                               f"{field}", "use sharding none (DDP) or zero2/zero3 (FSDP2)")
+    if training.tensor_parallel > 1:
+        raise NotModelledError(field, "frozen parameters and LoRA under tensor parallelism "
+                               "(peft's lora_A/lora_B beside DTensor weights) are not modelled",
+                               "use tensor_parallel 1")
+    if training.fsdp_mixed_precision:
+        raise NotModelledError(field, "frozen parameters and LoRA under FSDP2's "
+                               "MixedPrecisionPolicy are not measured", "drop fsdp_mixed_precision")
+    if training.lora is not None and training.sharding in ("zero2", "zero3") and training.precision == "bf16":
+        raise NotModelledError("precision", "LoRA under FSDP2 at precision bf16 puts fp32 adapters "
+                               "and bf16 base weights in one parameter group (fully_shard wants one "
+                               "dtype per group)", "use precision fp32 or bf16-amp")
 
 
 def check_freeze(model_params: list[str], patterns: tuple[str, ...]) -> None:

@@ -15,6 +15,7 @@ from memcalc.tape.graph import Graph, Storage
 from memcalc.allocator.rules import round_up
 from memcalc.tape import finetune_optim as ft
 from memcalc.tape.optimizer import clip_bytes, step_scalar_bytes, transient_bytes
+from memcalc.parallel.fsdp import rank_elements
 from memcalc.tape.ledger import Memory
 from memcalc.tape.moment import Moment
 from memcalc.tape.simulate import StepSimulator
@@ -142,12 +143,28 @@ def _finetune_optimizer(mem: Memory, graph: Graph, regime: Regime, first_step: b
             mem.hold(st)
 
 
+def clip_numels(graph: Graph, regime: Regime) -> list[int]:
+    """Elements of each gradient clip_grad_norm_ takes a norm of: the whole trainable parameters;
+    under FSDP2 the rank's local shards (Shard(0) DTensors: torch._foreach_norm runs on the local
+    tensors, each norm a Partial 0-dim DTensor; rank 0 holds the largest chunks). On CPU only their
+    count matters (memcalc.tape.optimizer.clip_bytes).
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> g = Graph(); _ = g.param("w", Poly.const(40), 4); g.params[0].rows = 5
+    >>> clip_numels(g, Regime.of(TrainingConfig(micro_batch=1, seq_len=8, world_size=2, sharding="zero3")))
+    [6]
+    """
+    shapes = trainable_shapes(graph)
+    if regime.fsdp:
+        return [rank_elements(n, rows, regime.data_parallel, 0) for n, rows in shapes]
+    return [n for n, _ in shapes]
+
+
 def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
     """clip_grad_norm_ between backward and optimizer.step (memcalc.tape.optimizer.clip_bytes)."""
     if regime.max_grad_norm is None:
         return
-    numels = [n for n, _ in trainable_shapes(graph)]
-    nbytes = clip_bytes(numels, trainable_elt(graph), regime.device, regime.granularity)
+    nbytes = clip_bytes(clip_numels(graph, regime), trainable_elt(graph), regime.device, regime.granularity)
     tmp = Storage(Poly.const(nbytes), "temporaries", "clip_grad_norm_ norms")
     mem.hold(tmp)
     mem.mark("clip_grad_norm_")

@@ -46,6 +46,22 @@ def llama_plan(sequence_parallel: bool) -> dict:
     return plan
 
 
+def declared_plan(spec) -> dict:
+    """Per-layer plan of an HF class: its family declaration's Supports.tensor_parallel_plan
+    (memcalc.families.declaration.LLAMA_TP_PLAN for the Llama-shaped classes).
+
+    >>> from memcalc.inputs.specs import ModelSpec
+    >>> sorted(declared_plan(ModelSpec.preset("gemma-2-2b")))[:2]
+    ['mlp.down_proj', 'mlp.gate_proj']
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from memcalc.families.registry import declaration
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    return {name: styles[style]() for name, style in declaration(spec.family).supports.tensor_parallel_plan}
+
+
 def gpt2_plan(sequence_parallel: bool) -> dict:
     """Per-block plan of validate.models.reference.GPT2Block (keys relative to the block)."""
     from torch.distributed.tensor import Replicate, Shard
@@ -89,7 +105,8 @@ def apply_tensor_parallel(model, spec, tp: int, sequence_parallel: bool, mesh=No
     from torch.distributed.tensor.parallel import parallelize_module
 
     mesh = mesh if mesh is not None else init_device_mesh("cpu", (tp,))
-    plan = (gpt2_plan if spec.family == "gpt2" else llama_plan)(sequence_parallel)
+    plan = (gpt2_plan(sequence_parallel) if spec.family == "gpt2" else
+            llama_plan(sequence_parallel) if spec.implementation == "reference" else declared_plan(spec))
     for block in decoder_layers(model):
         if spec.family == "gpt2":
             attn = block.attn.c_attn

@@ -20,7 +20,7 @@ _BUILDER = "validate.models.hf:gemma_config"
 GEMMA = FamilyDeclaration(
     "gemma", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma", "GemmaConfig", "GemmaForCausalLM", reader=_READER, modelled=_KEYS),),
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True),
+    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True, tensor_parallel="all"),
     activations=("gelu_tanh",),
     biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA2 = FamilyDeclaration(
@@ -32,7 +32,7 @@ GEMMA2 = FamilyDeclaration(
                       default_attention="eager",  # modeling_gemma2.py: _supports_sdpa = False
                       sliding="patterned", attn_softcap=True, logit_softcap=True,
                       trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True,
-                      use_cache=True),
+                      use_cache=True, tensor_parallel="all"),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA3 = FamilyDeclaration(
     "gemma3", programs={"hf": "hf_gemma:PROGRAM"},
@@ -40,7 +40,8 @@ GEMMA3 = FamilyDeclaration(
                      modelled=_KEYS2 | {"sliding_window_pattern", "_sliding_window_pattern"}),),
     sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True,
                                            trainer_inputs=True, attention_masks=TRAINER_MASKS,
-                                           windowed_call_path=True, use_cache=True),
+                                           windowed_call_path=True, use_cache=True,
+                                           tensor_parallel="all"),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 DECLARATIONS = (GEMMA, GEMMA2, GEMMA3)
 

@@ -23,7 +23,12 @@ GPT_NEOX = FamilyDeclaration(
     block_parameters="memcalc.formulas.parameters:gpt_neox_block", outer_parameters="layernorm",
     supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS,
                       dropouts=frozenset({"embd", "attn", "resid"}), partial_rotary=True,
-                      parallel_residual=True, grouped_query=False, intermediate_required=False),
+                      parallel_residual=True, grouped_query=False, intermediate_required=False,
+                      tensor_parallel_refusal=("GPT-NeoX's fused attention.query_key_value (per-head "
+                                               "[q k v] rows) and attention.dense have no column/row "
+                                               "split in memcalc's GPT-NeoX program (not modelled or "
+                                               "measured)", "use tensor_parallel=1 (data parallelism "
+                                               "and FSDP are modelled)")),
     activations=("gelu", "gelu_new", "gelu_tanh"), biases=((False, False, True), (True, True, True)),
     check="memcalc.families.declarations.gpt_neox:check", builder="validate.models.hf:gpt_neox_config")
 DECLARATIONS = (GPT_NEOX,)

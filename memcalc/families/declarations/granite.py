@@ -11,7 +11,7 @@ GRANITE = FamilyDeclaration(
                      reader="memcalc.families.declarations.granite:fields",
                      modelled=LLAMA_KEYS | {"embedding_multiplier", "residual_multiplier",
                                             "attention_multiplier", "logits_scaling"}),),
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True),
+    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True, tensor_parallel="all"),
     biases=tuple((q, q, m) for q in (False, True) for m in (False, True)),
     builder="validate.models.hf:granite_config")
 DECLARATIONS = (GRANITE,)

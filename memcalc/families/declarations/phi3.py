@@ -24,7 +24,13 @@ PHI3 = FamilyDeclaration(
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.formulas.parameters:phi3_block",
     supports=Supports(
-        trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}), partial_rotary=True),
+        trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}), partial_rotary=True,
+        # Phi3Attention slices the fused qkv_proj output at config.num_attention_heads * head_dim
+        # and Phi3MLP chunks gate_up_proj in two (modeling_phi3.py): a column shard of either
+        # fused weight breaks those offsets
+        tensor_parallel_refusal=("Phi-3's fused self_attn.qkv_proj (split at the config's head "
+                                 "counts) and mlp.gate_up_proj have no tensor-parallel plan",
+                                 "use tensor_parallel=1 (data parallelism and FSDP are modelled)")),
     builder="validate.models.hf:phi3_config")
 DECLARATIONS = (PHI3,)
 

@@ -27,7 +27,14 @@ STABLELM = FamilyDeclaration(
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.families.declarations.stablelm:block_parameters", outer_parameters="layernorm",
     supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}),
-                      partial_rotary=True, parallel_residual=True),
+                      partial_rotary=True, parallel_residual=True,
+                      # StableLmAttention views q/k/v with self.num_heads (the config's, not -1,
+                      # modeling_stablelm.py) and reshapes its output to hidden_size
+                      tensor_parallel_refusal=("StableLM's self_attn views q_proj/k_proj/v_proj "
+                                               "outputs at the config's num_heads, which a column "
+                                               "split of them cannot meet: no tensor-parallel plan",
+                                               "use tensor_parallel=1 (data parallelism and FSDP "
+                                               "are modelled)")),
     biases=((False, False, False), (True, False, False)),
     check="memcalc.families.declarations.stablelm:check",
     builder="memcalc.families.declarations.stablelm:hf_config")
