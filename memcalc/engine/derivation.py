@@ -116,7 +116,8 @@ class Derivation:
         DDP's buckets and FSDP's shards (memcalc.engine.simulation.run_step), clipping's norms and the
         optimizer's temporaries in the steady state (memcalc.tape.step, its own functions)."""
         regime = self.layout.regime
-        buckets = sum(v.nbytes for v in graph.trainable_params) if regime.replicated else 0  # simulation.trainable_sizes
+        # DDP buckets the trainable gradients only (memcalc.engine.simulation.trainable_sizes)
+        buckets = sum(v.nbytes for v in graph.trainable_params) if regime.replicated else 0
         sharded = (regime.master_elt // regime.param_elt) * sum(
             padded_shard_bytes(v.nbytes, v.rows, regime.data_parallel) for v in graph.params) \
             if regime.fsdp else 0

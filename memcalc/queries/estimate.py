@@ -273,10 +273,11 @@ def _estimate_ranks(model: ModelSpec, training: TrainingConfig, cands: Candidate
                                                                states, temps, b, s)
         first_peak = max(v + (states if p == "optimizer" else 0) for p, (v, _) in first.items())
         if "optimizer" in first:
-            first_peak = max(first_peak, _step_phase(cands.first, cands.first_set, first_totals, states, temps, b, s)[0])
+            step = _step_phase(cands.first, cands.first_set, first_totals, states, temps, b, s)
+            first_peak = max(first_peak, step[0])
         phase = max(phases, key=phases.get)
         moment = cands.steady[at[phase]]
-        components = _components(moment, b, s, steady[phase][0])
+        components = _components(moment, b, s, steady_totals[at[phase]])
         components["optimizer"] = components.get("optimizer", 0) + states
         if phase == "optimizer" and temps:
             norms = components.get("temporaries", 0) if moment.label == "clip_grad_norm_" else 0
