@@ -39,7 +39,7 @@ def wrap(trainee: Trainee, job: DistJob) -> dict:
         tp_info = apply_tensor_parallel(trainee.model, job.spec, tp,
                                         job.training.sequence_parallel, mesh["tp"])
         if job.world_size == tp:
-            trainee.optimizer = make_optimizer(trainee.model.parameters(), job.training)
+            trainee.optimizer = make_optimizer(_trained(trainee.model), job.training)
             return tp_info
         dp_mesh = mesh["dp"]
     if job.sharding in ("none", "zero1"):
@@ -62,7 +62,7 @@ def wrap_ddp(trainee: Trainee, job: DistJob) -> dict:
                     "gradient_as_bucket_view": job.gradient_as_bucket_view,
                     "broadcast_buffers": ddp.broadcast_buffers}}
     if job.sharding == "none":
-        trainee.optimizer = make_optimizer(ddp.parameters(), job.training)
+        trainee.optimizer = make_optimizer(_trained(ddp), job.training)
     else:
         trainee.optimizer, info["zero1"] = _zero_optimizer(ddp, job)
     return info
@@ -81,7 +81,7 @@ def wrap_fsdp2(trainee: Trainee, job: DistJob, mesh=None) -> dict:
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, **_mp(job))
     fully_shard(model, mesh=mesh, reshard_after_forward=root, **_mp(job))
-    trainee.optimizer = make_optimizer(model.parameters(), job.training)
+    trainee.optimizer = make_optimizer(_trained(model), job.training)
     return {"fsdp2": {"reshard_after_forward": reshard, "root_reshard_after_forward": root,
                       "groups": len(decoder_layers(model)) + 1,
                       "local_param_bytes": _local_param_bytes(model)}}
@@ -96,6 +96,12 @@ def after_run(trainee: Trainee) -> dict:
     return {"ddp_buckets": {"bucket_sizes": logged.get("bucket_sizes"),
                             "rebuilt_bucket_sizes": logged.get("rebuilt_bucket_sizes"),
                             "has_rebuilt_buckets": logged.get("has_rebuilt_buckets")}}
+
+
+def _trained(model) -> list:
+    """The parameters the optimizer gets: those that require grad (frozen ones and LoRA's base
+    weights left out, as validate.measure.step.build_trainee and the HF Trainer pass them)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _loss_through(module, implementation: str, training) -> Callable:

@@ -71,6 +71,8 @@ TOLERANCES: dict[str, Bound] = {
     "call-paths-by-family": SINGLE_DEVICE,  # -0.0006% (cpf37), measured on the callpath branch
     "data-parallel": DISTRIBUTED,           # -0.0002% (famb-olmo2-W2-zero2)
     "tensor-parallel": DISTRIBUTED,         # -0.0004% (gpt2-ref-untied-TP4-bf16-selective-adam-fused)
+    "tensor-parallel-families": DISTRIBUTED,  # -0.0006% (tpf-granite-TP2-bf16-foreach)
+    "finetune-ranks": DISTRIBUTED,          # measured below
     "gpu-quick": CUDA,                      # not measured
     "gpu-full": CUDA,                       # not measured
     "fresh-sweep": SINGLE_DEVICE,           # scripts/fresh_sweep.py's recorded rows, not a matrix: -0.0072%
