@@ -1,5 +1,6 @@
 """Megatron-style tensor parallelism (torch.distributed.tensor.parallel) of the reference models
-and HF Llama.
+and the HF classes whose family declares a plan (memcalc.families.declaration
+Supports.tensor_parallel_plan).
 
 The plans follow PyTorch's TP tutorial and torchtitan (torchtitan/models/llama/parallelize_llama.py):
 attention q/k/v (GPT-2: the fused c_attn) and the MLP's first projections are ColwiseParallel
