@@ -72,8 +72,8 @@ TOLERANCES: dict[str, Bound] = {
     "data-parallel": DISTRIBUTED,           # -0.0002% (famb-olmo2-W2-zero2)
     "tensor-parallel": DISTRIBUTED,         # -0.0004% (gpt2-ref-untied-TP4-bf16-selective-adam-fused)
     "tensor-parallel-families": DISTRIBUTED,  # -0.0006% (tpf-granite-TP2-bf16-foreach)
-    "finetune-ranks": DISTRIBUTED,          # -0.0063% (ftr-llama-hf-W2-none-lora-all-clip-bf16-fused: 148 B)
-    "finetune-ranks-extra": DISTRIBUTED,    # -0.0022% (ftr-llama-hf-W4-zero2-lora-bf16-amp-per-layer: 148 B)
+    "finetune-ranks": DISTRIBUTED,          # -0.0002% (ftr-llama-hf-W2-none-lora-all-clip-bf16-fused)
+    "finetune-ranks-extra": DISTRIBUTED,    # -0.0001% (ftr-llama-hf-W2-none-lora)
     "gpu-quick": CUDA,                      # not measured
     "gpu-full": CUDA,                       # not measured
     "fresh-sweep": SINGLE_DEVICE,           # scripts/fresh_sweep.py's recorded rows, not a matrix: -0.0072%
