@@ -131,15 +131,15 @@ def gpus_option(training: TrainingConfig, world_size: int) -> Option:
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> gpus_option(TrainingConfig(micro_batch=4, seq_len=8, max_grad_norm=1.0), 4).fields
-    {'world_size': 4, 'sharding': 'zero3', 'max_grad_norm': None}
+    {'world_size': 4, 'sharding': 'zero3'}
     """
     fields = {"world_size": world_size * training.tensor_parallel, "sharding": "zero3"}
     text = (f"{world_size} GPUs with ZeRO-3 sharding (FSDP2 fully_shard or DeepSpeed stage 3); "
             f"each keeps micro-batch {training.micro_batch}, so a step sees {world_size}x the sequences "
             f"unless accumulation is cut")
-    if training.max_grad_norm is not None:  # refusals: clipping is modelled on one process
-        fields["max_grad_norm"] = None
-        text += " (estimated without gradient clipping, which memcalc models on one process)"
+    if training.max_grad_norm is not None and training.tensor_parallel > 1:  # refusals.step: clipping
+        fields["max_grad_norm"] = None  # is modelled under DDP, ZeRO-1 and FSDP2, not tensor parallelism
+        text += " (estimated without gradient clipping, which memcalc does not model with tensor parallelism)"
     return Option("gpus", fields, HARDWARE, text)
 
 
