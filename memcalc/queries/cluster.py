@@ -115,17 +115,21 @@ class Layout:
 def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_batch: int,
                  basis: str = "allocated", utilisation: float = DEFAULT_UTILISATION,
                  links: Links = Links(), precisions: Sequence[str] | None = None,
-                 checkpointing: Sequence[str] = CHECKPOINTING) -> list[Layout]:
+                 checkpointing: Sequence[str] = CHECKPOINTING, budget: int | str | None = None) -> list[Layout]:
     """Every layout of `training` on `gpus` (COUNTxGPU) whose every rank fits, fastest first.
 
     training's shape fields give seq_len (micro_batch is searched); its precision is kept unless
     `precisions` lists several; its other fields (optimizer, attention, ...) are kept.
-    utilisation is the model FLOPs utilisation (MFU) the compute term assumes.
+    utilisation is the model FLOPs utilisation (MFU) the compute term assumes. `budget` (bytes, a
+    size such as '24GiB') replaces the GPU's usable memory per rank (memcalc.inputs.gpus.parse_budget).
     """
     from memcalc.queries.planner import _check
     from memcalc.inputs.training import PRECISIONS
 
+    from memcalc.inputs.gpus import parse_budget
+
     cluster = parse_cluster(gpus)
+    limit = cluster.gpu.usable_bytes if budget is None else parse_budget(budget)
     _check(global_batch, training.seq_len, utilisation)
     _check_basis(basis)
     _check_training(training)
@@ -145,19 +149,19 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
             if peak_tflops is None:
                 continue  # e.g. bf16 on V100
             for sharding in shardings:
-                if _states_alone_exceed(model, training, tp, dp, sharding, precision, cluster.gpu):
+                if _states_alone_exceed(model, training, tp, dp, sharding, precision, limit):
                     continue
                 for mode in checkpointing:
                     t = training.with_(world_size=cluster.count, tensor_parallel=tp, sharding=sharding,
                                        precision=precision, checkpointing=mode, checkpoint_every=None,
                                        micro_batch=1, grad_accum=1)
-                    layouts += _fitting(model, t, cluster, global_batch // dp, peak_tflops * 1e12 * utilisation,
-                                        links, global_batch)
+                    layouts += _fitting(model, t, cluster, limit, global_batch // dp,
+                                        peak_tflops * 1e12 * utilisation, links, global_batch)
     return sorted(layouts, key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
 
 
 def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, tp: int, dp: int, sharding: str,
-                         precision: str, card: GPU) -> bool:
+                         precision: str, budget: int) -> bool:
     """A lower bound of every rank's optimizer.step() exceeds the GPU, so no checkpointing or
     micro-batch can fit (planner._states_alone_exceed, per rank): DDP and ZeRO-1 hold the whole
     weights and gradients of a tensor-parallel rank, FSDP2 at least 1/dp of its weights,
@@ -167,7 +171,7 @@ def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, tp: int, dp
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> from memcalc.inputs.gpus import GPUS
     >>> m, t = ModelSpec.preset("llama-2-70b"), TrainingConfig(micro_batch=1, seq_len=8)
-    >>> [_states_alone_exceed(m, t, 1, 64, sh, "bf16-amp", GPUS["H100-80GB"]) for sh in ("zero1", "zero3")]
+    >>> [_states_alone_exceed(m, t, 1, 64, sh, "bf16-amp", GPUS["H100-80GB"].usable_bytes) for sh in ("zero1", "zero3")]
     [True, False]
     """
     from memcalc.engine.regime import param_element_size
@@ -181,7 +185,7 @@ def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, tp: int, dp
         bound = 2 * params * param_element_size(precision)
     else:
         bound = model_state_bytes(params // dp, precision, training.optimizer, training.device)
-    return bound > card.usable_bytes
+    return bound > budget
 
 
 def _check_basis(basis: str) -> None:
@@ -226,13 +230,12 @@ def _meshes(model: ModelSpec, training: TrainingConfig, count: int, links: Links
     return out
 
 
-def _fitting(model: ModelSpec, t: TrainingConfig, cluster: Cluster, local_batch: int,
+def _fitting(model: ModelSpec, t: TrainingConfig, cluster: Cluster, budget: int, local_batch: int,
              flops_per_s: float, links: Links, global_batch: int) -> list[Layout]:
     """The micro-batches dividing `local_batch` whose every rank fits, each with its step time."""
     from memcalc.engine.run import candidates
     from memcalc.parallel.tensor import local_spec
 
-    budget = cluster.gpu.usable_bytes
     micros = [m for m in range(1, local_batch + 1) if local_batch % m == 0]
     try:
         accum_c = candidates(model, t.with_(grad_accum=2))
