@@ -99,3 +99,27 @@ def test_even_split(n, k):
     parts = stage_layers(n, k)
     assert [i for r in parts for i in r] == list(range(n))
     assert max(map(len, parts)) - min(map(len, parts)) <= 1 and len(parts[0]) >= len(parts[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved-zero-bubble", 2)])
+def test_split_computes_the_models_loss_on_gloo(schedule, v):
+    """The hand split (validate.distributed.pipeline) runs under torch's schedule on 2 gloo
+    ranks and its micro-batch losses average to the unsplit model's loss (1e-5)."""
+    torch = pytest.importorskip("torch")
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
+    from validate.distributed.pipeline import measure_pipeline
+    from validate.models.reference import build_reference
+
+    spec = ModelSpec.make(family="llama", vocab_size=96, hidden_size=32, num_layers=4, num_heads=2,
+                          intermediate_size=64, implementation="reference", tie_embeddings=False)
+    training = TrainingConfig(micro_batch=4, seq_len=16, device="cpu")
+    torch.manual_seed(0)
+    whole = build_reference(spec, training)
+    ids = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(1))
+    expected = float(whole(ids, ids).detach())
+    ranks = measure_pipeline(spec, training, 2, schedule, 4 // v, stages_per_rank=v)
+    losses = ranks[-1]["losses"] if ranks[-1]["losses"] else ranks[0]["losses"]
+    assert len(losses) == 4 // v and sum(losses) / len(losses) == pytest.approx(expected, abs=1e-5)
+    assert all(r["peak_bytes"] >= r["built_bytes"] for r in ranks)
