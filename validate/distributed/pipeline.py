@@ -34,7 +34,7 @@ def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, sch
     on `stages` gloo ranks; per rank: peak_bytes (steady state, steps >= 2), first_step_peak_bytes,
     losses (the last rank's per-micro-batch losses of the first step), in rank order."""
     check_pipeline(spec.num_layers, stages, schedule, microbatches, stages_per_rank, boundaries)
-    if spec.implementation != "reference" or spec.family not in ("gpt2", "llama") or spec.tie_embeddings:
+    if spec.implementation != "reference" or spec.tie_embeddings:  # the reference models: GPT-2, Llama
         raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
                            "Llama only (a tied head would span the first and last stages)",
                            "use implementation='reference', tie_embeddings=False")
