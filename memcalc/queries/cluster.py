@@ -139,11 +139,16 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
         if not given or any(x not in known for x in given):
             raise MemcalcError(name, f"{list(given)} is not a list of {', '.join(known)}",
                                f"pass a subset of {list(known)}")
+    meshes = [(tp, sh) for tp, sh in _meshes(model, training, cluster.count, links)
+              if global_batch % (cluster.count // tp) == 0]  # each data-parallel rank: as many sequences
+    if not meshes:
+        degrees = sorted({cluster.count // tp for tp, _ in _meshes(model, training, cluster.count, links)})
+        raise MemcalcError("global_batch", f"{global_batch} sequences do not split evenly over any data-parallel "
+                           f"degree of {cluster.count} GPUs ({', '.join(map(str, degrees))})",
+                           f"use a multiple of {degrees[0]}")
     layouts = []
-    for tp, shardings in _meshes(model, training, cluster.count, links):
+    for tp, shardings in meshes:
         dp = cluster.count // tp
-        if global_batch % dp:
-            continue  # every data-parallel rank takes the same number of sequences
         for precision in chosen:
             peak_tflops = cluster.gpu.tflops(precision)
             if peak_tflops is None:
