@@ -59,7 +59,8 @@ def test_cluster_strings_refused(text):
 def test_bad_input_refused():
     t = memcalc.TrainingConfig(micro_batch=1, seq_len=64)
     for kwargs, name in (({"basis": "device"}, "basis"), ({"basis": "x"}, "basis"),
-                         ({"global_batch": 0}, "global_batch"), ({"global_batch": 4}, "global_batch"), ({"utilisation": 2.0}, "utilisation"),
+                         ({"global_batch": 0}, "global_batch"), ({"global_batch": 4}, "global_batch"),
+                         ({"utilisation": 2.0}, "utilisation"),
                          ({"precisions": ["fp8"]}, "precisions")):
         args = {"gpus": "8xL4", "global_batch": 8, **kwargs}
         with pytest.raises(MemcalcError) as err:

@@ -83,7 +83,7 @@ def test_refusals():
     for args, field in (((4, 8, "1f1b", 8), "pipeline_parallel"), ((32, 4, "1f1b", 3), "num_microbatches"),
                         ((32, 4, "interleaved-1f1b", 9, 2), "num_microbatches"),
                         ((32, 4, "zb", 4), "pipeline_schedule"),
-                        ((32, 4, "interleaved-1f1b", 8, 1), "stages_per_rank"),
+                        ((32, 4, "interleaved-1f1b", 8, 1), "pipeline_stages_per_rank"),
                         ((32, 4, "gpipe", 0), "num_microbatches"),
                         ((32, 4, "gpipe", 4, 1, [8, 8, 16]), "stage_boundaries"),
                         ((32, 4, "gpipe", 4, 1, [8, 16]), "stage_boundaries")):
@@ -123,3 +123,24 @@ def test_split_computes_the_models_loss_on_gloo(schedule, v):
     losses = ranks[-1]["losses"] if ranks[-1]["losses"] else ranks[0]["losses"]
     assert len(losses) == 4 // v and sum(losses) / len(losses) == pytest.approx(expected, abs=1e-5)
     assert all(r["peak_bytes"] >= r["built_bytes"] for r in ranks)
+
+
+def test_training_config_pipeline_fields():
+    """estimate() refuses bad pipeline input by name, and the rest as not modelled (one line)."""
+    import memcalc
+
+    gpt2 = memcalc.ModelSpec.preset("gpt2")
+    base = dict(micro_batch=8, seq_len=64, world_size=4, pipeline_parallel=4)
+    for extra, field in (({"num_microbatches": 8}, "pipeline_parallel"), ({"num_microbatches": 2}, "num_microbatches"),
+                         ({"num_microbatches": 3}, "num_microbatches"),
+                         ({"num_microbatches": 8, "stage_boundaries": (3, 6)}, "stage_boundaries"),
+                         ({"num_microbatches": 8, "pipeline_parallel": 16, "world_size": 16}, "pipeline_parallel")):
+        with pytest.raises(MemcalcError) as err:
+            memcalc.estimate(gpt2, memcalc.TrainingConfig(**{**base, **extra}))
+        assert err.value.field == field, (extra, err.value)
+    for fields, field in (({"micro_batch": 1, "seq_len": 8, "num_microbatches": 2}, "num_microbatches"),
+                          ({**base}, "num_microbatches"),
+                          ({**base, "num_microbatches": 4, "world_size": 6}, "world_size")):
+        with pytest.raises(MemcalcError) as err:
+            memcalc.TrainingConfig(**fields)
+        assert err.value.field == field

@@ -56,15 +56,15 @@ def check_pipeline(num_layers: int, stages: int, schedule: str, microbatches: in
     if schedule not in SCHEDULES:
         raise MemcalcError("pipeline_schedule", f"unknown schedule {schedule!r}", f"use one of {list(SCHEDULES)}")
     for name, value in (("pipeline_parallel", stages), ("num_microbatches", microbatches),
-                        ("stages_per_rank", stages_per_rank)):
+                        ("pipeline_stages_per_rank", stages_per_rank)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise MemcalcError(name, f"must be an integer >= 1, got {value!r}", f"pass a positive {name}")
     if schedule in MULTI and stages_per_rank < 2:
-        raise MemcalcError("stages_per_rank", f"{SCHEDULES[schedule]} runs several stages per rank, got "
-                           f"{stages_per_rank}", "use stages_per_rank >= 2 (or schedule 1f1b)")
+        raise MemcalcError("pipeline_stages_per_rank", f"{SCHEDULES[schedule]} runs several stages per rank, got "
+                           f"{stages_per_rank}", "use pipeline_stages_per_rank >= 2 (or schedule 1f1b)")
     if schedule not in MULTI and stages_per_rank != 1:
-        raise MemcalcError("stages_per_rank", f"Schedule{SCHEDULES[schedule]} runs one stage per rank, got "
-                           f"{stages_per_rank}", "use stages_per_rank=1 or interleaved-1f1b")
+        raise MemcalcError("pipeline_stages_per_rank", f"Schedule{SCHEDULES[schedule]} runs one stage per rank, got "
+                           f"{stages_per_rank}", "use pipeline_stages_per_rank=1 or interleaved-1f1b")
     total = stages * stages_per_rank
     if total > num_layers:
         raise MemcalcError("pipeline_parallel", f"{total} stages for {num_layers} layers",

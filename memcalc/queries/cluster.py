@@ -204,7 +204,7 @@ def _check_basis(basis: str) -> None:
 def _check_training(training: TrainingConfig) -> None:
     """The fields the planner sets itself must be left at their defaults."""
     for name, default in (("world_size", 1), ("tensor_parallel", 1), ("sharding", "none"),
-                          ("sequence_parallel", False)):
+                          ("sequence_parallel", False), ("pipeline_parallel", 1)):
         if getattr(training, name) != default:
             raise MemcalcError(name, f"the planner searches {name} itself, got {getattr(training, name)!r}",
                                f"leave {name} at its default ({default!r})")
