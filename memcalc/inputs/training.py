@@ -46,6 +46,10 @@ QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
 EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+PIPELINE_DEFAULTS = {"pipeline_parallel": 1, "pipeline_schedule": "1f1b", "num_microbatches": None,
+                     "pipeline_stages_per_rank": 1, "stage_boundaries": None}
+"""The pipeline fields at their defaults: no pipeline (validate's case keys leave them out, so
+that rows recorded before the fields existed still match)."""
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -283,8 +287,7 @@ def _check_pipeline_fields(training: TrainingConfig) -> None:
     rows of tensor_parallel x pipeline_parallel."""
     pp = training.pipeline_parallel
     if pp == 1:
-        for name, default in (("pipeline_schedule", "1f1b"), ("num_microbatches", None),
-                              ("pipeline_stages_per_rank", 1), ("stage_boundaries", None)):
+        for name, default in PIPELINE_DEFAULTS.items():
             if getattr(training, name) != default:
                 raise ValueError(f"{name} needs pipeline_parallel > 1")
         return
