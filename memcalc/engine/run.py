@@ -39,6 +39,9 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
     True
     """
+    traced = getattr(model, "traced_candidates", None)
+    if traced is not None:  # a program traced from the user's nn.Module (memcalc.traced)
+        return traced(training)
     try:
         key = cache_key(model, training)
         found = CACHE.get(key)

@@ -9,6 +9,7 @@ norms and separate rotary tables for local and global layers).
 """
 from __future__ import annotations
 
+from itertools import count
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
@@ -199,6 +200,36 @@ class ModelSpec(FrozenModel):
 
         return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
 
+    @classmethod
+    def from_module(cls, factory, inputs: int, loss=None, *, name: str = "module",
+                    num_layers: int = 1) -> "ModelSpec":
+        """A model traced from your own nn.Module (memcalc.traced; needs torch when estimated).
+
+        `factory()` (or `factory(training)`, to apply `training.checkpointing` itself) builds the
+        model; it is called under FakeTensorMode, so no weight is ever allocated. `inputs` is the
+        vocabulary of the (b, s) int64 token ids the step feeds it; `loss(model, ids)` returns the
+        0-d loss (default: `model(ids)`, its `.loss`, or the last item of a tuple). The step is the
+        validator's: the batch, forward (autocast for the amp precisions), backward, clipping,
+        optimizer.step(), zero_grad(set_to_none=True). Its sizes are fitted as polynomials in b and
+        s from a few small shapes and checked at others (memcalc.traced.fit); `num_layers` is a
+        label (the depth is the factory's).
+
+        >>> import torch, memcalc
+        >>> def lm():
+        ...     return torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32))
+        >>> def ce(model, ids):
+        ...     return torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        >>> spec = ModelSpec.from_module(lm, inputs=32, loss=ce, name="tiny")
+        >>> report = memcalc.estimate(spec, memcalc.TrainingConfig(micro_batch=4, seq_len=64, device="cpu"))
+        >>> report.peak_bytes > 0, spec.param_count
+        (True, 544)
+        """
+        from memcalc.traced.spec import TRACED, TracedModel, TracedSpec
+
+        key = f"{name}#{next(_TRACE_IDS)}"
+        TRACED[key] = TracedModel(factory, loss, inputs)
+        return TracedSpec(name=name, trace_key=key, vocab_size=inputs, num_layers=num_layers)
+
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.
 
@@ -206,6 +237,9 @@ class ModelSpec(FrozenModel):
         4
         """
         return type(self).make(**{**self.model_dump(), **changes})
+
+
+_TRACE_IDS = count()  # keys of the models ModelSpec.from_module registers
 
 
 def check_declared(spec: ModelSpec) -> None:

@@ -1,0 +1,155 @@
+"""Run a user's training step under FakeTensorMode and record it (issue 25; imports torch inside
+its functions only).
+
+The step is the validator's (validate/measure/step.py train_step), op for op: the batch made at
+the step's start, grad_accum forwards (under autocast for the amp precisions) and backwards, then
+gradient clipping, optimizer.step() and zero_grad(set_to_none=True); a warm-up step (the first
+step, which creates the optimizer's states) and two steady ones. No weight is allocated: the
+model is built under FakeTensorMode, whose tensors have sizes and storages but no data.
+
+Each storage is given a category when it can be told: the model's parameters (weights) and
+buffers, the batch (inputs), each parameter's .grad before optimizer.step() (gradients), the
+optimizer's states after it (optimizer); the rest are activations, or temporaries when born in
+the optimizer phase.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.traced.record import new_recorder
+from memcalc.traced.refusals import no_meta_kernel
+
+STEPS = 3  # a warm-up step and two steady ones, as validate.measure.step.run_steps runs
+
+
+@dataclass
+class Trace:
+    """One traced run at one shape: the event stream (memcalc.traced.record) and each storage's
+    category (sid -> category; unnamed ones are activations or temporaries)."""
+
+    b: int
+    s: int
+    events: list[tuple]
+    categories: dict[int, str] = field(default_factory=dict)
+    params: list[tuple[int, int, int]] = field(default_factory=list)
+    """(elements, dim 0, bytes per element) of each trainable parameter in module order."""
+
+
+def trace_step(factory: Callable, training, b: int, s: int, vocab_size: int,
+               loss: Callable | None = None) -> Trace:
+    """Record the training step of `factory`'s model at micro_batch b, seq_len s.
+
+    >>> import torch
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> def lm():
+    ...     return torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    >>> ce = lambda m, ids: torch.nn.functional.cross_entropy(m(ids).flatten(0, 1), ids.flatten())
+    >>> t = trace_step(lm, TrainingConfig(micro_batch=2, seq_len=4, device="cpu"), 2, 4, 16, ce)
+    >>> sorted(set(t.categories.values()))
+    ['gradients', 'inputs', 'optimizer', 'weights']
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rec = new_recorder()
+    gc.collect()
+    gc.disable()  # cyclic garbage freed at a random moment would move frees (as the validator)
+    try:
+        with FakeTensorMode(), rec:
+            return _run(torch, rec, factory, training, b, s, vocab_size, loss or default_loss)
+    except NotModelledError:
+        raise
+    except Exception as err:  # FakeTensorMode's refusals name the op: say which and why
+        raise _refusal(err) from None
+    finally:
+        gc.enable()
+
+
+def default_loss(model, ids):
+    """model(ids), its `.loss` or the loss itself (a 0-d tensor)."""
+    out = model(ids)
+    out = getattr(out, "loss", out)
+    if isinstance(out, tuple):
+        out = out[-1]
+    return out
+
+
+def _refusal(err: Exception) -> MemcalcError:
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               UnsupportedOperatorException)
+
+    func = getattr(err, "func", None)
+    op = getattr(getattr(func, "_schema", None), "name", str(func))
+    if isinstance(err, (DataDependentOutputException, DynamicOutputShapeException)):
+        return NotModelledError("module", f"{op} reads or makes a data-dependent value (its size or "
+                                "a Python number depends on tensor values), which a trace cannot follow",
+                                "use a hand-written program (memcalc.families) or a static-shape op")
+    if isinstance(err, UnsupportedOperatorException) or "meta" in str(err).lower():
+        return no_meta_kernel(op, err)
+    return MemcalcError("module", f"the traced step failed: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200] if str(err) else ''}",
+                        "check that the factory, inputs and loss run on CPU")
+
+
+def _run(torch, rec, factory, training, b, s, vocab_size, loss_fn) -> Trace:
+    from memcalc.traced.optim import make_optimizer
+
+    trace = Trace(b, s, rec.events)
+    cats = trace.categories
+    torch.manual_seed(0)
+    rec.mark("build")
+    model = factory(training) if _takes_training(factory) else factory()
+    if training.precision == "bf16":
+        model.to(torch.bfloat16)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in model.parameters():
+        rec.track(p)
+        cats[rec.sid(p)] = "weights"
+    for buf in model.buffers():
+        rec.track(buf)
+        cats.setdefault(rec.sid(buf), "buffers")
+    trace.params = [(p.numel(), p.shape[0] if p.dim() else 1, p.element_size()) for p in params]
+    optimizer = make_optimizer(params, training)
+    low = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(training.precision)
+    model.train()
+    for step in range(STEPS):
+        rec.mark(f"step {step}")
+        rec.mark("inputs")
+        ids = torch.randint(0, vocab_size, (b, s))
+        cats[rec.sid(ids)] = "inputs"
+        for _ in range(training.grad_accum):
+            rec.mark("forward")
+            with torch.autocast("cpu", dtype=low, enabled=low is not None):
+                loss = loss_fn(model, ids)
+                if training.grad_accum > 1:
+                    loss = loss / training.grad_accum
+            rec.mark("backward")
+            loss.backward()
+            del loss
+        rec.mark("optimizer")
+        if training.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_grad_norm)
+        for p in params:
+            if p.grad is not None:
+                cats[rec.sid(p.grad)] = "gradients"
+        optimizer.step()
+        for state in optimizer.state.values():
+            for t in state.values():
+                if isinstance(t, torch.Tensor) and rec.sid(t) is not None:
+                    cats.setdefault(rec.sid(t), "optimizer")
+        optimizer.zero_grad(set_to_none=True)
+        del ids
+    rec.mark("end")
+    return trace
+
+
+def _takes_training(factory: Callable) -> bool:
+    """Whether the factory takes the TrainingConfig (so that it can apply checkpointing)."""
+    try:
+        return len(inspect.signature(factory).parameters) >= 1
+    except (TypeError, ValueError):
+        return False
