@@ -23,7 +23,7 @@ from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.traced.record import new_recorder
 from memcalc.traced.refusals import no_meta_kernel
 
-STEPS = 3  # a warm-up step and two steady ones, as validate.measure.step.run_steps runs
+STEPS = 2  # the warm-up step and a steady one (the validator runs a second steady step, alike)
 
 
 @dataclass

@@ -1,0 +1,86 @@
+"""Traced programs (memcalc.traced, issue 25): a user's own nn.Module traced under FakeTensorMode,
+its sizes fitted in b and s, held to the validator's real-tensor measurement of the same step
+(validate.measure.module) at shapes not used to fit, and refusals by op name."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import memcalc  # noqa: E402
+from memcalc.core.errors import MemcalcError, NotModelledError  # noqa: E402
+from memcalc.inputs.training import TrainingConfig  # noqa: E402
+from tests.traced_models import VOCAB, llama_factory, llama_loss, nanogpt_factory, nanogpt_loss  # noqa: E402
+from validate.measure.module import measure_module  # noqa: E402
+
+
+def _tiny():
+    return torch.nn.Sequential(torch.nn.Embedding(40, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 40))
+
+
+def _ce(model, ids):
+    return torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+
+
+@pytest.mark.parametrize("b,s,precision,optimizer", [(3, 50, "fp32", "adamw"), (1, 33, "bf16-amp", "sgd-momentum"),
+                                                      (6, 7, "bf16", "adam")])
+def test_tiny_module_is_byte_exact(b, s, precision, optimizer):
+    """A shape used by no fit (b = 1 has its own fit), against real tensors."""
+    spec = memcalc.ModelSpec.from_module(_tiny, inputs=40, loss=_ce, name="tiny")
+    t = TrainingConfig(micro_batch=b, seq_len=s, device="cpu", precision=precision, optimizer=optimizer)
+    report = memcalc.estimate(spec, t)
+    real = measure_module(_tiny, 40, _ce, t)
+    assert (report.peak_bytes, report.first_step_peak_bytes) == (real.peak_bytes, real.first_step_peak_bytes)
+
+
+def test_downstream_queries_read_a_traced_program():
+    spec = memcalc.ModelSpec.from_module(_tiny, inputs=40, loss=_ce, name="tiny")
+    t = TrainingConfig(micro_batch=2, seq_len=16, device="cpu")
+    report = memcalc.estimate(spec, t)
+    b, s = report.expr.free_symbols if hasattr(report.expr, "free_symbols") else (None, None)
+    assert {str(x) for x in report.expr.free_symbols} <= {"b", "s"}
+    at = {sym: v for sym, v in zip(sorted(report.expr.free_symbols, key=str), (2, 16))}
+    assert int(report.expr.subs(at)) == report.peak_bytes
+    assert spec.param_count == 40 * 16 + 2 * 16 + 16 * 40 + 40
+
+
+class _Routed(torch.nn.Module):
+    """Tokens routed by value: a data-dependent shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(40, 8), torch.nn.Linear(8, 40)
+
+    def forward(self, ids):
+        x = self.emb(ids).flatten(0, 1)
+        picked = torch.nonzero(ids.flatten() % 2).squeeze(1)
+        return self.out(x[picked]).sum()
+
+
+def test_data_dependent_shapes_are_refused_by_op():
+    spec = memcalc.ModelSpec.from_module(_Routed, inputs=40, name="routed")
+    with pytest.raises(NotModelledError, match="aten::nonzero"):
+        memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=8, device="cpu"))
+
+
+def test_untraced_options_are_refused_by_field():
+    spec = memcalc.ModelSpec.from_module(_tiny, inputs=40, loss=_ce, name="tiny")
+    with pytest.raises(MemcalcError, match="^checkpointing"):
+        memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=8, device="cpu", checkpointing="per-layer"))
+    with pytest.raises(MemcalcError, match="^device"):
+        memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=8, device="cuda"))
+
+
+ROWS = [(f, p, c, o) for f in ("llama", "nanogpt") for p, c, o in
+        [("fp32", "none", "adamw"), ("bf16-amp", "per-layer", "adamw"), ("fp32", "per-layer", "sgd-momentum")]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,precision,checkpointing,optimizer", ROWS)
+def test_models_written_here_match_real_tensors(family, precision, checkpointing, optimizer):
+    factory, loss = {"llama": (llama_factory, llama_loss), "nanogpt": (nanogpt_factory, nanogpt_loss)}[family]
+    spec = memcalc.ModelSpec.from_module(factory, inputs=VOCAB, loss=loss, name=family)
+    t = TrainingConfig(micro_batch=3, seq_len=40, device="cpu", precision=precision,
+                       checkpointing=checkpointing, optimizer=optimizer)
+    real = measure_module(factory, VOCAB, loss, t)
+    assert memcalc.estimate(spec, t).peak_bytes == real.peak_bytes
