@@ -4,7 +4,7 @@ its functions only).
 The step is the validator's (validate/measure/step.py train_step), op for op: the batch made at
 the step's start, grad_accum forwards (under autocast for the amp precisions) and backwards, then
 gradient clipping, optimizer.step() and zero_grad(set_to_none=True); a warm-up step (the first
-step, which creates the optimizer's states) and two steady ones. No weight is allocated: the
+step, which creates the optimizer's states) and a steady one (the validator runs two, alike). No weight is allocated: the
 model is built under FakeTensorMode, whose tensors have sizes and storages but no data.
 
 Each storage is given a category when it can be told: the model's parameters (weights) and
@@ -14,12 +14,14 @@ the optimizer phase.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
 from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.traced.hf_patches import real_tensor_answers
 from memcalc.traced.record import new_recorder
 from memcalc.traced.refusals import no_meta_kernel
 
@@ -40,8 +42,9 @@ class Trace:
 
 
 def trace_step(factory: Callable, training, b: int, s: int, vocab_size: int,
-               loss: Callable | None = None) -> Trace:
-    """Record the training step of `factory`'s model at micro_batch b, seq_len s.
+               loss: Callable | None = None, fake: bool = True) -> Trace:
+    """Record the training step of `factory`'s model at micro_batch b, seq_len s (with real
+    tensors when not `fake`: what the fake trace is compared with, memcalc.traced item 3).
 
     >>> import torch
     >>> from memcalc.inputs.training import TrainingConfig
@@ -59,7 +62,7 @@ def trace_step(factory: Callable, training, b: int, s: int, vocab_size: int,
     gc.collect()
     gc.disable()  # cyclic garbage freed at a random moment would move frees (as the validator)
     try:
-        with FakeTensorMode(), rec:
+        with FakeTensorMode() if fake else contextlib.nullcontext(), rec:
             return _run(torch, rec, factory, training, b, s, vocab_size, loss or default_loss)
     except NotModelledError:
         raise
@@ -114,6 +117,14 @@ def _run(torch, rec, factory, training, b, s, vocab_size, loss_fn) -> Trace:
         cats.setdefault(rec.sid(buf), "buffers")
     trace.params = [(p.numel(), p.shape[0] if p.dim() else 1, p.element_size()) for p in params]
     optimizer = make_optimizer(params, training)
+    with real_tensor_answers():  # transformers' mask checks, as for real tensors (memcalc.traced.hf_patches)
+        _steps(torch, rec, model, params, optimizer, training, b, s, vocab_size, loss_fn, cats)
+    rec.mark("end")
+    return trace
+
+
+def _steps(torch, rec, model, params, optimizer, training, b, s, vocab_size, loss_fn, cats) -> None:
+    """The warm-up step and the steady ones, as validate.measure.step.train_step runs them."""
     low = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(training.precision)
     model.train()
     for step in range(STEPS):
@@ -143,8 +154,6 @@ def _run(torch, rec, factory, training, b, s, vocab_size, loss_fn) -> Trace:
                     cats.setdefault(rec.sid(t), "optimizer")
         optimizer.zero_grad(set_to_none=True)
         del ids
-    rec.mark("end")
-    return trace
 
 
 def _takes_training(factory: Callable) -> bool:
