@@ -9,8 +9,7 @@ norms and separate rotary tables for local and global layers).
 """
 from __future__ import annotations
 
-from itertools import count
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -201,7 +200,7 @@ class ModelSpec(FrozenModel):
         return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
 
     @classmethod
-    def from_module(cls, factory, inputs: int, loss=None, *, name: str = "module",
+    def from_module(cls, factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
                     num_layers: int = 1) -> "ModelSpec":
         """A model traced from your own nn.Module (memcalc.traced; needs torch when estimated).
 
@@ -224,11 +223,9 @@ class ModelSpec(FrozenModel):
         >>> report.peak_bytes > 0, spec.param_count
         (True, 544)
         """
-        from memcalc.traced.spec import TRACED, TracedModel, TracedSpec
-
-        key = f"{name}#{next(_TRACE_IDS)}"
-        TRACED[key] = TracedModel(factory, loss, inputs)
-        return TracedSpec(name=name, trace_key=key, vocab_size=inputs, num_layers=num_layers)
+        # a reference resolved on first use, as the families' declarations are: memcalc.traced
+        # depends on the engine and the inputs, never the other way
+        return resolve("memcalc.traced.spec:from_module")(factory, inputs, loss, name=name, num_layers=num_layers)
 
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.
@@ -237,9 +234,6 @@ class ModelSpec(FrozenModel):
         4
         """
         return type(self).make(**{**self.model_dump(), **changes})
-
-
-_TRACE_IDS = count()  # keys of the models ModelSpec.from_module registers
 
 
 def check_declared(spec: ModelSpec) -> None:

@@ -7,11 +7,18 @@ with b >= 2, another b = 1. torch is imported by the runner only when a trace is
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 from memcalc.core.errors import NotModelledError
 from memcalc.engine.candidates import Candidates
 from memcalc.engine.regime import Regime
-from memcalc.traced.fit import B_FIT, CHECK, MONOS_1, MONOS_B, S_FIT, check_aligned, check_fit, fit_sizes, sizes, structure
+from memcalc.traced.fit import (B_FIT, CHECK, MONOS_1, MONOS_B, S_FIT, check_aligned, check_fit, fit_sizes,
+                                sizes, structure)
 from memcalc.traced.program import FittedStep, moments
+
+if TYPE_CHECKING:
+    from memcalc.inputs.training import TrainingConfig
+    from memcalc.inputs.specs import ModelSpec as TracedSpec  # a memcalc.traced.spec.TracedSpec
 
 _CACHE: dict = {}
 TRACED_FIELDS = frozenset({"micro_batch", "seq_len", "precision", "checkpointing", "checkpoint_every",
@@ -21,7 +28,7 @@ TRACED_FIELDS = frozenset({"micro_batch", "seq_len", "precision", "checkpointing
 away from its default is refused by name."""
 
 
-def check_traceable(spec, training) -> None:
+def check_traceable(spec: TracedSpec, training: TrainingConfig) -> None:
     """Refuse, by field, what the traced step does not run.
 
     >>> from memcalc.inputs.training import TrainingConfig
@@ -52,7 +59,7 @@ def check_traceable(spec, training) -> None:
                                "as training.checkpointing says")
 
 
-def _takes_training(factory) -> bool:
+def _takes_training(factory: Callable) -> bool:
     import inspect
 
     try:
@@ -61,7 +68,7 @@ def _takes_training(factory) -> bool:
         return False
 
 
-def traced_candidates(spec, training) -> Candidates:
+def traced_candidates(spec: TracedSpec, training: TrainingConfig) -> Candidates:
     """The candidates of `spec` under `training`, traced once per regime and shape condition."""
     from memcalc.engine.run import regime_key
 
@@ -79,7 +86,7 @@ def traced_candidates(spec, training) -> Candidates:
     return found
 
 
-def fitted_step(spec, training, single: bool) -> tuple[FittedStep, list]:
+def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tuple[FittedStep, list]:
     """Trace at the fitting shapes and the checks, line the streams up, fit and check the sizes."""
     from memcalc.traced.runner import trace_step
 
@@ -95,7 +102,7 @@ def fitted_step(spec, training, single: bool) -> tuple[FittedStep, list]:
     return FittedStep(structure(traces[0].events), fit, traces[0].categories), traces[0].params
 
 
-def param_count(spec) -> int:
+def param_count(spec: TracedSpec) -> int:
     """Trainable parameters of the traced model (from a trace's parameter list)."""
     from memcalc.inputs.training import TrainingConfig
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 
 @contextmanager
@@ -39,13 +39,13 @@ def real_tensor_answers() -> Iterator[None]:
     saved = mu.is_tracing, mu.find_packed_sequence_indices
     original_is_tracing, original_find = saved
 
-    def is_tracing(tensor=None) -> bool:
+    def is_tracing(tensor: object = None) -> bool:
         from transformers.utils.import_utils import is_torch_fx_proxy
 
         return original_is_tracing(None) or (tensor is not None and is_torch_fx_proxy(tensor))
 
-    def find_packed_sequence_indices(position_ids):
-        mu.is_tracing = lambda tensor=None: True  # the original's ops, up to its value check
+    def find_packed_sequence_indices(position_ids: Any) -> None:
+        mu.is_tracing = lambda _tensor=None: True  # the original's ops, up to its value check
         try:
             packed = original_find(position_ids)
         finally:

@@ -6,13 +6,18 @@ for-loop as TrainingConfig.resolved_optimizer_impl says; the others are refused 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from memcalc.core.errors import NotModelledError
+
+if TYPE_CHECKING:
+    from memcalc.inputs.training import TrainingConfig
 
 LR = 1e-3  # any value: the learning rate changes no tensor sizes
 TRACED_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 
 
-def optimizer_kwargs(training) -> dict:
+def optimizer_kwargs(training: TrainingConfig) -> dict:
     """Keyword arguments of the torch.optim class.
 
     >>> from memcalc.inputs.training import TrainingConfig
@@ -31,7 +36,7 @@ def optimizer_kwargs(training) -> dict:
     return kwargs
 
 
-def make_optimizer(params, training):
+def make_optimizer(params: list, training: TrainingConfig) -> Any:
     """The optimizer over `params`."""
     import torch
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from functools import cache
+from typing import Any
 
 from memcalc.traced.refusals import check_op
 
@@ -49,7 +50,7 @@ class _Methods:
         self._live: dict[int, tuple[weakref.ref, int]] = {}  # storage _cdata -> (ref, sid)
         self._next = 0
 
-    def sid(self, t) -> int | None:
+    def sid(self, t: Any) -> int | None:
         """The recorded id of a live tensor's storage (None: not seen)."""
         try:
             entry = self._live.get(t.untyped_storage()._cdata)
@@ -57,7 +58,7 @@ class _Methods:
             return None
         return None if entry is None else entry[1]
 
-    def track(self, t) -> None:
+    def track(self, t: Any) -> None:
         """Start following a tensor's storage (a no-op for one already followed)."""
         if not isinstance(t, self._torch.Tensor):
             return
@@ -82,7 +83,7 @@ class _Methods:
         """Note a phase or step boundary."""
         self.events.append(("m", label))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         check_op(func, args, kwargs)
         out = func(*args, **(kwargs or {}))
         for t in self._flatten(out)[0]:

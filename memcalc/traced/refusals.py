@@ -8,6 +8,8 @@ meta kernel cannot run at all. Both are refused here, before they run, naming th
 """
 from __future__ import annotations
 
+from typing import Any
+
 from memcalc.core.errors import NotModelledError
 
 DATA_DEPENDENT = frozenset({
@@ -23,7 +25,7 @@ constant such as an optimizer's step count) and is refused by memcalc.traced.run
 does not."""
 
 
-def check_op(func, args, kwargs) -> None:
+def check_op(func: Any, args: tuple, kwargs: dict | None) -> None:
     """Raise NotModelledError for an op a trace cannot follow.
 
     >>> import torch
@@ -44,7 +46,7 @@ def check_op(func, args, kwargs) -> None:
                            "with a static-shape one (e.g. a dense mask)")
 
 
-def _tensor_repeats(args, kwargs) -> bool:
+def _tensor_repeats(args: tuple, kwargs: dict | None) -> bool:
     """repeat_interleave(self, repeats: Tensor): the output size is the repeats' sum."""
     import torch
 

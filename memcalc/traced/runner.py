@@ -4,7 +4,8 @@ its functions only).
 The step is the validator's (validate/measure/step.py train_step), op for op: the batch made at
 the step's start, grad_accum forwards (under autocast for the amp precisions) and backwards, then
 gradient clipping, optimizer.step() and zero_grad(set_to_none=True); a warm-up step (the first
-step, which creates the optimizer's states) and a steady one (the validator runs two, alike). No weight is allocated: the
+step, which creates the optimizer's states) and a steady one (the validator runs two, alike).
+No weight is allocated: the
 model is built under FakeTensorMode, whose tensors have sizes and storages but no data.
 
 Each storage is given a category when it can be told: the model's parameters (weights) and
@@ -18,7 +19,7 @@ import contextlib
 import gc
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.traced.hf_patches import real_tensor_answers
@@ -41,7 +42,7 @@ class Trace:
     """(elements, dim 0, bytes per element) of each trainable parameter in module order."""
 
 
-def trace_step(factory: Callable, training, b: int, s: int, vocab_size: int,
+def trace_step(factory: Callable, training: Any, b: int, s: int, vocab_size: int,
                loss: Callable | None = None, fake: bool = True) -> Trace:
     """Record the training step of `factory`'s model at micro_batch b, seq_len s (with real
     tensors when not `fake`: what the fake trace is compared with, memcalc.traced item 3).
@@ -72,7 +73,7 @@ def trace_step(factory: Callable, training, b: int, s: int, vocab_size: int,
         gc.enable()
 
 
-def default_loss(model, ids):
+def default_loss(model: Any, ids: Any) -> Any:
     """model(ids), its `.loss` or the loss itself (a 0-d tensor)."""
     out = model(ids)
     out = getattr(out, "loss", out)
@@ -98,7 +99,8 @@ def _refusal(err: Exception) -> MemcalcError:
                         "check that the factory, inputs and loss run on CPU")
 
 
-def _run(torch, rec, factory, training, b, s, vocab_size, loss_fn) -> Trace:
+def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int, vocab_size: int,
+         loss_fn: Callable) -> Trace:
     from memcalc.traced.optim import make_optimizer
 
     trace = Trace(b, s, rec.events)
@@ -123,7 +125,8 @@ def _run(torch, rec, factory, training, b, s, vocab_size, loss_fn) -> Trace:
     return trace
 
 
-def _steps(torch, rec, model, params, optimizer, training, b, s, vocab_size, loss_fn, cats) -> None:
+def _steps(torch: Any, rec: Any, model: Any, params: list, optimizer: Any, training: Any, b: int, s: int,
+           vocab_size: int, loss_fn: Callable, cats: dict) -> None:
     """The warm-up step and the steady ones, as validate.measure.step.train_step runs them."""
     low = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(training.precision)
     model.train()

@@ -9,7 +9,8 @@ num_heads, ...) mean nothing here and are left at 1; num_layers is what the call
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from itertools import count
+from typing import Any, Callable
 
 from pydantic import model_validator
 
@@ -28,6 +29,20 @@ class TracedModel:
 
 TRACED: dict[str, TracedModel] = {}
 """The registered models by key (this process)."""
+_IDS = count()
+
+
+def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
+                num_layers: int = 1) -> "TracedSpec":
+    """Register a model and return its spec (memcalc.inputs.specs.ModelSpec.from_module documents it).
+
+    >>> spec = from_module(lambda: None, 16, name="m")
+    >>> spec.trace_key, spec.vocab_size
+    ('m#0', 16)
+    """
+    key = f"{name}#{next(_IDS)}"
+    TRACED[key] = TracedModel(factory, loss, inputs)
+    return TracedSpec(name=name, trace_key=key, vocab_size=inputs, num_layers=num_layers)
 
 
 class TracedSpec(ModelSpec):
@@ -67,7 +82,7 @@ class TracedSpec(ModelSpec):
 
         return param_count(self)
 
-    def traced_candidates(self, training):
+    def traced_candidates(self, training: Any) -> Any:
         """The engine's candidate moments of this model under `training` (memcalc.traced.build)."""
         from memcalc.traced.build import traced_candidates
 
