@@ -84,3 +84,38 @@ def test_models_written_here_match_real_tensors(family, precision, checkpointing
                        checkpointing=checkpointing, optimizer=optimizer)
     real = measure_module(factory, VOCAB, loss, t)
     assert memcalc.estimate(spec, t).peak_bytes == real.peak_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_traced_hf_model_agrees_with_the_hand_written_program(family):
+    """Two independent derivations of the same step: the traced HF model and memcalc's program."""
+    from memcalc.inputs.specs import ModelSpec
+    from validate.measure.step import hf_call_kwargs
+    from validate.models.hf import build_hf
+
+    hand = {"gpt2": ModelSpec.make(family="gpt2", vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4,
+                                   max_position_embeddings=256, embd_dropout=0.1, attn_dropout=0.1, resid_dropout=0.1),
+            "llama": ModelSpec.make(family="llama", vocab_size=500, hidden_size=64, num_layers=2, num_heads=4,
+                                    num_kv_heads=2, intermediate_size=128, tie_embeddings=False, qkv_bias=False,
+                                    out_bias=False, mlp_bias=False, activation="silu")}[family]
+    t = TrainingConfig(micro_batch=3, seq_len=40, device="cpu", precision="bf16-amp", checkpointing="per-layer")
+    traced = ModelSpec.from_module(lambda training: build_hf(hand, training)[0], inputs=hand.vocab_size,
+                                   loss=lambda model, ids: model(**hf_call_kwargs(t, ids, {})).loss)
+    ours, theirs = memcalc.estimate(traced, t).peak_bytes, memcalc.estimate(hand, t).peak_bytes
+    assert abs(ours - theirs) <= 1e-4 * theirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["starcoder2", "olmo3"])
+def test_model_types_without_a_program_are_traced(model_type):
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.traced.hf import hf_loss
+    from memcalc.traced.spec import TRACED
+
+    cfg = {"model_type": model_type, "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128}
+    spec = ModelSpec.from_hf_config(cfg, fallback="trace")
+    t = TrainingConfig(micro_batch=3, seq_len=40, device="cpu", precision="fp32")
+    real = measure_module(TRACED[spec.trace_key].factory, 256, hf_loss, t)
+    assert memcalc.estimate(spec, t).peak_bytes == real.peak_bytes

@@ -173,14 +173,26 @@ class ModelSpec(FrozenModel):
         return cls.make(name=key, **PRESETS[key])
 
     @classmethod
-    def from_hf_config(cls, config: dict | str | os.PathLike, implementation: Implementation = "hf") -> "ModelSpec":
-        """A spec from a Hugging Face config.json path or its dict; nothing is downloaded.
+    def from_hf_config(cls, config: dict | str | os.PathLike, implementation: Implementation = "hf",
+                       fallback: Literal["refuse", "trace"] = "refuse") -> "ModelSpec":
+        """A spec from a Hugging Face config.json path or its dict; nothing is downloaded. With
+        fallback='trace', a model type memcalc has no program for is traced (memcalc.traced.hf;
+        needs torch and transformers when estimated); a hand-written program wins where one exists.
 
         >>> ModelSpec.from_hf_config({"model_type": "gpt2", "n_layer": 2}).num_layers
         2
+        >>> ModelSpec.from_hf_config({"model_type": "starcoder2", "vocab_size": 64}, fallback="trace").name
+        'starcoder2 (traced)'
         """
         from memcalc.inputs.hf.config import spec_from_hf
 
+        if fallback == "trace":
+            from memcalc.core.files import read_json_object
+            from memcalc.families.registry import hf_type
+
+            cfg = config if isinstance(config, dict) else read_json_object(config)
+            if isinstance(cfg.get("model_type"), str) and hf_type(cfg["model_type"]) is None:
+                return resolve("memcalc.traced.hf:from_hf_config")(cfg)
         return spec_from_hf(cls, config, implementation)
 
     @classmethod
