@@ -14,6 +14,12 @@ from tests.traced_models import VOCAB, llama_factory, llama_loss, nanogpt_factor
 from validate.measure.module import measure_module  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _own_trace_cache(tmp_path, monkeypatch):
+    """Each test traces afresh (memcalc.traced.disk), in a folder of its own."""
+    monkeypatch.setenv("MEMCALC_TRACE_CACHE", str(tmp_path))
+
+
 def _tiny():
     return torch.nn.Sequential(torch.nn.Embedding(40, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 40))
 
@@ -31,6 +37,21 @@ def test_tiny_module_is_byte_exact(b, s, precision, optimizer):
     report = memcalc.estimate(spec, t)
     real = measure_module(_tiny, 40, _ce, t)
     assert (report.peak_bytes, report.first_step_peak_bytes) == (real.peak_bytes, real.first_step_peak_bytes)
+
+
+def test_the_disk_cache_answers_the_second_time(tmp_path, monkeypatch):
+    import memcalc.traced.build as build
+
+    t = TrainingConfig(micro_batch=2, seq_len=16, device="cpu")
+    first = memcalc.estimate(memcalc.ModelSpec.from_module(_tiny, inputs=40, loss=_ce, name="tiny"), t).peak_bytes
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    again = memcalc.ModelSpec.from_module(_tiny, inputs=40, loss=_ce, name="tiny")  # a new key in the process
+
+    def no_trace(*_args):
+        raise AssertionError("traced again: the answer must come from the file")
+
+    monkeypatch.setattr(build, "fitted_step", no_trace)
+    assert memcalc.estimate(again, t).peak_bytes == first
 
 
 def test_downstream_queries_read_a_traced_program():

@@ -77,7 +77,13 @@ def traced_candidates(spec: TracedSpec, training: TrainingConfig) -> Candidates:
     key = (spec.trace_key, regime_key(training), single)
     found = _CACHE.get(key)
     if found is None:
-        step, params = fitted_step(spec, training, single)
+        from memcalc.traced import disk
+
+        disk_key = disk.key_of(spec.traced, key[1], single)
+        cached = disk.load(disk_key)
+        step, params = cached if cached is not None else fitted_step(spec, training, single)
+        if cached is None:
+            disk.store(disk_key, step, params)
         steady, first = moments(step)
         elt = params[0][2] if params else 4
         found = _CACHE[key] = Candidates(Regime.of(training), steady, first,
@@ -103,15 +109,8 @@ def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tup
 
 
 def param_count(spec: TracedSpec) -> int:
-    """Trainable parameters of the traced model (from a trace's parameter list)."""
+    """Trainable parameters of the traced model (those its fp32 AdamW step traced)."""
     from memcalc.inputs.training import TrainingConfig
 
-    training = TrainingConfig(micro_batch=2, seq_len=16, device="cpu")
-    key = (spec.trace_key, "params")
-    if key not in _CACHE:
-        from memcalc.traced.runner import trace_step
-
-        model = spec.traced
-        _CACHE[key] = sum(n for n, _, _ in trace_step(model.factory, training, 2, 16, model.vocab_size,
-                                                     model.loss).params)
-    return _CACHE[key]
+    shapes = traced_candidates(spec, TrainingConfig(micro_batch=2, seq_len=16, device="cpu")).param_shapes
+    return sum(n for n, _ in shapes)

@@ -109,7 +109,7 @@ def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int,
     rec.mark("build")
     model = factory(training) if _takes_training(factory) else factory()
     if training.precision == "bf16":
-        model.to(torch.bfloat16)
+        _to_bf16(torch, model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in model.parameters():
         rec.track(p)
@@ -157,6 +157,24 @@ def _steps(torch: Any, rec: Any, model: Any, params: list, optimizer: Any, train
                     cats.setdefault(rec.sid(t), "optimizer")
         optimizer.zero_grad(set_to_none=True)
         del ids
+
+
+def _to_bf16(torch: Any, model: Any) -> None:
+    """model.to(torch.bfloat16) for a model of fake tensors: nn.Module._apply swaps a tensor
+    subclass's parameters in place (torch.utils.swap_tensors), which fails on FakeTensors
+    ("Couldn't swap"), so each floating parameter and buffer is replaced by its cast, a tied one
+    once (the same new Parameter in every module that shares it), as .to() leaves them."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is None or not t.is_floating_point():
+                    continue
+                if id(t) not in memo:
+                    cast = t.detach().to(torch.bfloat16)
+                    memo[id(t)] = (torch.nn.Parameter(cast, t.requires_grad)
+                                   if isinstance(t, torch.nn.Parameter) else cast)
+                table[name] = memo[id(t)]
 
 
 def _takes_training(factory: Callable) -> bool:
