@@ -45,8 +45,8 @@ def source_of(obj: Callable | None) -> str | None:
 
     >>> source_of(None)
     ''
-    >>> source_of(source_of)[:40]
-    'memcalc.traced.disk:source_of\\n"""The dis'
+    >>> source_of(source_of).splitlines()[0]
+    'memcalc.traced.disk:source_of'
     """
     import inspect
 
