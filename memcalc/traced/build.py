@@ -81,10 +81,12 @@ def traced_candidates(spec: TracedSpec, training: TrainingConfig) -> Candidates:
 
         disk_key = disk.key_of(spec.traced, key[1], single)
         cached = disk.load(disk_key)
-        step, params = cached if cached is not None else fitted_step(spec, training, single)
         if cached is None:
-            disk.store(disk_key, step, params)
-        steady, first = moments(step)
+            step, params = fitted_step(spec, training, single)
+            steady, first = moments(step)
+            disk.store(disk_key, steady, first, params)
+        else:
+            steady, first, params = cached
         elt = params[0][2] if params else 4
         found = _CACHE[key] = Candidates(Regime.of(training), steady, first,
                                          [(n, rows) for n, rows, _ in params], elt)

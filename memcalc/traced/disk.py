@@ -1,4 +1,4 @@
-"""The disk cache of traced programs (issue 25): a fitted step is stored as JSON, keyed by what
+"""The disk cache of traced programs (issue 25): a traced step's candidate moments are stored as JSON, keyed by what
 determines it, so that the second answer reads a file instead of tracing (no torch imported).
 
 Key: the model's source (the factory's and the loss's module source and qualified names, or an HF
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from memcalc.core.poly import Poly
 from memcalc.traced.fit import B_FIT, CHECK, S_FIT
-from memcalc.traced.program import FittedStep
+from memcalc.tape.moment import Moment
 
 
 def cache_dir() -> Path:
@@ -84,26 +84,34 @@ def key_of(model: Any, regime: tuple, single: bool) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def load(key: str | None) -> tuple[FittedStep, list] | None:
-    """The stored fit, or None."""
+def _poly(terms: list) -> Poly:
+    return Poly({(i, j): c for i, j, c in terms})
+
+
+def _terms(p: Poly) -> list:
+    return [[i, j, c] for (i, j), c in p.terms.items()]
+
+
+def load(key: str | None) -> tuple[list[Moment], list[Moment], list] | None:
+    """The stored (steady moments, first-step moments, parameters), or None."""
     if key is None:
         return None
-    path = cache_dir() / f"{key}.json"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads((cache_dir() / f"{key}.json").read_text())
     except (OSError, ValueError):
         return None
-    sizes = {int(k): Poly({(i, j): c for i, j, c in v}) for k, v in data["sizes"].items()}
-    cats = {int(k): v for k, v in data["categories"].items()}
-    return FittedStep([tuple(e) for e in data["events"]], sizes, cats), [tuple(p) for p in data["params"]]
+    moments = [[Moment(ph, label, _poly(total), {c: _poly(t) for c, t in cats.items()})
+                for ph, label, total, cats in data[part]] for part in ("steady", "first")]
+    return moments[0], moments[1], [tuple(p) for p in data["params"]]
 
 
-def store(key: str | None, step: FittedStep, params: list) -> None:
-    """Keep a fit (a failure to write leaves the cache as it was)."""
+def store(key: str | None, steady: list[Moment], first: list[Moment], params: list) -> None:
+    """Keep a traced program's moments (a failure to write leaves the cache as it was)."""
     if key is None:
         return
-    data = {"events": step.events, "categories": step.categories, "params": params,
-            "sizes": {k: [[i, j, c] for (i, j), c in p.terms.items()] for k, p in step.sizes.items()}}
+    data = {part: [[m.phase, m.label, _terms(m.total), {c: _terms(t) for c, t in m.by_category.items()}]
+                   for m in moments] for part, moments in (("steady", steady), ("first", first))}
+    data["params"] = params
     try:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
