@@ -140,3 +140,25 @@ def test_model_types_without_a_program_are_traced(model_type):
     t = TrainingConfig(micro_batch=3, seq_len=40, device="cpu", precision="fp32")
     real = measure_module(TRACED[spec.trace_key].factory, 256, hf_loss, t)
     assert memcalc.estimate(spec, t).peak_bytes == real.peak_bytes
+
+
+@torch.library.custom_op("memcalc_test::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class _Custom(torch.nn.Module):
+    """A custom op with a CPU kernel and no fake (meta) implementation."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(40, 8), torch.nn.Linear(8, 40)
+
+    def forward(self, ids):
+        return _ce(lambda i: self.out(_twice(self.emb(i))), ids)
+
+
+def test_ops_without_a_meta_kernel_are_refused_by_op():
+    spec = memcalc.ModelSpec.from_module(_Custom, inputs=40, name="custom")
+    with pytest.raises(NotModelledError, match="memcalc_test::twice has no meta kernel"):
+        memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=8, device="cpu"))

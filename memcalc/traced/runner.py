@@ -92,6 +92,11 @@ def _refusal(err: Exception) -> MemcalcError:
         return NotModelledError("module", f"{op} reads or makes a data-dependent value (its size or "
                                 "a Python number depends on tensor values), which a trace cannot follow",
                                 "use a hand-written program (memcalc.families) or a static-shape op")
+    import re
+
+    custom = re.search(r"no fake impl registered for <CustomOpDef\(([^)]+)\)>", str(err))
+    if custom:  # torch.library.custom_op without register_fake (torch/_library/custom_ops.py)
+        return no_meta_kernel(custom.group(1), err)
     if isinstance(err, UnsupportedOperatorException) or "meta" in str(err).lower():
         return no_meta_kernel(op, err)
     return MemcalcError("module", f"the traced step failed: {type(err).__name__}: "
