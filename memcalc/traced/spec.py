@@ -37,8 +37,8 @@ def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *,
     """Register a model and return its spec (memcalc.inputs.specs.ModelSpec.from_module documents it).
 
     >>> spec = from_module(lambda: None, 16, name="m")
-    >>> spec.trace_key, spec.vocab_size
-    ('m#0', 16)
+    >>> spec.trace_key.startswith("m#"), spec.vocab_size
+    (True, 16)
     """
     key = f"{name}#{next(_IDS)}"
     TRACED[key] = TracedModel(factory, loss, inputs)
