@@ -5,7 +5,8 @@ Key: the model's source (the factory's and the loss's module source and qualifie
 config's JSON), the vocabulary, the training regime (every TrainingConfig field but the shape),
 the shape condition (b = 1 or not), the fitting shapes, the tracer's own source, and the installed
 torch and transformers versions (their dist-info folders: no import). A model whose source cannot
-be read (a lambda typed at a prompt) is not cached on disk. The folder is $MEMCALC_TRACE_CACHE, else ~/.cache/memcalc/traced.
+be read (a lambda typed at a prompt) is not cached on disk. The folder is $MEMCALC_TRACE_CACHE,
+else ~/.cache/memcalc/traced.
 """
 from __future__ import annotations
 
