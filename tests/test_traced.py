@@ -162,3 +162,45 @@ def test_ops_without_a_meta_kernel_are_refused_by_op():
     spec = memcalc.ModelSpec.from_module(_Custom, inputs=40, name="custom")
     with pytest.raises(NotModelledError, match="memcalc_test::twice has no meta kernel"):
         memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=8, device="cpu"))
+
+
+def test_transformers_masks_answer_under_fake_tensors_as_for_real_ones():
+    """memcalc.traced.hf_patches: FakeTensors count as 'tracing' in transformers' masking_utils,
+    which then materialises a causal mask real tensors never make; while a trace runs they do not."""
+    import transformers.masking_utils as mu
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memcalc.traced.hf_patches import real_tensor_answers
+
+    with FakeTensorMode():
+        t = torch.zeros(2, 3)
+        positions = torch.arange(3).expand(2, 3)
+        assert mu.is_tracing(t) and mu.find_packed_sequence_indices(positions) is not None
+        with real_tensor_answers():
+            assert not mu.is_tracing(t) and mu.find_packed_sequence_indices(positions) is None
+        assert mu.is_tracing(t)
+
+
+@pytest.mark.slow
+def test_a_fake_trace_of_hf_gpt2_equals_its_real_step():
+    """The 65,536 B the validator's fake backend reads above the real step (HF GPT-2 h64, 2 x 64)
+    are gone from the traced step: same storages, same peaks."""
+    from memcalc.core.poly import Poly
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.traced.fit import sizes, structure
+    from memcalc.traced.program import FittedStep, moments
+    from memcalc.traced.runner import trace_step
+    from validate.measure.step import hf_call_kwargs
+    from validate.models.hf import build_hf
+
+    spec = ModelSpec.make(family="gpt2", vocab_size=1000, hidden_size=64, num_layers=2, num_heads=4,
+                          max_position_embeddings=256)
+    t = TrainingConfig(micro_batch=2, seq_len=64, device="cpu")
+    peaks = []
+    for fake in (True, False):
+        ev = trace_step(lambda training: build_hf(spec, training)[0], t, 2, 64, 1000,
+                        lambda model, ids: model(**hf_call_kwargs(t, ids, {})).loss, fake=fake).events
+        steady, first = moments(FittedStep(structure(ev), {k: Poly.const(v) for k, v in sizes(ev).items()}, {}))
+        peaks.append((max(m.total.eval(1, 1) for m in steady), max(m.total.eval(1, 1) for m in first),
+                      sorted(sizes(ev).values())))
+    assert peaks[0] == peaks[1]
