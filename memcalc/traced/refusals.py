@@ -15,7 +15,7 @@ from memcalc.core.errors import NotModelledError
 DATA_DEPENDENT = frozenset({
     "aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::unique",
     "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
-    "aten::argwhere", "aten::repeat_interleave", "aten::bincount", "aten::histc",
+    "aten::argwhere", "aten::repeat_interleave", "aten::bincount",
 })
 """ATen ops whose output shape, or a Python value read from a tensor, depends on tensor values
 (torch/_subclasses/fake_impls.py marks them `data_dependent_output` or
