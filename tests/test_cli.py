@@ -23,7 +23,7 @@ def test_public_api_is_pinned():
         "ModelSpec", "TrainingConfig", "LoRA", "model_state_bytes", "zero_paper_mixed_precision_bytes",
         "max_micro_batch", "max_seq_len", "max_layers", "fits", "Capacity", "estimate_grid", "plan",
         "check", "Verdict", "estimate_lengths", "LengthsReport", "watch",
-        "Plan", "GPUS", "GPU", "parse_budget", "local_gpus",
+        "Plan", "plan_cluster", "Layout", "GPUS", "GPU", "parse_budget", "local_gpus",
         "load_snapshot", "replay_snapshot", "replay_events", "AllocatorSettings"])
     for name in memcalc.__all__:
         assert getattr(memcalc, name) is not None

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from memcalc.cli import cluster as cluster_cli
 from memcalc.cli import lengths as lengths_cli
 from memcalc.cli.args import (Parser, fail, json_arg, model_args, model_from_args, training_args,
                               training_from_args)
@@ -52,9 +53,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--solve", default=None,
                    choices=["micro_batch", "seq_len", "num_layers", "world_size"],
                    help="the unknown (default: world_size with --sharding zero*, else micro_batch)")
-    p = sub.add_parser("plan", help="ranked training plans for one GPU")
+    p = sub.add_parser("plan", help="ranked training plans for one GPU (--gpu) or a cluster (--gpus)")
     fields(p, "plan", shapes=False), json_arg(p)
-    p.add_argument("--gpu", required=True, help="catalogue GPU, e.g. H100-80GB")
+    p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. H100-80GB")
+    cluster_cli.add_arguments(p)  # --gpus COUNTxGPU and the cluster's links (memcalc.cli.cluster)
     p.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
@@ -182,6 +184,12 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     from memcalc.queries.planner import plan
 
     check_int("top", args.top, 1)
+    if (args.gpu is None) == (args.gpus is None):
+        fail("gpu", "give --gpu (one GPU) or --gpus (a cluster, COUNTxGPU), not both or neither",
+             "pass --gpu H100-80GB or --gpus 64xH100-80GB")
+    if args.gpus is not None:
+        return cluster_cli.run(args, model_from_args(args), training_from_args(args, seq_len=args.seq_len))
+    cluster_cli.refuse_cluster_flags(args)
     model = model_from_args(args)
     base = training_from_args(args, seq_len=args.seq_len)
     plans = plan(model, args.gpu, args.global_batch, args.seq_len, base, args.utilisation)

@@ -27,6 +27,7 @@ Labels = Literal["input_ids", "separate"]
 Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
+PipelineSchedule = Literal["gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zero-bubble"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -44,6 +45,11 @@ LABELS: tuple[str, ...] = get_args(Labels)
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
 EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+PIPELINE_DEFAULTS = {"pipeline_parallel": 1, "pipeline_schedule": "1f1b", "num_microbatches": None,
+                     "pipeline_stages_per_rank": 1, "stage_boundaries": None}
+"""The pipeline fields at their defaults: no pipeline (validate's case keys leave them out, so
+that rows recorded before the fields existed still match)."""
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -102,6 +108,18 @@ class TrainingConfig(FrozenModel):
     """Megatron-style tensor-parallel degree (column/row splits of attention and MLP)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
+    pipeline_parallel: int = Field(default=1, gt=0)
+    """Pipeline stages (torch.distributed.pipelining); the schedules are modelled
+    (memcalc.parallel.pipeline), a stage's memory not yet: estimate() refuses pipeline_parallel > 1."""
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    """With pipeline_parallel > 1: torch's schedule (GPipe, 1F1B, LoopedBFS, Interleaved1F1B,
+    InterleavedZeroBubble)."""
+    num_microbatches: int | None = Field(default=None, gt=0)
+    """With pipeline_parallel > 1: micro-batches the schedule splits micro_batch into."""
+    pipeline_stages_per_rank: int = Field(default=1, gt=0)
+    """With pipeline_parallel > 1: stages per rank (virtual stages; >= 2 for the looped schedules)."""
+    stage_boundaries: tuple[int, ...] | None = None
+    """With pipeline_parallel > 1: the first decoder layer of each stage after the first (None: an even split)."""
     max_grad_norm: float | None = Field(default=None, gt=0.0)
     """Gradient clipping before optimizer.step(): torch.nn.utils.clip_grad_norm_(params,
     max_grad_norm) after GradScaler.unscale_ under fp16-amp; None means no clipping (the HF
@@ -179,6 +197,7 @@ class TrainingConfig(FrozenModel):
         if self.world_size % self.tensor_parallel:
             raise ValueError(f"tensor_parallel={self.tensor_parallel} must divide "
                              f"world_size={self.world_size}")
+        _check_pipeline_fields(self)
         if self.sequence_parallel and self.tensor_parallel == 1:
             raise ValueError("sequence_parallel needs tensor_parallel > 1")
         if not isinstance(self.moe_routing, str) and any(n < 0 for row in self.moe_routing for n in row):
@@ -261,6 +280,22 @@ class TrainingConfig(FrozenModel):
         2
         """
         return type(self).make(**{**self.model_dump(), **changes})
+
+
+def _check_pipeline_fields(training: TrainingConfig) -> None:
+    """The pipeline fields need pipeline_parallel > 1 and num_microbatches; the ranks form
+    rows of tensor_parallel x pipeline_parallel."""
+    pp = training.pipeline_parallel
+    if pp == 1:
+        for name, default in PIPELINE_DEFAULTS.items():
+            if getattr(training, name) != default:
+                raise ValueError(f"{name} needs pipeline_parallel > 1")
+        return
+    if training.num_microbatches is None:
+        raise ValueError("num_microbatches (the schedule's micro-batches) is needed with pipeline_parallel > 1")
+    if training.world_size % (pp * training.tensor_parallel):
+        raise ValueError(f"world_size={training.world_size} must be a multiple of pipeline_parallel x "
+                         f"tensor_parallel = {pp * training.tensor_parallel}")
 
 
 def _check_call_path(training: TrainingConfig) -> None:

@@ -89,8 +89,34 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
     """Types, ceilings and runnability of one (model, training) step: the top of estimate()."""
     check_model(model)
     check_training(training)
+    check_pipeline_step(model, training)
     check_rank_layers(model, training)
     check_runnable(model, training)
+
+
+def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
+    """pipeline_parallel > 1: what torch's schedules or the split cannot take is bad input
+    (memcalc.parallel.pipeline.check_pipeline); the rest is refused as not modelled yet.
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=8, seq_len=64, world_size=4, pipeline_parallel=4, num_microbatches=8)
+    >>> check_pipeline_step(ModelSpec.preset("gpt2"), t)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.NotModelledError: pipeline_parallel: the memory of pipeline stages is not modelled yet ...
+    """
+    if training.pipeline_parallel == 1:
+        return
+    from memcalc.parallel.pipeline import check_pipeline
+
+    check_pipeline(model.num_layers, training.pipeline_parallel, training.pipeline_schedule,
+                   training.num_microbatches, training.pipeline_stages_per_rank, training.stage_boundaries)
+    if training.micro_batch % training.num_microbatches:
+        raise SpecError("num_microbatches", f"{training.num_microbatches} micro-batches do not split "
+                        f"micro_batch={training.micro_batch} evenly", "use a divisor of micro_batch")
+    raise NotModelledError("pipeline_parallel", "the memory of pipeline stages is not modelled yet (the "
+                           "schedules are: memcalc.parallel.pipeline)",
+                           "use pipeline_parallel=1 (data and tensor parallelism and FSDP are modelled)")
 
 
 MOE_OPTIONS = ("experts_implementation", "moe_routing")
@@ -123,7 +149,8 @@ def check_shape(model: ModelSpec, training: TrainingConfig) -> None:
     for field in ("micro_batch", "seq_len"):
         if getattr(training, field) > limits.MAX_SHAPE:
             check_training(training)  # raises, naming the field
-    check_runnable(model, training)
+    if getattr(model, "traced_candidates", None) is None:  # a traced model ran its own shapes
+        check_runnable(model, training)
 
 
 def check_estimate(model: ModelSpec, training: TrainingConfig) -> None:

@@ -1,0 +1,142 @@
+"""Pipeline parallelism measured on gloo ranks: the reference GPT-2 or Llama split by hand into
+stages as torchtitan splits its decoder (the embedding on the first stage, the final norm, LM head
+and loss on the last, contiguous decoder layers between: memcalc.parallel.pipeline.stage_layers),
+each rank running its stage(s) under torch.distributed.pipelining's PipelineStage and a schedule
+(memcalc.parallel.pipeline.SCHEDULES), then its optimizer, under validate.distributed.tracker.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> spec = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
+    ...                       implementation="reference", tie_embeddings=False)
+    >>> ranks = measure_pipeline(spec, TrainingConfig(micro_batch=4, seq_len=8, device="cpu"), 2, "1f1b", 2)
+    >>> [r["rank"] for r in ranks], all(r["peak_bytes"] > 0 for r in ranks)
+    ([0, 1], True)
+
+The memory of a stage is not modelled yet (memcalc.parallel.pipeline): these are measurements a
+model can be checked against, with the first step's losses for checking the split itself.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+from memcalc.core.errors import MemcalcError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+from memcalc.parallel.pipeline import MULTI, SCHEDULES, check_pipeline, stage_layers
+from validate.distributed.launch import TIMEOUT_S, Launch, launch
+
+
+def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, schedule: str,
+                     microbatches: int, stages_per_rank: int = 1, boundaries: list[int] | None = None,
+                     steps: int = 3, timeout_s: float = TIMEOUT_S) -> list[dict]:
+    """Run `steps` pipeline steps of training.micro_batch sequences (split into `microbatches`)
+    on `stages` gloo ranks; per rank: peak_bytes (steady state, steps >= 2), first_step_peak_bytes,
+    losses (the last rank's per-micro-batch losses of the first step), in rank order."""
+    check_pipeline(spec.num_layers, stages, schedule, microbatches, stages_per_rank, boundaries)
+    if spec.implementation != "reference" or spec.tie_embeddings:  # the reference models: GPT-2, Llama
+        raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
+                           "Llama only (a tied head would span the first and last stages)",
+                           "use implementation='reference', tie_embeddings=False")
+    if training.device != "cpu" or training.micro_batch % microbatches:
+        raise MemcalcError("micro_batch", f"{training.micro_batch} sequences on {training.device} do not "
+                           f"split into {microbatches} micro-batches on CPU", "use device='cpu' and a multiple")
+    payload = dict(spec=spec, training=training, stages=stages, schedule=schedule, microbatches=microbatches,
+                   stages_per_rank=stages_per_rank, boundaries=boundaries, steps=steps)
+    job = Launch("validate.distributed.pipeline:run_rank", payload, stages, what=f"pipeline {schedule} x{stages}",
+                 threads=max(1, (os.cpu_count() or 1) // stages))
+    return launch(job, timeout_s)
+
+
+def run_rank(p: dict, rank: int) -> dict:
+    """One rank: build the model under the tracker, keep this rank's stages, run the schedule."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from validate.distributed.tracker import DistTracker
+    from validate.measure.step import make_optimizer
+    from validate.models.reference import build_reference
+
+    spec, training, stages, v = p["spec"], p["training"], p["stages"], p["stages_per_rank"]
+    total = stages * v
+    parts = stage_layers(spec.num_layers, total, p["boundaries"])
+    indices = list(range(rank, total, stages))  # torch's stage_index_to_group_rank: stage % pp
+    tracker = DistTracker()
+    start = time.perf_counter()
+    with tracker:
+        gc.collect()
+        gc.disable()
+        try:
+            torch.manual_seed(0)
+            full = build_reference(spec, training)
+            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1) for i in indices]
+            del full
+            gc.collect()
+            built = tracker.live
+            device = torch.device("cpu")
+            pipeline_stages = [PipelineStage(m, i, total, device) for m, i in zip(modules, indices)]
+            vocab = spec.vocab_size
+
+            def loss_fn(logits, target):
+                return F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+
+            cls = get_schedule_class(SCHEDULES[p["schedule"]])
+            sched = cls(pipeline_stages if p["schedule"] in MULTI else pipeline_stages[0], p["microbatches"],
+                        loss_fn=loss_fn)
+            optimizer = make_optimizer([q for m in modules for q in m.parameters()], training)
+            ids = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
+                                generator=torch.Generator().manual_seed(1))
+            peaks, losses = [], []
+            for step in range(p["steps"]):
+                tracker.reset_peak()
+                step_losses: list = []
+                sched.step(*([ids] if 0 in indices else []),
+                           **({"target": ids, "losses": step_losses} if total - 1 in indices else {}))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                peaks.append(tracker.peak)
+                if step == 0:
+                    losses = [float(x) for x in step_losses]
+        finally:
+            gc.enable()
+    return {"rank": rank, "peak_bytes": max(peaks[1:]), "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
+            "losses": losses, "built_bytes": built, "stages": indices, "wall_s": round(time.perf_counter() - start, 3)}
+
+
+def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
+    """The modules of one stage, taken from the whole model (its other modules are dropped)."""
+    import torch
+    from torch import nn
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(full.blocks[i] for i in layers)
+            self.llama = spec.family == "llama"
+            self.embed = (full.embed if self.llama else full.wte) if first else None
+            self.wpe = full.wpe if first and not self.llama else None
+            self.rotary = full.rotary if self.llama else None
+            self.norm = (full.norm if self.llama else full.ln_f) if last else None
+            self.lm_head = full.lm_head if last else None
+
+        def forward(self, x):
+            if self.embed is not None:
+                x = self.embed(x)
+                if self.wpe is not None:
+                    x = x + self.wpe(torch.arange(x.size(1), device=x.device))
+            extra = ()
+            if self.rotary is not None:
+                s = x.size(1)
+                extra = (self.rotary.cos[:s], self.rotary.sin[:s])
+            for block in self.blocks:
+                x = block(x, *extra)
+            if self.norm is not None:
+                x = self.lm_head(self.norm(x))
+            return x
+
+    return Stage()
+
+
+__all__ = ["measure_pipeline", "run_rank"]
