@@ -1,0 +1,165 @@
+"""The recorded allocation sequence (validate.measure.allocations) and the reserved comparison with the
+engine's sequence (validate.run.reserved, `python -m validate run --reserved`).
+
+Independent checks: the recorder's sequence against torch's own profiler (the CPU allocator reports
+every allocation and free it serves, c10/core/impl/alloc_cpu + reportMemoryUsage), the recorded
+sequence's live peak against the tracker's measured peak, and the comparison harness against
+sequences whose differences are known."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memcalc.allocator.replay import replay_events  # noqa: E402
+from memcalc.inputs.specs import ModelSpec  # noqa: E402
+from memcalc.inputs.training import TrainingConfig  # noqa: E402
+from validate.measure.allocations import (AllocationRecorder, canonical, events_of, measure_recorded,  # noqa: E402
+                                          pack, replayed_live_peak, sequence_digest, unpack)
+from validate.run import reserved as rv  # noqa: E402
+
+TINY = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
+                      implementation="reference")
+TC = TrainingConfig(micro_batch=2, seq_len=8, device="cpu", optimizer="adamw")
+
+
+def _program():
+    a = torch.randn(64, 32)
+    b = torch.randn(32, 48)
+    c = a @ b
+    d = c.relu()
+    del a
+    e = d.sum(0)
+    del c, d
+    return b, e
+
+
+def test_recorder_matches_the_profilers_allocator_events():
+    """The CPU allocator's own report (torch.profiler, profile_memory=True: bytes each op allocated
+    net of what it freed, and frees outside ops as [memory] events) of a program without kernel
+    scratch: the same sizes, allocated and freed in the same order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _program()  # warm: lazy initialisation allocates nothing the second time
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        kept = _program()
+    del kept
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    reported = [e.self_cpu_memory_usage for e in events if e.self_cpu_memory_usage]
+    with AllocationRecorder() as rec:
+        kept = _program()
+    del kept  # after the recorder: not recorded
+    sizes, mine = {}, []
+    for e in rec.events:
+        if e[0] == "alloc":
+            sizes[e[1]] = e[2]
+            mine.append(e[2])
+        else:
+            mine.append(-sizes[e[1]])
+    assert mine == reported == [8192, 6144, 12288, 12288, -8192, 192, -12288, -12288]
+
+
+def test_resize_is_a_new_block_then_the_old_one_freed():
+    out = torch.empty(0)
+    with AllocationRecorder() as rec:
+        x = torch.ones(10)
+        torch.add(x, x, out=out)  # 0 -> 40 bytes: an allocation, no free (0 bytes never allocate)
+        out.resize_(100)  # 40 -> 400 bytes
+    assert rec.events == [("alloc", 0, 40), ("alloc", 1, 40), ("alloc", 2, 400), ("free", 1)]
+    assert rec.live == 440
+
+
+@pytest.fixture(scope="module")
+def run():
+    return measure_recorded(TINY, TC, steps=3)
+
+
+def test_recorded_sequence_holds_the_measured_peak(run):
+    """The sequence alone gives the tracker's steady-state peak: nothing the peak counts is missing."""
+    marks = [label for _, label in run.marks]
+    assert marks.count("inputs") == 3 and marks.count("optimizer") == 3
+    assert replayed_live_peak(run.events, run.marks, after_step=1) == run.measurement.peak_bytes
+    assert replayed_live_peak(run.events, run.marks, after_step=0) == max(
+        run.measurement.peak_bytes, run.measurement.first_step_peak_bytes)
+    seq = canonical(run.events)
+    assert unpack(pack(seq)) == seq and canonical(events_of(seq)) == seq
+
+
+@pytest.mark.slow
+def test_same_run_same_sequence(run):
+    assert sequence_digest(canonical(measure_recorded(TINY, TC, steps=3).events)) == sequence_digest(
+        canonical(run.events))
+
+
+def test_reserved_fields_against_known_engines(run):
+    same = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=lambda *_: run.events)
+    assert same["reserved_error_pct"] == 0.0 and same["reserved"]["identical"]
+    assert same["recorded_reserved_bytes"] == replay_events(run.events).peak_reserved_bytes
+    assert same["reserved"]["recorded_digest"] == same["reserved"]["engine_digest"]
+    by_step = same["reserved"]["recorded_reserved_by_step"]
+    assert len(by_step) == 3 and by_step == sorted(by_step) and by_step[-1] == same["recorded_reserved_bytes"]
+
+    # an engine that allocates one storage 30 MiB too large in step 1's backward
+    seq = canonical(run.events)
+    starts = [i for i, label in run.marks if label == "backward"]
+    k = next(i for i in range(starts[1], len(seq)) if seq[i] > 0)
+    wrong = list(seq)
+    wrong[k] += 30 << 20
+    diff = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=lambda *_: events_of(wrong))
+    d = diff["reserved"]
+    assert not d["identical"] and d["first_divergence"]["index"] == k
+    assert d["first_divergence"]["where"] == "step 1 backward"
+    assert d["first_divergence"]["engine"].endswith(f"of {wrong[k]} B")
+    assert d["sizes"]["engine_only"] == [[wrong[k], 1]]
+    assert diff["predicted_reserved_bytes"] > diff["recorded_reserved_bytes"]
+    assert diff["reserved_error_pct"] > 0.1
+
+    missing = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=None) if \
+        rv.engine_allocation_events() is None else None
+    if missing is not None:
+        assert missing["predicted_reserved_bytes"] is None and "no_engine_sequence" in missing["reserved"]
+
+
+def test_summary_and_report(tmp_path, capsys):
+    rows = [{"key": "a", "name": "a", "reserved_error_pct": 0.05, "recorded_reserved_bytes": 1,
+             "reserved": {"identical": False}},
+            {"key": "b", "name": "b", "reserved_error_pct": 0.0, "recorded_reserved_bytes": 1,
+             "reserved": {"identical": True}},
+            {"key": "c", "name": "c", "no_reserved": "runs through transformers.Trainer"}]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rv.main([str(path), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert (s["compared"], s["worst_pct"], s["mean_abs_pct"], s["within_target"], s["identical"]) == (
+        2, 0.05, 0.025, 2, 1)
+    assert s["not_compared"] == {"runs through transformers.Trainer": 1}
+    assert rv.main([str(tmp_path / "none.jsonl")]) == 2
+    assert "| a |" in rv.markdown(rows)
+
+
+def test_cli_reserved_row(tmp_path, monkeypatch, capsys):
+    """python -m validate run --reserved: the row carries both reserved peaks and the first divergence
+    (an engine stub that allocates one 1 MiB storage and nothing else)."""
+    from validate.run import cli
+
+    monkeypatch.setattr(rv, "engine_allocation_events", lambda: lambda *_: [("alloc", 0, 1 << 20)])
+    out = tmp_path / "one.jsonl"
+    rc = cli.main(["run", "--model", "gpt2", "--num-layers", "1", "--hidden-size", "16", "--num-heads",
+                   "2", "--vocab-size", "64", "--implementation", "reference", "--micro-batch", "1",
+                   "--seq-len", "8", "--device", "cpu", "--reserved", "--json", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["predicted_reserved_bytes"] == 2 << 20 and not row["reserved"]["identical"]
+    assert row["recorded_reserved_bytes"] >= row["reserved"]["recorded_allocated_bytes"] > 0
+    assert row["reserved"]["first_divergence"]["engine"] == "alloc #0 of 1048576 B"
+    assert "Reserved" in out.with_suffix(".md").read_text()
+    assert "1 rows compared" in capsys.readouterr().out
+
+
+def test_cli_reserved_needs_the_cpu_backend(capsys):
+    from validate.run import cli
+
+    rc = cli.main(["run", "--model", "gpt2", "--micro-batch", "1", "--seq-len", "8", "--device", "cuda",
+                   "--reserved"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "reserved" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,267 @@
+"""The real allocation and free sequence of a measured run, as a CUDA caching allocator would see it.
+
+`AllocationRecorder` is the live-tensor tracker (validate.measure.tracker) that also writes down, in
+order, every storage it sees appear and disappear: ("alloc", handle, nbytes) when an op returns a
+storage it has not seen, ("free", handle) when the storage's last reference goes (the weakref
+callback fires at that moment, as the storage's deleter would hand the block back to the caching
+allocator). The events are those `memcalc.allocator.replay.replay_events` reads, with the storage's
+real byte size (the replica rounds it as torch's allocator does).
+
+How each storage event maps to the CUDA allocator's requests:
+- a storage of 0 bytes asks for nothing: NativeCachingAllocator::allocate calls malloc only
+  `if (size != 0)` (c10/cuda/CUDACachingAllocator.cpp), so no event;
+- a storage resized in place (ops with out= arguments, Tensor.resize_) gets a new block and frees the
+  old one: resize_bytes_cuda (aten/src/ATen/native/cuda/Resize.cpp) allocates the new size, copies,
+  and sets the new data pointer, which releases the old block: ("alloc", new) then ("free", old);
+- nothing is recorded once the recorder has exited (the run's model and optimizer die afterwards).
+
+`measure_recorded` is validate.measure.backends' 'cpu' backend with this recorder in place of the
+plain tracker: one run gives the Measurement and the sequence. `canonical` turns a sequence into a
+compact list of integers (an allocation is its size, a free is -(k + 1) for the k-th allocation),
+which `sequence_digest` hashes and `pack`/`unpack` compress.
+"""
+from __future__ import annotations
+
+import hashlib
+import zlib
+from array import array
+from dataclasses import dataclass, field
+
+from validate.measure.tracker import LiveTensorTracker
+
+
+class AllocationRecorder(LiveTensorTracker):
+    """A LiveTensorTracker (exact bytes) that records the storage allocation and free sequence.
+
+    `events`: ("alloc", handle, nbytes) and ("free", handle), handles numbered from 0 in allocation
+    order. `marks`: (number of events before the mark, label) for every `mark` (the step runner
+    marks "inputs" at the start of each step, then "forward", "backward", "optimizer").
+
+    >>> import torch
+    >>> with AllocationRecorder() as rec:
+    ...     x = torch.ones(1000)
+    ...     y = x * 2
+    ...     del x
+    ...     z = torch.empty(0)
+    >>> rec.events
+    [('alloc', 0, 4000), ('alloc', 1, 4000), ('free', 0)]
+    >>> del y; len(rec.events)  # the recorder has exited: later frees are not the run's
+    3
+    """
+
+    def __init__(self) -> None:
+        super().__init__(record_timeline=False, granularity=1)
+        self.events: list[tuple] = []
+        self.marks: list[tuple[int, str]] = []
+        self._handles: dict[int, int] = {}
+        self._next = 0
+        self.recording = True
+
+    def _new_handle(self, key: int, nbytes: int) -> None:
+        if nbytes == 0 or not self.recording:
+            return
+        handle = self._next
+        self._next += 1
+        self._handles[key] = handle
+        self.events.append(("alloc", handle, nbytes))
+
+    def _drop_handle(self, key: int) -> None:
+        handle = self._handles.pop(key, None)
+        if handle is not None and self.recording:
+            self.events.append(("free", handle))
+
+    def track_tensor(self, t) -> None:
+        """LiveTensorTracker.track_tensor, recording the storage's allocation when it is new.
+
+        >>> import torch
+        >>> rec = AllocationRecorder(); t = torch.zeros(4); rec.track_tensor(t); rec.track_tensor(t[1:])
+        >>> rec.events
+        [('alloc', 0, 16)]
+        """
+        try:
+            key = t.untyped_storage()._cdata
+        except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor, or no storage
+            key = None
+        new = key is not None and key not in self._refs
+        super().track_tensor(t)
+        if new and key in self._refs:
+            self._new_handle(key, self._refs[key][1])
+
+    def _maybe_resized(self, key: int, entry, st) -> None:
+        old = entry[1]
+        super()._maybe_resized(key, entry, st)
+        new = self._refs[key][1]
+        if new != old:  # resize_bytes_cuda: a new block, then the old one released
+            handle = self._handles.pop(key, None)
+            self._new_handle(key, new)
+            if handle is not None and self.recording:
+                self.events.append(("free", handle))
+
+    def _on_free(self, key: int) -> None:
+        super()._on_free(key)
+        self._drop_handle(key)
+
+    def mark(self, label: str) -> None:
+        """LiveTensorTracker.mark, remembering where in the sequence the label begins."""
+        if self.recording:
+            self.marks.append((len(self.events), label))
+        super().mark(label)
+
+    def __exit__(self, *exc) -> None:
+        self.recording = False
+        return super().__exit__(*exc)
+
+
+@dataclass
+class RecordedRun:
+    """A run's measurement and its allocation sequence."""
+
+    measurement: object
+    """validate.measure.backends.Measurement (the same peaks the plain 'cpu' backend gives)."""
+    events: list = field(default_factory=list)
+    marks: list = field(default_factory=list)
+
+
+def measure_recorded(spec, training, hf_config: dict | None = None, steps: int = 3,
+                     seed: int = 0) -> RecordedRun:
+    """validate.measure.backends.measure(..., 'cpu') with the allocation sequence recorded.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> spec = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=1,
+    ...                       num_heads=2, implementation="reference")
+    >>> run = measure_recorded(spec, TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
+    >>> run.measurement.peak_bytes == replayed_live_peak(run.events, run.marks, after_step=1)
+    True
+    """
+    import time
+
+    from memcalc.core.errors import MemcalcError
+    from validate.measure import backends as b
+
+    if training.device != "cpu":
+        raise MemcalcError("device", f"the allocation sequence is recorded on CPU, not {training.device!r}",
+                           "use --device cpu with --reserved")
+    b.optimizer_class(training.optimizer)  # as backends.measure: import-time tensors are not the step's
+    if training.lora is not None:
+        import peft  # noqa: F401
+    start = time.perf_counter()
+    with AllocationRecorder() as rec:
+        trainee, run = b._run_under(b.TrackerMeter(rec), spec, training, hf_config, steps, seed)
+    result = b.Measurement(status="ok", backend="cpu", device="cpu", device_name=b.cpu_name(),
+                           sdpa_backend=b.sdpa_backend(spec, training))
+    result.extra["untracked_tensors"] = rec.untracked
+    b._fill(result, trainee, run)
+    result.wall_s = round(time.perf_counter() - start, 3)
+    return RecordedRun(result, rec.events, rec.marks)
+
+
+# ---- steps, canonical form, digest, packing ------------------------------------------------------
+def step_starts(marks: list[tuple[int, str]]) -> list[int]:
+    """Event index where each step begins (the step runner marks 'inputs' first in every step).
+
+    >>> step_starts([(5, "inputs"), (9, "forward"), (20, "inputs"), (22, "forward")])
+    [5, 20]
+    """
+    return [i for i, label in marks if label == "inputs"]
+
+
+def replayed_live_peak(events: list, marks: list, after_step: int = 0) -> int:
+    """Largest live bytes (exact sizes) at any event from step `after_step` on: the tracker's
+    steady-state peak measured again from the sequence alone (a check that nothing is missing).
+
+    >>> replayed_live_peak([("alloc", 0, 10), ("free", 0), ("alloc", 1, 4)], [(2, "inputs")], 0)
+    4
+    """
+    starts = step_starts(marks)
+    begin = starts[after_step] if after_step < len(starts) else len(events)
+    live, sizes, peak = 0, {}, 0
+    for i, e in enumerate(events):
+        if e[0] == "alloc":
+            sizes[e[1]] = e[2]
+            live += e[2]
+        else:
+            live -= sizes.pop(e[1])
+        if i >= begin - 1:
+            peak = max(peak, live)
+    return peak
+
+
+def canonical(events: list) -> list[int]:
+    """The sequence as integers: an allocation is its byte size, a free is -(k + 1) for the
+    k-th allocation (handles renamed in allocation order, so any two namings of one sequence agree).
+
+    >>> canonical([("alloc", "a", 512), ("alloc", "b", 100), ("free", "a"), ("alloc", "a", 7), ("free", "a")])
+    [512, 100, -1, 7, -3]
+    """
+    order: dict = {}
+    out, count = [], 0
+    for e in events:
+        if e[0] == "alloc":
+            order[e[1]] = count
+            count += 1
+            out.append(int(e[2]))
+        elif e[0] == "free":
+            k = order.pop(e[1], None)
+            if k is not None:
+                out.append(-(k + 1))
+    return out
+
+
+def sequence_digest(seq: list[int]) -> str:
+    """sha256 of the canonical sequence as little-endian int64 (the first 16 hex digits).
+
+    >>> sequence_digest([512, -1]) == sequence_digest(canonical([("alloc", 9, 512), ("free", 9)]))
+    True
+    """
+    return hashlib.sha256(_int64(seq).tobytes()).hexdigest()[:16]
+
+
+def pack(seq: list[int]) -> bytes:
+    """zlib-compressed little-endian int64 (what `unpack` reads back).
+
+    >>> unpack(pack([512, 100, -1])) == [512, 100, -1]
+    True
+    """
+    return zlib.compress(_int64(seq).tobytes(), 9)
+
+
+def unpack(data: bytes) -> list[int]:
+    """The canonical sequence `pack` compressed."""
+    arr = array("q")
+    arr.frombytes(zlib.decompress(data))
+    if arr.itemsize != 8:  # pragma: no cover - array('q') is 8 bytes on every platform torch runs on
+        raise ValueError("int64 arrays are not 8 bytes here")
+    import sys
+
+    if sys.byteorder != "little":  # pragma: no cover
+        arr.byteswap()
+    return arr.tolist()
+
+
+def events_of(seq: list[int]) -> list[tuple]:
+    """replay_events' input for a canonical sequence.
+
+    >>> events_of([512, 100, -1])
+    [('alloc', 0, 512), ('alloc', 1, 100), ('free', 0)]
+    """
+    out, k = [], 0
+    for x in seq:
+        if x > 0:
+            out.append(("alloc", k, x))
+            k += 1
+        else:
+            out.append(("free", -x - 1))
+    return out
+
+
+def _int64(seq: list[int]) -> array:
+    import sys
+
+    arr = array("q", seq)
+    if sys.byteorder != "little":  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+__all__ = ["AllocationRecorder", "RecordedRun", "measure_recorded", "canonical", "sequence_digest",
+           "pack", "unpack", "events_of", "step_starts", "replayed_live_peak"]

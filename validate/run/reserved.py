@@ -1,0 +1,278 @@
+"""Reserved memory on CPU: the recorded allocation sequence of a run against the engine's own.
+
+A row measured with `python -m validate run --reserved` carries its real storage allocation and free
+sequence (validate.measure.allocations: every storage the live-tensor tracker sees, real byte sizes,
+over model construction and every measured step). Both that sequence and the engine's sequence for
+the same (model, training) (memcalc.engine.allocations.allocation_events) go through the caching
+allocator replica with torch's default settings (memcalc.allocator.replay.replay_events, which
+rounds each request as CUDA's allocator does), and the two reserved peaks are compared:
+
+- `recorded_reserved_bytes`: the replica's peak reserved over the recorded sequence;
+- `predicted_reserved_bytes`: the replica's peak reserved over the engine's sequence;
+- `reserved_error_pct`: (predicted - recorded) / recorded, the figure the issue holds to 0.1%;
+- `reserved`: the details: event and allocation counts, sequence digests (validate.measure.
+  allocations.sequence_digest, so a later engine can be checked against the record without the
+  sequence), reserved at the end of each step, and where the sequences first differ.
+
+The same rows are summarised by `summary` (worst and mean error, rows compared) and
+`python -m validate.run.reserved RESULTS.jsonl`.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+import sys
+from bisect import bisect_right
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from validate.measure.allocations import canonical, sequence_digest, step_starts
+
+TARGET_PCT = 0.1
+"""Issue 23 item 4: engine-sequence vs recorded-sequence reserved peaks agree within 0.1%."""
+
+EngineEvents = Callable[..., object]
+
+
+# ---- the engine's sequence ----------------------------------------------------------------------
+def engine_allocation_events() -> EngineEvents | None:
+    """memcalc.engine.allocations.allocation_events, or None while the engine has none."""
+    try:
+        from memcalc.engine.allocations import allocation_events
+    except ImportError:
+        return None
+    return allocation_events
+
+
+def engine_sequence(spec, training, steps: int, engine: EngineEvents | None = None):
+    """(events, None) from the engine, or (None, why not).
+
+    `engine(spec, training[, steps=])` returns replay_events' input (a list of ("alloc", handle,
+    nbytes) / ("free", handle) events), or an object with such a list as `.events`.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> spec, tc = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8)
+    >>> engine_sequence(spec, tc, 3, engine=lambda s, t, steps: [("alloc", 0, steps)])
+    ([('alloc', 0, 3)], None)
+    >>> engine_sequence(spec, tc, 3, engine=lambda s, t: 1 / 0)[1]
+    'the engine raised ZeroDivisionError: division by zero'
+    """
+    engine = engine or engine_allocation_events()
+    if engine is None:
+        return None, "memcalc.engine.allocations.allocation_events does not exist in this memcalc"
+    try:
+        kwargs = {"steps": steps} if "steps" in inspect.signature(engine).parameters else {}
+    except (TypeError, ValueError):
+        kwargs = {}
+    try:
+        out = engine(spec, training, **kwargs)
+    except Exception as err:  # kept in the row: an engine crash is a finding, not a stop
+        return None, f"the engine raised {type(err).__name__}: {err}"[:500]
+    return list(getattr(out, "events", out)), None
+
+
+# ---- comparing two sequences --------------------------------------------------------------------
+def _where(i: int, marks: list[tuple[int, str]]) -> str:
+    """'step 2 backward' for event i (steps numbered from 0; 'build' before the first)."""
+    starts = step_starts(marks)
+    step = bisect_right(starts, i) - 1
+    labels = [label for at, label in marks if at <= i]
+    return "build" if step < 0 else f"step {step} {labels[-1] if labels else ''}".rstrip()
+
+
+def _describe(seq: list[int], i: int) -> str:
+    if i >= len(seq):
+        return "end of sequence"
+    x = seq[i]
+    if x > 0:
+        return f"alloc #{sum(1 for y in seq[:i] if y > 0)} of {x} B"
+    k = -x - 1
+    size = [y for y in seq if y > 0][k]
+    return f"free of alloc #{k} ({size} B)"
+
+
+def first_divergence(recorded: list[int], engine: list[int], marks: list | None = None) -> dict | None:
+    """Where two canonical sequences (validate.measure.allocations.canonical) first differ, or None.
+
+    >>> d = first_divergence([512, 100, -1, -2], [512, 200, -1, -2], [(0, "inputs"), (1, "forward")])
+    >>> d["index"], d["where"], d["recorded"], d["engine"]
+    (1, 'step 0 forward', 'alloc #1 of 100 B', 'alloc #1 of 200 B')
+    >>> first_divergence([1, -1], [1, -1]) is None
+    True
+    """
+    n = min(len(recorded), len(engine))
+    i = next((j for j in range(n) if recorded[j] != engine[j]), n)
+    if i == len(recorded) == len(engine):
+        return None
+    lo = max(0, i - 3)
+    return {"index": i, "where": _where(i, marks or []), "recorded": _describe(recorded, i),
+            "engine": _describe(engine, i), "recorded_context": recorded[lo:i + 6],
+            "engine_context": engine[lo:i + 6], "context_from": lo}
+
+
+def size_difference(recorded: list[int], engine: list[int], top: int = 5) -> dict:
+    """Allocation sizes one sequence has more often than the other (the most frequent first).
+
+    >>> size_difference([512, 512, 100], [512, 200])
+    {'recorded_only': [[100, 1], [512, 1]], 'engine_only': [[200, 1]]}
+    """
+    r = Counter(x for x in recorded if x > 0)
+    e = Counter(x for x in engine if x > 0)
+    key = lambda kv: (-kv[1], kv[0])  # noqa: E731
+    return {"recorded_only": [[s, c] for s, c in sorted((r - e).items(), key=key)[:top]],
+            "engine_only": [[s, c] for s, c in sorted((e - r).items(), key=key)[:top]]}
+
+
+def reserved_by_step(curve: list[tuple[int, int]], starts: list[int], n_events: int) -> list[int]:
+    """Peak reserved reached by the end of each step (the build counts with step 0).
+
+    >>> reserved_by_step([(-1, 0), (0, 20), (5, 40)], [0, 4], 8)
+    [20, 40]
+    """
+    ends = starts[1:] + [n_events]
+    return [max((v for i, v in curve if i < end), default=0) for end in ends]
+
+
+# ---- a row's fields -----------------------------------------------------------------------------
+def reserved_fields(events: list, marks: list, spec, training, steps: int,
+                    engine: EngineEvents | None = None) -> dict:
+    """The row fields of --reserved for one recorded run.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> ev = [("alloc", "w", 3 << 20), ("alloc", "x", 700), ("free", "x")]
+    >>> f = reserved_fields(ev, [(1, "inputs")], ModelSpec.preset("gpt2"),
+    ...                     TrainingConfig(micro_batch=1, seq_len=8), 3, engine=lambda s, t: ev[:2])
+    >>> f["recorded_reserved_bytes"] >> 20, f["predicted_reserved_bytes"] >> 20, f["reserved_error_pct"]
+    (22, 22, 0.0)
+    >>> f["reserved"]["identical"], f["reserved"]["first_divergence"]["recorded"]
+    (False, 'free of alloc #1 (700 B)')
+    """
+    from memcalc.allocator.replay import replay_events
+
+    from validate.run.compare import error_pct
+
+    seq = canonical(events)
+    rec = replay_events(events)
+    starts = step_starts(marks)
+    detail = {"settings": "torch defaults (PYTORCH_CUDA_ALLOC_CONF unset)",
+              "recorded_events": len(seq), "recorded_allocs": sum(1 for x in seq if x > 0),
+              "recorded_digest": sequence_digest(seq),
+              "recorded_allocated_bytes": rec.peak_allocated_bytes,
+              "recorded_segments": sum(1 for k, _ in rec.segment_events if k == "segment_alloc"),
+              "recorded_reserved_by_step": reserved_by_step(rec.reserved_curve, starts, len(seq))}
+    fields = {"recorded_reserved_bytes": rec.peak_reserved_bytes, "predicted_reserved_bytes": None,
+              "reserved_error_pct": None, "reserved": detail}
+    engine_events, why = engine_sequence(spec, training, steps, engine)
+    if engine_events is None:
+        detail["no_engine_sequence"] = why
+        return fields
+    eseq = canonical(engine_events)
+    pred = replay_events(engine_events)
+    fields["predicted_reserved_bytes"] = pred.peak_reserved_bytes
+    fields["reserved_error_pct"] = error_pct(pred.peak_reserved_bytes, rec.peak_reserved_bytes)
+    div = first_divergence(seq, eseq, marks)
+    detail.update(engine_events=len(eseq), engine_allocs=sum(1 for x in eseq if x > 0),
+                  engine_digest=sequence_digest(eseq), engine_allocated_bytes=pred.peak_allocated_bytes,
+                  identical=div is None, first_divergence=div)
+    if div is not None:
+        detail["sizes"] = size_difference(seq, eseq)
+    return fields
+
+
+# ---- the report ---------------------------------------------------------------------------------
+def compared_rows(rows: list[dict]) -> list[dict]:
+    """Rows with both reserved peaks."""
+    return [r for r in rows if r.get("reserved_error_pct") is not None]
+
+
+def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
+    """Worst and mean |error| of engine-sequence vs recorded-sequence reserved peaks.
+
+    >>> rows = [{"name": "a", "reserved_error_pct": 0.0, "reserved": {"identical": True}},
+    ...         {"name": "b", "reserved_error_pct": -0.5, "reserved": {"identical": False}},
+    ...         {"name": "c", "recorded_reserved_bytes": 1, "reserved": {}}]
+    >>> s = summary(rows); s["compared"], s["worst_pct"], s["worst_name"], s["within_target"], s["identical"]
+    (2, -0.5, 'b', 1, 1)
+    """
+    done = compared_rows(rows)
+    errs = [r["reserved_error_pct"] for r in done]
+    worst = max(done, key=lambda r: abs(r["reserved_error_pct"]), default=None)
+    return {"rows": len(rows), "recorded": sum(1 for r in rows if r.get("recorded_reserved_bytes")),
+            "compared": len(done), "target_pct": target,
+            "within_target": sum(1 for e in errs if abs(e) <= target),
+            "identical": sum(1 for r in done if (r.get("reserved") or {}).get("identical")),
+            "worst_pct": worst["reserved_error_pct"] if worst else None,
+            "worst_name": worst.get("name") if worst else None,
+            "mean_abs_pct": round(statistics.fmean(abs(e) for e in errs), 4) if errs else None,
+            "mean_pct": round(statistics.fmean(errs), 4) if errs else None,
+            "not_compared": Counter(_why_not(r) for r in rows if r.get("reserved_error_pct") is None)}
+
+
+def _why_not(row: dict) -> str:
+    detail = row.get("reserved") or {}
+    return (detail.get("no_engine_sequence") or row.get("no_reserved") or row.get("error")
+            or "no recorded sequence")[:120]
+
+
+def summary_lines(s: dict) -> list[str]:
+    """The report as text (the CLI prints it after a --reserved run)."""
+    if not s["compared"]:
+        lines = [f"reserved: {s['recorded']} of {s['rows']} rows recorded, none compared"]
+    else:
+        lines = [f"reserved (engine sequence vs recorded sequence, replayed with torch's defaults): "
+                 f"{s['compared']} rows compared, worst {s['worst_pct']:+.4f}% ({s['worst_name']}), "
+                 f"mean |error| {s['mean_abs_pct']:.4f}%, within {s['target_pct']}%: "
+                 f"{s['within_target']}/{s['compared']}, identical sequences {s['identical']}"]
+    lines += [f"reserved: not compared ({n} rows): {why}" for why, n in s["not_compared"].items()]
+    return lines
+
+
+def markdown(rows: list[dict]) -> str:
+    """The reserved columns as a markdown table (MiB), with the first divergence where they differ."""
+    out = ["", "## Reserved: recorded sequence vs engine sequence (the replica, torch's defaults)", "",
+           "| config | recorded reserved | engine reserved | error % | events rec / eng | first divergence |",
+           "|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        d = r.get("reserved") or {}
+        mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
+        err = r.get("reserved_error_pct")
+        div = d.get("first_divergence")
+        where = ("identical" if d.get("identical") else
+                 f"{div['index']} ({div['where']}): {div['recorded']} / {div['engine']}" if div else
+                 (d.get("no_engine_sequence") or r.get("no_reserved") or "-"))
+        out.append(f"| {r.get('name')} | {mib(r.get('recorded_reserved_bytes'))} | "
+                   f"{mib(r.get('predicted_reserved_bytes'))} | {'-' if err is None else f'{err:+.4f}'} | "
+                   f"{d.get('recorded_events', '-')} / {d.get('engine_events', '-')} | {where} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m validate.run.reserved RESULTS.jsonl [--json]: the report of a --reserved run."""
+    from validate.run.compare import read_jsonl
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    paths = [a for a in args if a != "--json"]
+    if len(paths) != 1:
+        print("validate.run.reserved: give one results file; fix: python -m validate.run.reserved "
+              "validate/results/cpu-ci-reserved.jsonl", file=sys.stderr)
+        return 2
+    if not Path(paths[0]).is_file():
+        print(f"validate.run.reserved: {paths[0]} does not exist; fix: give a results file of "
+              "python -m validate run --reserved", file=sys.stderr)
+        return 2
+    try:
+        rows = list({r["key"]: r for r in read_jsonl(paths[0])}.values())
+    except (OSError, ValueError, KeyError) as err:
+        print(f"validate.run.reserved: {paths[0]}: {err}; fix: give a results file of "
+              "python -m validate run --reserved", file=sys.stderr)
+        return 2
+    s = summary(rows)
+    print(json.dumps(s, sort_keys=True) if as_json else "\n".join(summary_lines(s)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
