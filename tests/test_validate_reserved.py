@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 from memcalc.allocator.replay import replay_events  # noqa: E402
 from memcalc.inputs.specs import ModelSpec  # noqa: E402
 from memcalc.inputs.training import TrainingConfig  # noqa: E402
-from validate.measure.allocations import (AllocationRecorder, canonical, events_of, measure_recorded,  # noqa: E402
-                                          pack, replayed_live_peak, sequence_digest, unpack)
+from validate.measure.allocations import AllocationRecorder, measure_recorded  # noqa: E402
+from validate.measure.sequence import (canonical, events_of, pack, replayed_live_peak,  # noqa: E402
+                                       sequence_digest, step_starts, unpack)
 from validate.run import reserved as rv  # noqa: E402
 
 TINY = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
@@ -99,24 +100,46 @@ def test_reserved_fields_against_known_engines(run):
     by_step = same["reserved"]["recorded_reserved_by_step"]
     assert len(by_step) == 3 and by_step == sorted(by_step) and by_step[-1] == same["recorded_reserved_bytes"]
 
-    # an engine that allocates one storage 30 MiB too large in step 1's backward
+    # an engine that allocates one storage 30 MiB too large in step 1's backward, and frees the
+    # storages of each run of frees in reverse order (the allocator cannot tell)
     seq = canonical(run.events)
     starts = [i for i, label in run.marks if label == "backward"]
     k = next(i for i in range(starts[1], len(seq)) if seq[i] > 0)
     wrong = list(seq)
     wrong[k] += 30 << 20
-    diff = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=lambda *_: events_of(wrong))
+    bounds = step_starts(run.marks)
+    steps = [sum(1 for b in bounds if b <= i) - 1 for i in range(len(seq))]
+
+    def reversed_frees(s):
+        out, run_ = [], []
+        for x in s + [1]:
+            if x < 0:
+                run_.append(x)
+            else:
+                out += run_[::-1] + [x]
+                run_ = []
+        return out[:-1]
+
+    assert reversed_frees(seq) != seq
+    equiv = rv.reserved_fields(run.events, run.marks, TINY, TC, 3,
+                               engine=lambda *_: rv.EngineRun(events_of(reversed_frees(seq)), steps))
+    assert equiv["reserved"]["equivalent"] and not equiv["reserved"]["identical"]
+    assert equiv["reserved_error_pct"] == 0.0
+
+    diff = rv.reserved_fields(run.events, run.marks, TINY, TC, 3,
+                              engine=lambda *_: rv.EngineRun(events_of(wrong), steps, ["x"] * len(seq)))
     d = diff["reserved"]
-    assert not d["identical"] and d["first_divergence"]["index"] == k
-    assert d["first_divergence"]["where"] == "step 1 backward"
-    assert d["first_divergence"]["engine"].endswith(f"of {wrong[k]} B")
+    assert not d["identical"] and not d["equivalent"] and [x["step"] for x in d["divergences"]] == ["step 1"]
+    first = d["first_divergence"]
+    assert first["index"] == k - bounds[1] and first["engine"] == f"alloc of {wrong[k]} B [x]"
+    assert first["recorded"] == f"alloc of {seq[k]} B"
     assert d["sizes"]["engine_only"] == [[wrong[k], 1]]
     assert diff["predicted_reserved_bytes"] > diff["recorded_reserved_bytes"]
     assert diff["reserved_error_pct"] > 0.1
+    assert d["engine_reserved_by_step"][0] == d["recorded_reserved_by_step"][0]
 
-    missing = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=None) if \
-        rv.engine_allocation_events() is None else None
-    if missing is not None:
+    if rv.engine_allocation_events() is None:
+        missing = rv.reserved_fields(run.events, run.marks, TINY, TC, 3)
         assert missing["predicted_reserved_bytes"] is None and "no_engine_sequence" in missing["reserved"]
 
 
@@ -151,7 +174,7 @@ def test_cli_reserved_row(tmp_path, monkeypatch, capsys):
     row = json.loads(out.read_text().splitlines()[-1])
     assert row["predicted_reserved_bytes"] == 2 << 20 and not row["reserved"]["identical"]
     assert row["recorded_reserved_bytes"] >= row["reserved"]["recorded_allocated_bytes"] > 0
-    assert row["reserved"]["first_divergence"]["engine"] == "alloc #0 of 1048576 B"
+    assert row["reserved"]["first_divergence"]["engine"] == "alloc of 1048576 B"
     assert "Reserved" in out.with_suffix(".md").read_text()
     assert "1 rows compared" in capsys.readouterr().out
 

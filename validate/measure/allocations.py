@@ -16,15 +16,11 @@ How each storage event maps to the CUDA allocator's requests:
 - nothing is recorded once the recorder has exited (the run's model and optimizer die afterwards).
 
 `measure_recorded` is validate.measure.backends' 'cpu' backend with this recorder in place of the
-plain tracker: one run gives the Measurement and the sequence. `canonical` turns a sequence into a
-compact list of integers (an allocation is its size, a free is -(k + 1) for the k-th allocation),
-which `sequence_digest` hashes and `pack`/`unpack` compress.
+plain tracker: one run gives the Measurement and the sequence. validate.measure.sequence (no torch)
+has the canonical form, digest and packing of a sequence.
 """
 from __future__ import annotations
 
-import hashlib
-import zlib
-from array import array
 from dataclasses import dataclass, field
 
 from validate.measure.tracker import LiveTensorTracker
@@ -130,6 +126,7 @@ def measure_recorded(spec, training, hf_config: dict | None = None, steps: int =
     >>> spec = ModelSpec.make(family="gpt2", vocab_size=64, hidden_size=16, num_layers=1,
     ...                       num_heads=2, implementation="reference")
     >>> run = measure_recorded(spec, TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
+    >>> from validate.measure.sequence import replayed_live_peak
     >>> run.measurement.peak_bytes == replayed_live_peak(run.events, run.marks, after_step=1)
     True
     """
@@ -155,113 +152,4 @@ def measure_recorded(spec, training, hf_config: dict | None = None, steps: int =
     return RecordedRun(result, rec.events, rec.marks)
 
 
-# ---- steps, canonical form, digest, packing ------------------------------------------------------
-def step_starts(marks: list[tuple[int, str]]) -> list[int]:
-    """Event index where each step begins (the step runner marks 'inputs' first in every step).
-
-    >>> step_starts([(5, "inputs"), (9, "forward"), (20, "inputs"), (22, "forward")])
-    [5, 20]
-    """
-    return [i for i, label in marks if label == "inputs"]
-
-
-def replayed_live_peak(events: list, marks: list, after_step: int = 0) -> int:
-    """Largest live bytes (exact sizes) at any event from step `after_step` on: the tracker's
-    steady-state peak measured again from the sequence alone (a check that nothing is missing).
-
-    >>> replayed_live_peak([("alloc", 0, 10), ("free", 0), ("alloc", 1, 4)], [(2, "inputs")], 0)
-    4
-    """
-    starts = step_starts(marks)
-    begin = starts[after_step] if after_step < len(starts) else len(events)
-    live, sizes, peak = 0, {}, 0
-    for i, e in enumerate(events):
-        if e[0] == "alloc":
-            sizes[e[1]] = e[2]
-            live += e[2]
-        else:
-            live -= sizes.pop(e[1])
-        if i >= begin - 1:
-            peak = max(peak, live)
-    return peak
-
-
-def canonical(events: list) -> list[int]:
-    """The sequence as integers: an allocation is its byte size, a free is -(k + 1) for the
-    k-th allocation (handles renamed in allocation order, so any two namings of one sequence agree).
-
-    >>> canonical([("alloc", "a", 512), ("alloc", "b", 100), ("free", "a"), ("alloc", "a", 7), ("free", "a")])
-    [512, 100, -1, 7, -3]
-    """
-    order: dict = {}
-    out, count = [], 0
-    for e in events:
-        if e[0] == "alloc":
-            order[e[1]] = count
-            count += 1
-            out.append(int(e[2]))
-        elif e[0] == "free":
-            k = order.pop(e[1], None)
-            if k is not None:
-                out.append(-(k + 1))
-    return out
-
-
-def sequence_digest(seq: list[int]) -> str:
-    """sha256 of the canonical sequence as little-endian int64 (the first 16 hex digits).
-
-    >>> sequence_digest([512, -1]) == sequence_digest(canonical([("alloc", 9, 512), ("free", 9)]))
-    True
-    """
-    return hashlib.sha256(_int64(seq).tobytes()).hexdigest()[:16]
-
-
-def pack(seq: list[int]) -> bytes:
-    """zlib-compressed little-endian int64 (what `unpack` reads back).
-
-    >>> unpack(pack([512, 100, -1])) == [512, 100, -1]
-    True
-    """
-    return zlib.compress(_int64(seq).tobytes(), 9)
-
-
-def unpack(data: bytes) -> list[int]:
-    """The canonical sequence `pack` compressed."""
-    arr = array("q")
-    arr.frombytes(zlib.decompress(data))
-    if arr.itemsize != 8:  # pragma: no cover - array('q') is 8 bytes on every platform torch runs on
-        raise ValueError("int64 arrays are not 8 bytes here")
-    import sys
-
-    if sys.byteorder != "little":  # pragma: no cover
-        arr.byteswap()
-    return arr.tolist()
-
-
-def events_of(seq: list[int]) -> list[tuple]:
-    """replay_events' input for a canonical sequence.
-
-    >>> events_of([512, 100, -1])
-    [('alloc', 0, 512), ('alloc', 1, 100), ('free', 0)]
-    """
-    out, k = [], 0
-    for x in seq:
-        if x > 0:
-            out.append(("alloc", k, x))
-            k += 1
-        else:
-            out.append(("free", -x - 1))
-    return out
-
-
-def _int64(seq: list[int]) -> array:
-    import sys
-
-    arr = array("q", seq)
-    if sys.byteorder != "little":  # pragma: no cover
-        arr.byteswap()
-    return arr
-
-
-__all__ = ["AllocationRecorder", "RecordedRun", "measure_recorded", "canonical", "sequence_digest",
-           "pack", "unpack", "events_of", "step_starts", "replayed_live_peak"]
+__all__ = ["AllocationRecorder", "RecordedRun", "measure_recorded"]

@@ -23,12 +23,12 @@ import inspect
 import json
 import statistics
 import sys
-from bisect import bisect_right
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from validate.measure.allocations import canonical, sequence_digest, step_starts
+from validate.measure.sequence import canonical, segment_tokens, sequence_digest, step_starts
 
 TARGET_PCT = 0.1
 """Issue 23 item 4: engine-sequence vs recorded-sequence reserved peaks agree within 0.1%."""
@@ -37,6 +37,16 @@ EngineEvents = Callable[..., object]
 
 
 # ---- the engine's sequence ----------------------------------------------------------------------
+@dataclass
+class EngineRun:
+    """The engine's events (replay_events' input) and, where the engine says them, each event's
+    step (-1 construction, 0 the first step, 1.. steady steps: the validator's numbering) and label."""
+
+    events: list
+    steps: list[int] | None = None
+    labels: list[str] | None = None
+
+
 def engine_allocation_events() -> EngineEvents | None:
     """memcalc.engine.allocations.allocation_events, or None while the engine has none."""
     try:
@@ -46,70 +56,98 @@ def engine_allocation_events() -> EngineEvents | None:
     return allocation_events
 
 
+def _engine_run_labelled(spec, training, steps: int) -> EngineRun | None:
+    """memcalc.engine.allocations.engine_sequence(...).events(steps), whose Events carry their step
+    (0 construction, 1 the first step, ...), phase and storage label; None where it is missing."""
+    try:
+        from memcalc.engine.allocations import engine_sequence as labelled
+    except ImportError:
+        return None
+    events = labelled(spec, training).events(steps)
+    return EngineRun([e.as_tuple() for e in events], [e.step - 1 for e in events],
+                     [f"{e.phase} {e.label}" for e in events])
+
+
 def engine_sequence(spec, training, steps: int, engine: EngineEvents | None = None):
-    """(events, None) from the engine, or (None, why not).
+    """(EngineRun, None) from the engine, or (None, why not).
 
     `engine(spec, training[, steps=])` returns replay_events' input (a list of ("alloc", handle,
-    nbytes) / ("free", handle) events), or an object with such a list as `.events`.
+    nbytes) / ("free", handle) events), or an object with such a list as `.events` (and, optionally,
+    `.steps` and `.labels` as EngineRun has them). Without one, the
+    engine's own (memcalc.engine.allocations), with its steps and labels where it gives them.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> spec, tc = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8)
-    >>> engine_sequence(spec, tc, 3, engine=lambda s, t, steps: [("alloc", 0, steps)])
-    ([('alloc', 0, 3)], None)
+    >>> engine_sequence(spec, tc, 3, engine=lambda s, t, steps: [("alloc", 0, steps)])[0].events
+    [('alloc', 0, 3)]
     >>> engine_sequence(spec, tc, 3, engine=lambda s, t: 1 / 0)[1]
     'the engine raised ZeroDivisionError: division by zero'
     """
-    engine = engine or engine_allocation_events()
-    if engine is None:
-        return None, "memcalc.engine.allocations.allocation_events does not exist in this memcalc"
     try:
-        kwargs = {"steps": steps} if "steps" in inspect.signature(engine).parameters else {}
-    except (TypeError, ValueError):
-        kwargs = {}
-    try:
+        if engine is None:
+            run = _engine_run_labelled(spec, training, steps)
+            if run is not None:
+                return run, None
+            engine = engine_allocation_events()
+            if engine is None:
+                return None, "memcalc.engine.allocations.allocation_events does not exist in this memcalc"
+        try:
+            kwargs = {"steps": steps} if "steps" in inspect.signature(engine).parameters else {}
+        except (TypeError, ValueError):
+            kwargs = {}
         out = engine(spec, training, **kwargs)
     except Exception as err:  # kept in the row: an engine crash is a finding, not a stop
         return None, f"the engine raised {type(err).__name__}: {err}"[:500]
-    return list(getattr(out, "events", out)), None
+    return EngineRun(list(getattr(out, "events", out)), getattr(out, "steps", None),
+                     getattr(out, "labels", None)), None
 
 
 # ---- comparing two sequences --------------------------------------------------------------------
-def _where(i: int, marks: list[tuple[int, str]]) -> str:
-    """'step 2 backward' for event i (steps numbered from 0; 'build' before the first)."""
-    starts = step_starts(marks)
-    step = bisect_right(starts, i) - 1
-    labels = [label for at, label in marks if at <= i]
-    return "build" if step < 0 else f"step {step} {labels[-1] if labels else ''}".rstrip()
+def _step_name(k: int) -> str:
+    return "build" if k < 0 else f"step {k}"
 
 
-def _describe(seq: list[int], i: int) -> str:
-    if i >= len(seq):
-        return "end of sequence"
-    x = seq[i]
-    if x > 0:
-        return f"alloc #{sum(1 for y in seq[:i] if y > 0)} of {x} B"
-    k = -x - 1
-    size = [y for y in seq if y > 0][k]
-    return f"free of alloc #{k} ({size} B)"
+def _token_text(token: tuple, label: str | None) -> str:
+    kind, x = token
+    text = {"a": f"alloc of {x} B", "f": f"free of alloc #{x} of this step",
+            "F": f"free of an earlier {x} B storage"}[kind]
+    return text + (f" [{label}]" if label else "")
 
 
-def first_divergence(recorded: list[int], engine: list[int], marks: list | None = None) -> dict | None:
-    """Where two canonical sequences (validate.measure.allocations.canonical) first differ, or None.
+def step_divergences(recorded: list, marks: list, engine: EngineRun) -> list[dict]:
+    """Per step (build, step 0, step 1, ...), where the two sequences first differ once each run of
+    frees between two allocations is put in one order (validate.measure.sequence.free_runs_sorted:
+    such runs leave the allocator in the same state whatever their order). Empty when every step
+    agrees. Without the engine's steps, the whole sequences are compared as one.
 
-    >>> d = first_divergence([512, 100, -1, -2], [512, 200, -1, -2], [(0, "inputs"), (1, "forward")])
-    >>> d["index"], d["where"], d["recorded"], d["engine"]
-    (1, 'step 0 forward', 'alloc #1 of 100 B', 'alloc #1 of 200 B')
-    >>> first_divergence([1, -1], [1, -1]) is None
-    True
+    >>> rec = [("alloc", 0, 10), ("alloc", 1, 20), ("free", 1), ("free", 0)]
+    >>> eng = EngineRun([("alloc", 5, 10), ("alloc", 6, 20), ("free", 5), ("free", 6)], [-1, 0, 0, 0])
+    >>> step_divergences(rec, [(1, "inputs")], eng)
+    []
+    >>> eng = EngineRun([("alloc", 5, 10), ("alloc", 6, 24), ("free", 5)], [-1, 0, 0], ["", "x", ""])
+    >>> d = step_divergences(rec, [(1, "inputs")], eng)[0]; d["step"], d["index"], d["recorded"], d["engine"]
+    ('step 0', 0, 'alloc of 20 B', 'alloc of 24 B [x]')
     """
-    n = min(len(recorded), len(engine))
-    i = next((j for j in range(n) if recorded[j] != engine[j]), n)
-    if i == len(recorded) == len(engine):
-        return None
-    lo = max(0, i - 3)
-    return {"index": i, "where": _where(i, marks or []), "recorded": _describe(recorded, i),
-            "engine": _describe(engine, i), "recorded_context": recorded[lo:i + 6],
-            "engine_context": engine[lo:i + 6], "context_from": lo}
+    starts = step_starts(marks)
+    if engine.steps is None:
+        rec_segs, eng_segs, names = [segment_tokens(recorded, [])[0]], \
+            [segment_tokens(engine.events, [], engine.labels)[0]], ["all"]
+    else:
+        n = max(len(starts), max(engine.steps, default=-1) + 1)
+        ebounds = [next((i for i, s in enumerate(engine.steps) if s >= k), len(engine.steps)) for k in range(n)]
+        rbounds = starts + [len(recorded)] * (n - len(starts))
+        rec_segs = segment_tokens(recorded, rbounds)
+        eng_segs = segment_tokens(engine.events, ebounds, engine.labels)
+        names = [_step_name(k) for k in range(-1, n)]
+    out = []
+    for name, r, e in zip(names, rec_segs, eng_segs):
+        i = next((j for j in range(min(len(r), len(e))) if r[j][0] != e[j][0]), min(len(r), len(e)))
+        if i == len(r) == len(e):
+            continue
+        out.append({"step": name, "index": i, "recorded_events": len(r), "engine_events": len(e),
+                    "recorded": _token_text(*r[i]) if i < len(r) else "end of step",
+                    "engine": _token_text(*e[i]) if i < len(e) else "end of step"})
+    return out
 
 
 def size_difference(recorded: list[int], engine: list[int], top: int = 5) -> dict:
@@ -147,7 +185,7 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
     >>> f["recorded_reserved_bytes"] >> 20, f["predicted_reserved_bytes"] >> 20, f["reserved_error_pct"]
     (22, 22, 0.0)
     >>> f["reserved"]["identical"], f["reserved"]["first_divergence"]["recorded"]
-    (False, 'free of alloc #1 (700 B)')
+    (False, 'free of alloc #1 of this step')
     """
     from memcalc.allocator.replay import replay_events
 
@@ -164,19 +202,25 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
               "recorded_reserved_by_step": reserved_by_step(rec.reserved_curve, starts, len(seq))}
     fields = {"recorded_reserved_bytes": rec.peak_reserved_bytes, "predicted_reserved_bytes": None,
               "reserved_error_pct": None, "reserved": detail}
-    engine_events, why = engine_sequence(spec, training, steps, engine)
-    if engine_events is None:
+    engine_run, why = engine_sequence(spec, training, steps, engine)
+    if engine_run is None:
         detail["no_engine_sequence"] = why
         return fields
-    eseq = canonical(engine_events)
-    pred = replay_events(engine_events)
+    eseq = canonical(engine_run.events)
+    pred = replay_events(engine_run.events)
     fields["predicted_reserved_bytes"] = pred.peak_reserved_bytes
     fields["reserved_error_pct"] = error_pct(pred.peak_reserved_bytes, rec.peak_reserved_bytes)
-    div = first_divergence(seq, eseq, marks)
+    divergences = step_divergences(events, marks, engine_run)
     detail.update(engine_events=len(eseq), engine_allocs=sum(1 for x in eseq if x > 0),
                   engine_digest=sequence_digest(eseq), engine_allocated_bytes=pred.peak_allocated_bytes,
-                  identical=div is None, first_divergence=div)
-    if div is not None:
+                  engine_segments=sum(1 for k, _ in pred.segment_events if k == "segment_alloc"),
+                  identical=seq == eseq, equivalent=not divergences,
+                  first_divergence=divergences[0] if divergences else None, divergences=divergences)
+    if engine_run.steps is not None:
+        estarts = [next((i for i, s in enumerate(engine_run.steps) if s >= k), len(eseq))
+                   for k in range(len(starts))]
+        detail["engine_reserved_by_step"] = reserved_by_step(pred.reserved_curve, estarts, len(eseq))
+    if seq != eseq:
         detail["sizes"] = size_difference(seq, eseq)
     return fields
 
@@ -203,6 +247,9 @@ def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
             "compared": len(done), "target_pct": target,
             "within_target": sum(1 for e in errs if abs(e) <= target),
             "identical": sum(1 for r in done if (r.get("reserved") or {}).get("identical")),
+            "equivalent": sum(1 for r in done if (r.get("reserved") or {}).get("equivalent")),
+            "first_diverging_step": Counter(((r.get("reserved") or {}).get("first_divergence") or {}).get("step")
+                                            for r in done if not (r.get("reserved") or {}).get("equivalent")),
             "worst_pct": worst["reserved_error_pct"] if worst else None,
             "worst_name": worst.get("name") if worst else None,
             "mean_abs_pct": round(statistics.fmean(abs(e) for e in errs), 4) if errs else None,
@@ -224,7 +271,10 @@ def summary_lines(s: dict) -> list[str]:
         lines = [f"reserved (engine sequence vs recorded sequence, replayed with torch's defaults): "
                  f"{s['compared']} rows compared, worst {s['worst_pct']:+.4f}% ({s['worst_name']}), "
                  f"mean |error| {s['mean_abs_pct']:.4f}%, within {s['target_pct']}%: "
-                 f"{s['within_target']}/{s['compared']}, identical sequences {s['identical']}"]
+                 f"{s['within_target']}/{s['compared']}; sequences identical {s['identical']}, "
+                 f"allocator-equivalent {s['equivalent']}, first differing in "
+                 + (", ".join(f"{k} ({n})" for k, n in sorted(s["first_diverging_step"].items(), key=str))
+                    or "no step")]
     lines += [f"reserved: not compared ({n} rows): {why}" for why, n in s["not_compared"].items()]
     return lines
 
@@ -239,8 +289,8 @@ def markdown(rows: list[dict]) -> str:
         mib = lambda x: "-" if x is None else f"{x / 2**20:.1f}"  # noqa: E731
         err = r.get("reserved_error_pct")
         div = d.get("first_divergence")
-        where = ("identical" if d.get("identical") else
-                 f"{div['index']} ({div['where']}): {div['recorded']} / {div['engine']}" if div else
+        where = ("identical" if d.get("identical") else "equivalent" if d.get("equivalent") else
+                 f"{div['step']}, event {div['index']}: {div['recorded']} / {div['engine']}" if div else
                  (d.get("no_engine_sequence") or r.get("no_reserved") or "-"))
         out.append(f"| {r.get('name')} | {mib(r.get('recorded_reserved_bytes'))} | "
                    f"{mib(r.get('predicted_reserved_bytes'))} | {'-' if err is None else f'{err:+.4f}'} | "

@@ -1,0 +1,172 @@
+"""Allocation sequences as data, no torch needed: the canonical form of a sequence of
+("alloc", handle, nbytes) / ("free", handle) events (validate.measure.allocations records them;
+memcalc.allocator.replay.replay_events reads them), its digest, a compact packing, steps, and the
+allocator-equivalent form in which frees between two allocations are put in one order.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import zlib
+from array import array
+
+
+def step_starts(marks: list[tuple[int, str]]) -> list[int]:
+    """Event index where each step begins (the step runner marks 'inputs' first in every step).
+
+    >>> step_starts([(5, "inputs"), (9, "forward"), (20, "inputs"), (22, "forward")])
+    [5, 20]
+    """
+    return [i for i, label in marks if label == "inputs"]
+
+
+def replayed_live_peak(events: list, marks: list, after_step: int = 0) -> int:
+    """Largest live bytes (exact sizes) at any event from step `after_step` on: the tracker's
+    steady-state peak measured again from the sequence alone (a check that nothing is missing).
+
+    >>> replayed_live_peak([("alloc", 0, 10), ("free", 0), ("alloc", 1, 4)], [(2, "inputs")], 0)
+    4
+    """
+    starts = step_starts(marks)
+    begin = starts[after_step] if after_step < len(starts) else len(events)
+    live, sizes, peak = 0, {}, 0
+    for i, e in enumerate(events):
+        if e[0] == "alloc":
+            sizes[e[1]] = e[2]
+            live += e[2]
+        else:
+            live -= sizes.pop(e[1])
+        if i >= begin - 1:
+            peak = max(peak, live)
+    return peak
+
+
+def canonical(events: list) -> list[int]:
+    """The sequence as integers: an allocation is its byte size, a free is -(k + 1) for the
+    k-th allocation (handles renamed in allocation order, so any two namings of one sequence agree).
+
+    >>> canonical([("alloc", "a", 512), ("alloc", "b", 100), ("free", "a"), ("alloc", "a", 7), ("free", "a")])
+    [512, 100, -1, 7, -3]
+    """
+    order: dict = {}
+    out, count = [], 0
+    for e in events:
+        if e[0] == "alloc":
+            order[e[1]] = count
+            count += 1
+            out.append(int(e[2]))
+        elif e[0] == "free":
+            k = order.pop(e[1], None)
+            if k is not None:
+                out.append(-(k + 1))
+    return out
+
+
+def sequence_digest(seq: list[int]) -> str:
+    """sha256 of the canonical sequence as little-endian int64 (the first 16 hex digits).
+
+    >>> sequence_digest([512, -1]) == sequence_digest(canonical([("alloc", 9, 512), ("free", 9)]))
+    True
+    """
+    return hashlib.sha256(_int64(seq).tobytes()).hexdigest()[:16]
+
+
+def pack(seq: list[int]) -> bytes:
+    """zlib-compressed little-endian int64 (what `unpack` reads back).
+
+    >>> unpack(pack([512, 100, -1])) == [512, 100, -1]
+    True
+    """
+    return zlib.compress(_int64(seq).tobytes(), 9)
+
+
+def unpack(data: bytes) -> list[int]:
+    """The canonical sequence `pack` compressed."""
+    arr = array("q")
+    arr.frombytes(zlib.decompress(data))
+    if arr.itemsize != 8:  # pragma: no cover - array('q') is 8 bytes on every platform torch runs on
+        raise ValueError("int64 arrays are not 8 bytes here")
+    if sys.byteorder != "little":  # pragma: no cover
+        arr.byteswap()
+    return arr.tolist()
+
+
+def events_of(seq: list[int]) -> list[tuple]:
+    """replay_events' input for a canonical sequence.
+
+    >>> events_of([512, 100, -1])
+    [('alloc', 0, 512), ('alloc', 1, 100), ('free', 0)]
+    """
+    out, k = [], 0
+    for x in seq:
+        if x > 0:
+            out.append(("alloc", k, x))
+            k += 1
+        else:
+            out.append(("free", -x - 1))
+    return out
+
+
+def _int64(seq: list[int]) -> array:
+    arr = array("q", seq)
+    if sys.byteorder != "little":  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+
+
+def segment_tokens(events: list, bounds: list[int], labels: list | None = None) -> list[list[tuple]]:
+    """The events cut at `bounds` (event indices where a segment begins, after the first at 0), each
+    segment as allocator-equivalent tokens: ("a", nbytes) for an allocation, ("f", k) for the free of
+    the segment's k-th allocation, ("F", nbytes) for the free of a storage an earlier segment made;
+    each run of frees between two allocations sorted (`free_runs_sorted`), each token paired with its
+    event's label (None without `labels`).
+
+    >>> ev = [("alloc", 7, 10), ("alloc", 8, 20), ("free", 8), ("free", 7), ("alloc", 9, 5), ("free", 9)]
+    >>> [[t for t, _ in seg] for seg in segment_tokens(ev, [2])]
+    [[('a', 10), ('a', 20)], [('F', 10), ('F', 20), ('a', 5), ('f', 0)]]
+    """
+    sizes: dict = {}
+    cuts = [0] + list(bounds) + [len(events)]
+    out = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        local: dict = {}
+        seg = []
+        for i in range(lo, hi):
+            e = events[i]
+            label = labels[i] if labels is not None else None
+            if e[0] == "alloc":
+                sizes[e[1]] = e[2]
+                local[e[1]] = len(local)
+                seg.append((("a", e[2]), label))
+            elif e[1] in sizes:
+                k = local.get(e[1])
+                seg.append((("f", k) if k is not None else ("F", sizes[e[1]]), label))
+        out.append(free_runs_sorted(seg))
+    return out
+
+
+def free_runs_sorted(tokens: list[tuple]) -> list[tuple]:
+    """(token, label) pairs with each run of consecutive frees sorted by token: the caching
+    allocator's state after a run of frees does not depend on their order (free_block coalesces each
+    block with its free neighbours, c10/cuda/CUDACachingAllocator.cpp try_merge_blocks, so the cached
+    blocks after the run are the maximal free ranges whatever the order, and a free reserves or
+    releases nothing), so two sequences that differ only there reserve alike.
+
+    >>> free_runs_sorted([(("a", 1), None), (("f", 2), "x"), (("F", 9), "y"), (("f", 0), "z")])
+    [(('a', 1), None), (('F', 9), 'y'), (('f', 0), 'z'), (('f', 2), 'x')]
+    """
+    out, run = [], []
+    for item in tokens:
+        if item[0][0] == "a":
+            out += sorted(run, key=lambda t: t[0])
+            run = []
+            out.append(item)
+        else:
+            run.append(item)
+    return out + sorted(run, key=lambda t: t[0])
+
+
+__all__ = ["canonical", "sequence_digest", "pack", "unpack", "events_of", "step_starts",
+           "replayed_live_peak", "free_runs_sorted", "segment_tokens"]
