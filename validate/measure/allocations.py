@@ -30,8 +30,9 @@ class AllocationRecorder(LiveTensorTracker):
     """A LiveTensorTracker (exact bytes) that records the storage allocation and free sequence.
 
     `events`: ("alloc", handle, nbytes) and ("free", handle), handles numbered from 0 in allocation
-    order. `marks`: (number of events before the mark, label) for every `mark` (the step runner
-    marks "inputs" at the start of each step, then "forward", "backward", "optimizer").
+    order. `ops`: for each event, the ATen op whose output the allocated storage is ('' for a free).
+    `marks`: (number of events before the mark, label) for every `mark` (the step runner marks
+    "inputs" at the start of each step, then "forward", "backward", "optimizer").
 
     >>> import torch
     >>> with AllocationRecorder() as rec:
@@ -39,8 +40,8 @@ class AllocationRecorder(LiveTensorTracker):
     ...     y = x * 2
     ...     del x
     ...     z = torch.empty(0)
-    >>> rec.events
-    [('alloc', 0, 4000), ('alloc', 1, 4000), ('free', 0)]
+    >>> rec.events, rec.ops
+    ([('alloc', 0, 4000), ('alloc', 1, 4000), ('free', 0)], ['aten.ones.default', 'aten.mul.Tensor', ''])
     >>> del y; len(rec.events)  # the recorder has exited: later frees are not the run's
     3
     """
@@ -48,6 +49,8 @@ class AllocationRecorder(LiveTensorTracker):
     def __init__(self) -> None:
         super().__init__(record_timeline=False, granularity=1)
         self.events: list[tuple] = []
+        self.ops: list[str] = []
+        self.op = ""
         self.marks: list[tuple[int, str]] = []
         self._handles: dict[int, int] = {}
         self._next = 0
@@ -60,11 +63,17 @@ class AllocationRecorder(LiveTensorTracker):
         self._next += 1
         self._handles[key] = handle
         self.events.append(("alloc", handle, nbytes))
+        self.ops.append(self.op)
 
     def _drop_handle(self, key: int) -> None:
         handle = self._handles.pop(key, None)
         if handle is not None and self.recording:
             self.events.append(("free", handle))
+            self.ops.append("")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.op = str(func)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def track_tensor(self, t) -> None:
         """LiveTensorTracker.track_tensor, recording the storage's allocation when it is new.
@@ -92,6 +101,7 @@ class AllocationRecorder(LiveTensorTracker):
             self._new_handle(key, new)
             if handle is not None and self.recording:
                 self.events.append(("free", handle))
+                self.ops.append("")
 
     def _on_free(self, key: int) -> None:
         super()._on_free(key)
@@ -116,6 +126,8 @@ class RecordedRun:
     """validate.measure.backends.Measurement (the same peaks the plain 'cpu' backend gives)."""
     events: list = field(default_factory=list)
     marks: list = field(default_factory=list)
+    ops: list = field(default_factory=list)
+    """The ATen op that made each allocated storage (AllocationRecorder.ops)."""
 
 
 def measure_recorded(spec, training, hf_config: dict | None = None, steps: int = 3,
@@ -149,7 +161,7 @@ def measure_recorded(spec, training, hf_config: dict | None = None, steps: int =
     result.extra["untracked_tensors"] = rec.untracked
     b._fill(result, trainee, run)
     result.wall_s = round(time.perf_counter() - start, 3)
-    return RecordedRun(result, rec.events, rec.marks)
+    return RecordedRun(result, rec.events, rec.marks, rec.ops)
 
 
 __all__ = ["AllocationRecorder", "RecordedRun", "measure_recorded"]

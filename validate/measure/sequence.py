@@ -121,13 +121,14 @@ def segment_tokens(events: list, bounds: list[int], labels: list | None = None) 
     segment as allocator-equivalent tokens: ("a", nbytes) for an allocation, ("f", k) for the free of
     the segment's k-th allocation, ("F", nbytes) for the free of a storage an earlier segment made;
     each run of frees between two allocations sorted (`free_runs_sorted`), each token paired with its
-    event's label (None without `labels`).
+    event's label (a free without one: its allocation's; None without `labels`).
 
     >>> ev = [("alloc", 7, 10), ("alloc", 8, 20), ("free", 8), ("free", 7), ("alloc", 9, 5), ("free", 9)]
     >>> [[t for t, _ in seg] for seg in segment_tokens(ev, [2])]
     [[('a', 10), ('a', 20)], [('F', 10), ('F', 20), ('a', 5), ('f', 0)]]
     """
     sizes: dict = {}
+    made_by: dict = {}
     cuts = [0] + list(bounds) + [len(events)]
     out = []
     for lo, hi in zip(cuts, cuts[1:]):
@@ -138,11 +139,12 @@ def segment_tokens(events: list, bounds: list[int], labels: list | None = None) 
             label = labels[i] if labels is not None else None
             if e[0] == "alloc":
                 sizes[e[1]] = e[2]
+                made_by[e[1]] = label
                 local[e[1]] = len(local)
                 seg.append((("a", e[2]), label))
             elif e[1] in sizes:
                 k = local.get(e[1])
-                seg.append((("f", k) if k is not None else ("F", sizes[e[1]]), label))
+                seg.append((("f", k) if k is not None else ("F", sizes[e[1]]), label or made_by.get(e[1])))
         out.append(free_runs_sorted(seg))
     return out
 

@@ -114,11 +114,12 @@ def _token_text(token: tuple, label: str | None) -> str:
     return text + (f" [{label}]" if label else "")
 
 
-def step_divergences(recorded: list, marks: list, engine: EngineRun) -> list[dict]:
+def step_divergences(recorded: list, marks: list, engine: EngineRun, ops: list | None = None) -> list[dict]:
     """Per step (build, step 0, step 1, ...), where the two sequences first differ once each run of
     frees between two allocations is put in one order (validate.measure.sequence.free_runs_sorted:
     such runs leave the allocator in the same state whatever their order). Empty when every step
-    agrees. Without the engine's steps, the whole sequences are compared as one.
+    agrees. Without the engine's steps, the whole sequences are compared as one. `ops`: the recorded
+    events' labels (validate.measure.allocations.AllocationRecorder.ops).
 
     >>> rec = [("alloc", 0, 10), ("alloc", 1, 20), ("free", 1), ("free", 0)]
     >>> eng = EngineRun([("alloc", 5, 10), ("alloc", 6, 20), ("free", 5), ("free", 6)], [-1, 0, 0, 0])
@@ -130,13 +131,13 @@ def step_divergences(recorded: list, marks: list, engine: EngineRun) -> list[dic
     """
     starts = step_starts(marks)
     if engine.steps is None:
-        rec_segs, eng_segs, names = [segment_tokens(recorded, [])[0]], \
+        rec_segs, eng_segs, names = [segment_tokens(recorded, [], ops)[0]], \
             [segment_tokens(engine.events, [], engine.labels)[0]], ["all"]
     else:
         n = max(len(starts), max(engine.steps, default=-1) + 1)
         ebounds = [next((i for i, s in enumerate(engine.steps) if s >= k), len(engine.steps)) for k in range(n)]
         rbounds = starts + [len(recorded)] * (n - len(starts))
-        rec_segs = segment_tokens(recorded, rbounds)
+        rec_segs = segment_tokens(recorded, rbounds, ops)
         eng_segs = segment_tokens(engine.events, ebounds, engine.labels)
         names = [_step_name(k) for k in range(-1, n)]
     out = []
@@ -175,8 +176,9 @@ def reserved_by_step(curve: list[tuple[int, int]], starts: list[int], n_events: 
 
 # ---- a row's fields -----------------------------------------------------------------------------
 def reserved_fields(events: list, marks: list, spec, training, steps: int,
-                    engine: EngineEvents | None = None) -> dict:
-    """The row fields of --reserved for one recorded run.
+                    engine: EngineEvents | None = None, ops: list | None = None) -> dict:
+    """The row fields of --reserved for one recorded run (`ops`: each event's ATen op, for the
+    description of where the sequences differ).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> ev = [("alloc", "w", 3 << 20), ("alloc", "x", 700), ("free", "x")]
@@ -210,7 +212,7 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
     pred = replay_events(engine_run.events)
     fields["predicted_reserved_bytes"] = pred.peak_reserved_bytes
     fields["reserved_error_pct"] = error_pct(pred.peak_reserved_bytes, rec.peak_reserved_bytes)
-    divergences = step_divergences(events, marks, engine_run)
+    divergences = step_divergences(events, marks, engine_run, ops)
     detail.update(engine_events=len(eseq), engine_allocs=sum(1 for x in eseq if x > 0),
                   engine_digest=sequence_digest(eseq), engine_allocated_bytes=pred.peak_allocated_bytes,
                   engine_segments=sum(1 for k, _ in pred.segment_events if k == "segment_alloc"),

@@ -76,7 +76,8 @@ def _reserved(case: Case, recorded, steps: int) -> dict:
     from validate.run.reserved import reserved_fields
 
     try:
-        return reserved_fields(recorded.events, recorded.marks, case.spec, case.training, steps)
+        return reserved_fields(recorded.events, recorded.marks, case.spec, case.training, steps,
+                               ops=recorded.ops)
     except Exception as err:  # kept in the row: the measurement stands
         return {"no_reserved": f"{type(err).__name__}: {err}"[:500]}
 
