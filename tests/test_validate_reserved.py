@@ -100,13 +100,12 @@ def test_reserved_fields_against_known_engines(run):
     by_step = same["reserved"]["recorded_reserved_by_step"]
     assert len(by_step) == 3 and by_step == sorted(by_step) and by_step[-1] == same["recorded_reserved_bytes"]
 
-    # an engine that allocates one storage 30 MiB too large in step 1's backward, and frees the
-    # storages of each run of frees in reverse order (the allocator cannot tell)
+    # an engine that frees the storages of each run of frees in reverse order (the allocator cannot
+    # tell), one that allocates one small-pool storage 512 B too large in step 1's backward, and one
+    # that makes it 30 MiB larger (a large-pool request instead)
     seq = canonical(run.events)
-    starts = [i for i, label in run.marks if label == "backward"]
-    k = next(i for i in range(starts[1], len(seq)) if seq[i] > 0)
-    wrong = list(seq)
-    wrong[k] += 30 << 20
+    backward = [i for i, label in run.marks if label == "backward"]
+    k = next(i for i in range(backward[1], len(seq)) if 0 < seq[i] <= (1 << 20) - 512)
     bounds = step_starts(run.marks)
     steps = [sum(1 for b in bounds if b <= i) - 1 for i in range(len(seq))]
 
@@ -120,20 +119,31 @@ def test_reserved_fields_against_known_engines(run):
                 run_ = []
         return out[:-1]
 
+    def engine_with(s):
+        return lambda *_: rv.EngineRun(events_of(s), steps, ["x"] * len(s))
+
     assert reversed_frees(seq) != seq
-    equiv = rv.reserved_fields(run.events, run.marks, TINY, TC, 3,
-                               engine=lambda *_: rv.EngineRun(events_of(reversed_frees(seq)), steps))
+    equiv = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=engine_with(reversed_frees(seq)))
     assert equiv["reserved"]["equivalent"] and not equiv["reserved"]["identical"]
     assert equiv["reserved_error_pct"] == 0.0
 
-    diff = rv.reserved_fields(run.events, run.marks, TINY, TC, 3,
-                              engine=lambda *_: rv.EngineRun(events_of(wrong), steps, ["x"] * len(seq)))
-    d = diff["reserved"]
-    assert not d["identical"] and not d["equivalent"] and [x["step"] for x in d["divergences"]] == ["step 1"]
+    small = list(seq)
+    small[k] += 512
+    d = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=engine_with(small),
+                           ops=run.ops)["reserved"]
+    assert not d["identical"] and not d["equivalent"] and d["equivalent_large"]
+    assert [(x["pool"], x["step"]) for x in d["divergences"]] == [("small", "step 1")]
     first = d["first_divergence"]
-    assert first["index"] == k - bounds[1] and first["engine"] == f"alloc of {wrong[k]} B [x]"
-    assert first["recorded"] == f"alloc of {seq[k]} B"
-    assert d["sizes"]["engine_only"] == [[wrong[k], 1]]
+    assert first["engine"] == f"alloc of {small[k]} B [x]"
+    assert first["recorded"].startswith(f"alloc of {seq[k]} B [aten.")
+    assert d["sizes"]["engine_only"] == [[small[k], 1]]
+
+    large = list(seq)
+    large[k] += 30 << 20
+    diff = rv.reserved_fields(run.events, run.marks, TINY, TC, 3, engine=engine_with(large))
+    d = diff["reserved"]
+    assert [(x["pool"], x["step"]) for x in d["divergences"]] == [("large", "step 1"), ("small", "step 1")]
+    assert d["first_divergence"]["engine"] == f"alloc of {large[k]} B [x]"
     assert diff["predicted_reserved_bytes"] > diff["recorded_reserved_bytes"]
     assert diff["reserved_error_pct"] > 0.1
     assert d["engine_reserved_by_step"][0] == d["recorded_reserved_by_step"][0]

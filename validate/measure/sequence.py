@@ -170,5 +170,43 @@ def free_runs_sorted(tokens: list[tuple]) -> list[tuple]:
     return out + sorted(run, key=lambda t: t[0])
 
 
+SMALL_POOL_MAX = 1 << 20
+"""kSmallSize (c10/cuda/CUDACachingAllocator.cpp): requests of at most 1 MiB (after rounding to 512 B,
+which never crosses it) are served from the small pool, larger ones from the large pool (get_pool);
+memcalc.allocator.settings.K_SMALL_SIZE. With the default settings and no device limit the pools
+never touch each other (a request searches its own pool, and cudaMalloc never fails, so nothing is
+released), so each pool's reserved bytes follow from its own sub-sequence."""
+
+
+def pool_of(nbytes: int) -> str:
+    """'small' or 'large': the pool a request of nbytes goes to.
+
+    >>> pool_of(1 << 20), pool_of((1 << 20) + 1)
+    ('small', 'large')
+    """
+    return "small" if nbytes <= SMALL_POOL_MAX else "large"
+
+
+def pool_events(events: list, pool: str, labels: list | None = None, steps: list | None = None) -> tuple:
+    """(events, labels, steps) of one pool: its allocations and their frees, in order (labels and
+    steps None when not given).
+
+    >>> pool_events([("alloc", 0, 10), ("alloc", 1, 2 << 20), ("free", 0), ("free", 1)], "large")
+    ([('alloc', 1, 2097152), ('free', 1)], None, None)
+    """
+    mine: set = set()
+    keep = []
+    for i, e in enumerate(events):
+        if e[0] == "alloc":
+            if pool_of(e[2]) == pool:
+                mine.add(e[1])
+                keep.append(i)
+        elif e[1] in mine:
+            keep.append(i)
+    pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
+    return [events[i] for i in keep], pick(labels), pick(steps)
+
+
 __all__ = ["canonical", "sequence_digest", "pack", "unpack", "events_of", "step_starts",
-           "replayed_live_peak", "free_runs_sorted", "segment_tokens"]
+           "replayed_live_peak", "free_runs_sorted", "segment_tokens", "pool_of", "pool_events",
+           "SMALL_POOL_MAX"]

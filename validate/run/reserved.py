@@ -23,12 +23,14 @@ import inspect
 import json
 import statistics
 import sys
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from validate.measure.sequence import canonical, segment_tokens, sequence_digest, step_starts
+from validate.measure.sequence import (canonical, pool_events, segment_tokens, sequence_digest,
+                                       step_starts)
 
 TARGET_PCT = 0.1
 """Issue 23 item 4: engine-sequence vs recorded-sequence reserved peaks agree within 0.1%."""
@@ -115,39 +117,46 @@ def _token_text(token: tuple, label: str | None) -> str:
 
 
 def step_divergences(recorded: list, marks: list, engine: EngineRun, ops: list | None = None) -> list[dict]:
-    """Per step (build, step 0, step 1, ...), where the two sequences first differ once each run of
-    frees between two allocations is put in one order (validate.measure.sequence.free_runs_sorted:
-    such runs leave the allocator in the same state whatever their order). Empty when every step
-    agrees. Without the engine's steps, the whole sequences are compared as one. `ops`: the recorded
-    events' labels (validate.measure.allocations.AllocationRecorder.ops).
+    """Per pool (large, then small) and step (build, step 0, step 1, ...), where the two sequences
+    first differ once each run of frees between two allocations is put in one order
+    (validate.measure.sequence.free_runs_sorted: such runs leave the allocator in the same state
+    whatever their order). The pools are compared apart: with torch's default settings each pool's
+    reserved bytes follow from its own requests alone (validate.measure.sequence.SMALL_POOL_MAX).
+    Empty when every step of both pools agrees. Without the engine's steps, the whole sequences are
+    compared as one. `ops`: the recorded events' labels (AllocationRecorder.ops); `index` counts the
+    pool's events in that step.
 
     >>> rec = [("alloc", 0, 10), ("alloc", 1, 20), ("free", 1), ("free", 0)]
     >>> eng = EngineRun([("alloc", 5, 10), ("alloc", 6, 20), ("free", 5), ("free", 6)], [-1, 0, 0, 0])
     >>> step_divergences(rec, [(1, "inputs")], eng)
     []
     >>> eng = EngineRun([("alloc", 5, 10), ("alloc", 6, 24), ("free", 5)], [-1, 0, 0], ["", "x", ""])
-    >>> d = step_divergences(rec, [(1, "inputs")], eng)[0]; d["step"], d["index"], d["recorded"], d["engine"]
-    ('step 0', 0, 'alloc of 20 B', 'alloc of 24 B [x]')
+    >>> d = step_divergences(rec, [(1, "inputs")], eng)[0]
+    >>> d["pool"], d["step"], d["index"], d["recorded"], d["engine"]
+    ('small', 'step 0', 0, 'alloc of 20 B', 'alloc of 24 B [x]')
     """
     starts = step_starts(marks)
-    if engine.steps is None:
-        rec_segs, eng_segs, names = [segment_tokens(recorded, [], ops)[0]], \
-            [segment_tokens(engine.events, [], engine.labels)[0]], ["all"]
-    else:
-        n = max(len(starts), max(engine.steps, default=-1) + 1)
-        ebounds = [next((i for i, s in enumerate(engine.steps) if s >= k), len(engine.steps)) for k in range(n)]
-        rbounds = starts + [len(recorded)] * (n - len(starts))
-        rec_segs = segment_tokens(recorded, rbounds, ops)
-        eng_segs = segment_tokens(engine.events, ebounds, engine.labels)
-        names = [_step_name(k) for k in range(-1, n)]
+    rec_steps = [bisect_right(starts, i) - 1 for i in range(len(recorded))]
     out = []
-    for name, r, e in zip(names, rec_segs, eng_segs):
-        i = next((j for j in range(min(len(r), len(e))) if r[j][0] != e[j][0]), min(len(r), len(e)))
-        if i == len(r) == len(e):
-            continue
-        out.append({"step": name, "index": i, "recorded_events": len(r), "engine_events": len(e),
-                    "recorded": _token_text(*r[i]) if i < len(r) else "end of step",
-                    "engine": _token_text(*e[i]) if i < len(e) else "end of step"})
+    for pool in ("large", "small"):
+        r_ev, r_lab, r_st = pool_events(recorded, pool, ops, rec_steps)
+        e_ev, e_lab, e_st = pool_events(engine.events, pool, engine.labels, engine.steps)
+        if e_st is None:
+            segments = [("all", segment_tokens(r_ev, [], r_lab)[0], segment_tokens(e_ev, [], e_lab)[0])]
+        else:
+            n = max(len(starts), max(e_st, default=-1) + 1)
+            cut = lambda st, k: next((i for i, s in enumerate(st) if s >= k), len(st))  # noqa: E731
+            rs = segment_tokens(r_ev, [cut(r_st, k) for k in range(n)], r_lab)
+            es = segment_tokens(e_ev, [cut(e_st, k) for k in range(n)], e_lab)
+            segments = list(zip([_step_name(k) for k in range(-1, n)], rs, es))
+        for name, r, e in segments:
+            i = next((j for j in range(min(len(r), len(e))) if r[j][0] != e[j][0]), min(len(r), len(e)))
+            if i == len(r) == len(e):
+                continue
+            out.append({"pool": pool, "step": name, "index": i, "recorded_events": len(r),
+                        "engine_events": len(e),
+                        "recorded": _token_text(*r[i]) if i < len(r) else "end of step",
+                        "engine": _token_text(*e[i]) if i < len(e) else "end of step"})
     return out
 
 
@@ -187,7 +196,7 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
     >>> f["recorded_reserved_bytes"] >> 20, f["predicted_reserved_bytes"] >> 20, f["reserved_error_pct"]
     (22, 22, 0.0)
     >>> f["reserved"]["identical"], f["reserved"]["first_divergence"]["recorded"]
-    (False, 'free of alloc #1 of this step')
+    (False, 'free of alloc #0 of this step')
     """
     from memcalc.allocator.replay import replay_events
 
@@ -217,6 +226,7 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
                   engine_digest=sequence_digest(eseq), engine_allocated_bytes=pred.peak_allocated_bytes,
                   engine_segments=sum(1 for k, _ in pred.segment_events if k == "segment_alloc"),
                   identical=seq == eseq, equivalent=not divergences,
+                  equivalent_large=not any(d["pool"] == "large" for d in divergences),
                   first_divergence=divergences[0] if divergences else None, divergences=divergences)
     if engine_run.steps is not None:
         estarts = [next((i for i, s in enumerate(engine_run.steps) if s >= k), len(eseq))
@@ -236,7 +246,7 @@ def compared_rows(rows: list[dict]) -> list[dict]:
 def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
     """Worst and mean |error| of engine-sequence vs recorded-sequence reserved peaks.
 
-    >>> rows = [{"name": "a", "reserved_error_pct": 0.0, "reserved": {"identical": True}},
+    >>> rows = [{"name": "a", "reserved_error_pct": 0.0, "reserved": {"identical": True, "equivalent": True}},
     ...         {"name": "b", "reserved_error_pct": -0.5, "reserved": {"identical": False}},
     ...         {"name": "c", "recorded_reserved_bytes": 1, "reserved": {}}]
     >>> s = summary(rows); s["compared"], s["worst_pct"], s["worst_name"], s["within_target"], s["identical"]
@@ -250,13 +260,19 @@ def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
             "within_target": sum(1 for e in errs if abs(e) <= target),
             "identical": sum(1 for r in done if (r.get("reserved") or {}).get("identical")),
             "equivalent": sum(1 for r in done if (r.get("reserved") or {}).get("equivalent")),
-            "first_diverging_step": Counter(((r.get("reserved") or {}).get("first_divergence") or {}).get("step")
-                                            for r in done if not (r.get("reserved") or {}).get("equivalent")),
+            "equivalent_large": sum(1 for r in done if (r.get("reserved") or {}).get("equivalent_large")),
+            "first_diverging_step": Counter(_first_at(r) for r in done
+                                            if not (r.get("reserved") or {}).get("equivalent")),
             "worst_pct": worst["reserved_error_pct"] if worst else None,
             "worst_name": worst.get("name") if worst else None,
             "mean_abs_pct": round(statistics.fmean(abs(e) for e in errs), 4) if errs else None,
             "mean_pct": round(statistics.fmean(errs), 4) if errs else None,
             "not_compared": Counter(_why_not(r) for r in rows if r.get("reserved_error_pct") is None)}
+
+
+def _first_at(row: dict) -> str:
+    d = (row.get("reserved") or {}).get("first_divergence") or {}
+    return f"{d.get('pool')} pool, {d.get('step')}"
 
 
 def _why_not(row: dict) -> str:
@@ -274,7 +290,8 @@ def summary_lines(s: dict) -> list[str]:
                  f"{s['compared']} rows compared, worst {s['worst_pct']:+.4f}% ({s['worst_name']}), "
                  f"mean |error| {s['mean_abs_pct']:.4f}%, within {s['target_pct']}%: "
                  f"{s['within_target']}/{s['compared']}; sequences identical {s['identical']}, "
-                 f"allocator-equivalent {s['equivalent']}, first differing in "
+                 f"allocator-equivalent {s['equivalent']} (large pool alone {s['equivalent_large']}); "
+                 f"first difference in "
                  + (", ".join(f"{k} ({n})" for k, n in sorted(s["first_diverging_step"].items(), key=str))
                     or "no step")]
     lines += [f"reserved: not compared ({n} rows): {why}" for why, n in s["not_compared"].items()]
@@ -292,7 +309,8 @@ def markdown(rows: list[dict]) -> str:
         err = r.get("reserved_error_pct")
         div = d.get("first_divergence")
         where = ("identical" if d.get("identical") else "equivalent" if d.get("equivalent") else
-                 f"{div['step']}, event {div['index']}: {div['recorded']} / {div['engine']}" if div else
+                 f"{div['pool']} pool, {div['step']}, event {div['index']}: {div['recorded']} / {div['engine']}"
+                 if div else
                  (d.get("no_engine_sequence") or r.get("no_reserved") or "-"))
         out.append(f"| {r.get('name')} | {mib(r.get('recorded_reserved_bytes'))} | "
                    f"{mib(r.get('predicted_reserved_bytes'))} | {'-' if err is None else f'{err:+.4f}'} | "
