@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record each row's allocation sequence (cpu backend) and compare its reserved "
                           "peak in the caching-allocator replica with the engine's sequence "
                           "(validate.run.reserved; default --out DEVICE-MATRIX-reserved.jsonl)")
+    run.add_argument("--cuda-snapshots", metavar="FOLDER",
+                     help="cuda backend: write a memory snapshot with history per row into FOLDER "
+                          "(validate.measure.cuda_snapshot; replayed by scripts/gpu_summary.py --snapshots)")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
                      training_fields=_add_fields(run, TrainingConfig, skip=("lora",)))
     add_lora_args(run)
@@ -262,6 +265,10 @@ def cmd_run(args) -> int:
                         "use --device cpu (and --backend cpu or auto) with --reserved")
     distributed = any(c.distributed for c in cases)
     out = _default_out(args, cases, distributed)
+    if args.cuda_snapshots:
+        from validate.measure.cuda_snapshot import configure
+
+        configure(args.cuda_snapshots)
     target = out or Path(tempfile.mkdtemp(prefix="validate-")) / "run.jsonl"
     step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
     with _exclusive(target):
