@@ -213,6 +213,9 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
               "recorded_reserved_by_step": reserved_by_step(rec.reserved_curve, starts, len(seq))}
     fields = {"recorded_reserved_bytes": rec.peak_reserved_bytes, "predicted_reserved_bytes": None,
               "reserved_error_pct": None, "reserved": detail}
+    if getattr(spec, "moe", None):
+        detail["routing"] = ("the run routed tokens as its router decided; the engine's sequence routes them "
+                             "its own way (allocation_events takes no routing)")
     engine_run, why = engine_sequence(spec, training, steps, engine)
     if engine_run is None:
         detail["no_engine_sequence"] = why
@@ -255,8 +258,16 @@ def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
     done = compared_rows(rows)
     errs = [r["reserved_error_pct"] for r in done]
     worst = max(done, key=lambda r: abs(r["reserved_error_pct"]), default=None)
+    dense = [r for r in done if not routed(r)]
+    dense_worst = max(dense, key=lambda r: abs(r["reserved_error_pct"]), default=None)
     return {"rows": len(rows), "recorded": sum(1 for r in rows if r.get("recorded_reserved_bytes")),
             "compared": len(done), "target_pct": target,
+            "dense_compared": len(dense),
+            "dense_worst_pct": dense_worst["reserved_error_pct"] if dense_worst else None,
+            "dense_worst_name": dense_worst.get("name") if dense_worst else None,
+            "dense_mean_abs_pct": (round(statistics.fmean(abs(r["reserved_error_pct"]) for r in dense), 4)
+                                   if dense else None),
+            "dense_within_target": sum(1 for r in dense if abs(r["reserved_error_pct"]) <= target),
             "within_target": sum(1 for e in errs if abs(e) <= target),
             "identical": sum(1 for r in done if (r.get("reserved") or {}).get("identical")),
             "equivalent": sum(1 for r in done if (r.get("reserved") or {}).get("equivalent")),
@@ -268,6 +279,17 @@ def summary(rows: list[dict], target: float = TARGET_PCT) -> dict:
             "mean_abs_pct": round(statistics.fmean(abs(e) for e in errs), 4) if errs else None,
             "mean_pct": round(statistics.fmean(errs), 4) if errs else None,
             "not_compared": Counter(_why_not(r) for r in rows if r.get("reserved_error_pct") is None)}
+
+
+def routed(row: dict) -> bool:
+    """A mixture-of-experts row: its run routed tokens as the router decided (validate.models.
+    moe_routing), the engine's sequence routes them its own way (allocation_events takes no routing),
+    so the expert tensors' sizes differ by construction.
+
+    >>> routed({"model": {"moe": {"num_experts": 8}}}), routed({"model": {"moe": None}})
+    (True, False)
+    """
+    return bool((row.get("model") or {}).get("moe"))
 
 
 def _first_at(row: dict) -> str:
@@ -289,7 +311,11 @@ def summary_lines(s: dict) -> list[str]:
         lines = [f"reserved (engine sequence vs recorded sequence, replayed with torch's defaults): "
                  f"{s['compared']} rows compared, worst {s['worst_pct']:+.4f}% ({s['worst_name']}), "
                  f"mean |error| {s['mean_abs_pct']:.4f}%, within {s['target_pct']}%: "
-                 f"{s['within_target']}/{s['compared']}; sequences identical {s['identical']}, "
+                 f"{s['within_target']}/{s['compared']}; without the mixture-of-experts rows (routing "
+                 f"not given to the engine's sequence): {s['dense_compared']} rows, worst "
+                 f"{s['dense_worst_pct']}% ({s['dense_worst_name']}), mean |error| {s['dense_mean_abs_pct']}%, "
+                 f"within {s['target_pct']}%: {s['dense_within_target']}/{s['dense_compared']}; "
+                 f"sequences identical {s['identical']}, "
                  f"allocator-equivalent {s['equivalent']} (large pool alone {s['equivalent_large']}); "
                  f"first difference in "
                  + (", ".join(f"{k} ({n})" for k, n in sorted(s["first_diverging_step"].items(), key=str))
