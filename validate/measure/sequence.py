@@ -126,6 +126,9 @@ def segment_tokens(events: list, bounds: list[int], labels: list | None = None) 
     >>> ev = [("alloc", 7, 10), ("alloc", 8, 20), ("free", 8), ("free", 7), ("alloc", 9, 5), ("free", 9)]
     >>> [[t for t, _ in seg] for seg in segment_tokens(ev, [2])]
     [[('a', 10), ('a', 20)], [('F', 10), ('F', 20), ('a', 5), ('f', 0)]]
+    >>> again = [("alloc", 1, 8), ("alloc", 2, 8), ("free", 1), ("alloc", 1, 4), ("free", 1)]
+    >>> [t for t, _ in segment_tokens(again, [])[0]]
+    [('a', 8), ('a', 8), ('f', 0), ('a', 4), ('f', 2)]
     """
     sizes: dict = {}
     made_by: dict = {}
@@ -133,14 +136,15 @@ def segment_tokens(events: list, bounds: list[int], labels: list | None = None) 
     out = []
     for lo, hi in zip(cuts, cuts[1:]):
         local: dict = {}
-        seg = []
+        seg, count = [], 0
         for i in range(lo, hi):
             e = events[i]
             label = labels[i] if labels is not None else None
-            if e[0] == "alloc":
+            if e[0] == "alloc":  # a handle may be used again after its free: numbered anew
                 sizes[e[1]] = e[2]
                 made_by[e[1]] = label
-                local[e[1]] = len(local)
+                local[e[1]] = count
+                count += 1
                 seg.append((("a", e[2]), label))
             elif e[1] in sizes:
                 k = local.get(e[1])
