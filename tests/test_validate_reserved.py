@@ -6,6 +6,7 @@ every allocation and free it serves, c10/core/impl/alloc_cpu + reportMemoryUsage
 sequence's live peak against the tracker's measured peak, and the comparison harness against
 sequences whose differences are known."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,38 @@ def test_cli_reserved_needs_the_cpu_backend(capsys):
                    "--reserved"])
     err = capsys.readouterr().err
     assert rc == 2 and "reserved" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the recorded ci rows against the current engine (no torch run: the record is the measurement) ----
+RESERVED_RESULTS = Path(__file__).resolve().parents[1] / "validate" / "results" / "cpu-ci-reserved.jsonl"
+
+
+def _recorded_rows():
+    if not RESERVED_RESULTS.exists():
+        pytest.skip("no validate/results/cpu-ci-reserved.jsonl")
+    rows = [json.loads(line) for line in RESERVED_RESULTS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("recorded_reserved_bytes") and not rv.routed(r)
+            and r.get("reserved_error_pct") is not None and abs(r["reserved_error_pct"]) <= rv.TARGET_PCT]
+
+
+def _check_rows(rows):
+    if rv.engine_allocation_events() is None:
+        pytest.skip("this memcalc has no memcalc.engine.allocations.allocation_events")
+    from memcalc.allocator.replay import replay_events
+
+    for r in rows:
+        spec, tc = ModelSpec(**r["model"]), TrainingConfig(**r["training"])
+        events = rv.engine_allocation_events()(spec, tc, steps=3)
+        reserved = replay_events(events).peak_reserved_bytes
+        err = (reserved - r["recorded_reserved_bytes"]) / r["recorded_reserved_bytes"] * 100
+        assert abs(err) <= rv.TARGET_PCT, (r["name"], reserved, r["recorded_reserved_bytes"])
+
+
+def test_recorded_reserved_rows_still_agree_with_the_engine_sample():
+    """Rows that agreed within 0.1% when recorded still do (a sample; the slow lane checks all)."""
+    _check_rows(_recorded_rows()[:4])
+
+
+@pytest.mark.slow
+def test_recorded_reserved_rows_still_agree_with_the_engine():
+    _check_rows(_recorded_rows())
