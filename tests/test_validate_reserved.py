@@ -190,6 +190,31 @@ def test_cli_reserved_row(tmp_path, monkeypatch, capsys):
     assert "1 rows compared" in capsys.readouterr().out
 
 
+def test_stored_sequences_recompare_without_running(tmp_path, monkeypatch, capsys):
+    """--sequences keeps the recorded run; validate.run.recompare gives the same fields from it as the
+    run itself (same engine stub), and new ones when the engine changes, without running the row."""
+    from validate.run import cli, recompare
+
+    stub = [[("alloc", 0, 1 << 20)]]
+    monkeypatch.setattr(rv, "engine_allocation_events", lambda: lambda *_: stub[0])
+    out, seqs = tmp_path / "one.jsonl", tmp_path / "seqs"
+    args = ["run", "--model", "gpt2", "--num-layers", "1", "--hidden-size", "16", "--num-heads", "2",
+            "--vocab-size", "64", "--implementation", "reference", "--micro-batch", "1", "--seq-len", "8",
+            "--device", "cpu", "--reserved", "--sequences", str(seqs), "--out", str(out)]
+    assert cli.main(args) == 0
+    row = json.loads(out.read_text().splitlines()[-1])
+    again = recompare.recompare_row(row, seqs)
+    assert {k: again[k] for k in row} == row
+    stub[0] = [("alloc", 0, 30 << 20)]
+    assert recompare.main([str(out), "--sequences", str(seqs), "--out", str(tmp_path / "new.jsonl")]) == 0
+    new = json.loads((tmp_path / "new.jsonl").read_text())
+    assert new["predicted_reserved_bytes"] == 30 << 20 and new["measured_peak_bytes"] == row["measured_peak_bytes"]
+    assert "1 rows compared" in capsys.readouterr().out
+    assert "| configuration |" in (tmp_path / "new.md").read_text()
+    assert recompare.main([str(out), "--sequences", str(tmp_path / "none")]) == 2
+    assert cli.main(args[:-5] + ["--sequences", str(seqs)]) == 2  # --sequences without --reserved
+
+
 def test_cli_reserved_needs_the_cpu_backend(capsys):
     from validate.run import cli
 

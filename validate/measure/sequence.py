@@ -5,10 +5,13 @@ allocator-equivalent form in which frees between two allocations are put in one 
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import sys
 import zlib
 from array import array
+from pathlib import Path
 
 
 def step_starts(marks: list[tuple[int, str]]) -> list[int]:
@@ -211,6 +214,48 @@ def pool_events(events: list, pool: str, labels: list | None = None, steps: list
     return [events[i] for i in keep], pick(labels), pick(steps)
 
 
-__all__ = ["canonical", "sequence_digest", "pack", "unpack", "events_of", "step_starts",
+# ---- a recorded run kept on disk (python -m validate run --reserved --sequences DIR) ----------------
+def stored_name(key: str) -> str:
+    """File name of a row's stored sequence: a digest of its key (validate.run.case.config_key).
+
+    >>> n = stored_name('{"a":1}'); n.endswith(".json.gz"), len(n), n == stored_name('{"a":2}')
+    (True, 24, False)
+    """
+    return hashlib.sha256(key.encode()).hexdigest()[:16] + ".json.gz"
+
+
+def save_run(folder: str | Path, key: str, events: list, marks: list, ops: list | None = None) -> Path:
+    """Keep a recorded run (canonical sequence, marks, each event's op) as folder/stored_name(key), so
+    that validate.run.recompare compares it with a later engine without running the row again.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> _ = save_run(d, "k", [("alloc", 9, 512), ("free", 9)], [(0, "inputs")], ["aten.ones.default", ""])
+    >>> load_run(d, "k")
+    ([('alloc', 0, 512), ('free', 0)], [(0, 'inputs')], ['aten.ones.default', ''])
+    """
+    seq = canonical(events)
+    if len(seq) != len(events):  # a free of a storage never allocated: the marks would shift
+        raise ValueError("the sequence frees a handle it never allocated")
+    path = Path(folder) / stored_name(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", compresslevel=6) as f:
+        json.dump({"key": key, "seq": seq, "marks": [list(m) for m in marks], "ops": ops}, f)
+    return path
+
+
+def load_run(folder: str | Path, key: str) -> tuple[list, list, list | None] | None:
+    """(events, marks, ops) that save_run kept for `key`, or None when there is none."""
+    path = Path(folder) / stored_name(key)
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    if data.get("key") != key:  # pragma: no cover - a digest collision
+        return None
+    return events_of(data["seq"]), [tuple(m) for m in data["marks"]], data.get("ops")
+
+
+__all__ = ["stored_name", "save_run", "load_run", "canonical", "sequence_digest",
+           "pack", "unpack", "events_of", "step_starts",
            "replayed_live_peak", "free_runs_sorted", "segment_tokens", "pool_of", "pool_events",
            "SMALL_POOL_MAX"]

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="record each row's allocation sequence (cpu backend) and compare its reserved "
                           "peak in the caching-allocator replica with the engine's sequence "
                           "(validate.run.reserved; default --out DEVICE-MATRIX-reserved.jsonl)")
+    run.add_argument("--sequences", metavar="FOLDER",
+                     help="with --reserved: keep each row's recorded sequence in FOLDER, so that "
+                          "python -m validate.run.recompare compares it with a later engine without "
+                          "running the row again")
     run.add_argument("--cuda-snapshots", metavar="FOLDER",
                      help="cuda backend: write a memory snapshot with history per row into FOLDER "
                           "(validate.measure.cuda_snapshot; replayed by scripts/gpu_summary.py --snapshots)")
@@ -263,6 +267,8 @@ def cmd_run(args) -> int:
     if args.reserved and (args.backend not in ("auto", "cpu") or any(_backend(args, c) != "cpu" for c in cases)):
         raise SpecError("reserved", "the allocation sequence is recorded by the cpu backend",
                         "use --device cpu (and --backend cpu or auto) with --reserved")
+    if args.sequences and not args.reserved:
+        raise SpecError("sequences", "keeps the sequences --reserved records", "add --reserved")
     distributed = any(c.distributed for c in cases)
     out = _default_out(args, cases, distributed)
     if args.cuda_snapshots:
@@ -273,7 +279,8 @@ def cmd_run(args) -> int:
     step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
     with _exclusive(target):
         rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
-                         steps=args.steps, with_prediction=not args.no_predict, reserved=args.reserved)
+                         steps=args.steps, with_prediction=not args.no_predict, reserved=args.reserved,
+                         sequences=args.sequences)
     close()
     allowed = tolerances(args, cases)
     if out is not None:

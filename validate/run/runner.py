@@ -16,10 +16,12 @@ from validate.distributed.job import BACKEND as DIST_BACKEND  # a distributed ca
 
 def run_cases(cases: list[Case], out_path: str | Path, backend: str = "cpu",
               progress: Callable[[Case], None] | None = None, steps: int = 3,
-              with_prediction: bool = True, reserved: bool = False) -> list[dict]:
+              with_prediction: bool = True, reserved: bool = False,
+              sequences: str | Path | None = None) -> list[dict]:
     """Measure (and predict) each case not yet in `out_path`, appending rows as they finish.
     With `reserved`, each row also compares the reserved peaks of its recorded allocation
-    sequence and the engine's (validate.run.reserved).
+    sequence and the engine's (validate.run.reserved); with `sequences` too, each recorded sequence
+    is kept in that folder (validate.measure.sequence.save_run) for validate.run.recompare.
 
     Returns all rows of the file for the given cases (old and new), in case order.
     """
@@ -28,13 +30,15 @@ def run_cases(cases: list[Case], out_path: str | Path, backend: str = "cpu",
         if progress is not None:
             progress(case)
         if case.key not in done:
-            append_jsonl(out_path, run_case(case, backend, steps, with_prediction, reserved))
+            append_jsonl(out_path, run_case(case, backend, steps, with_prediction, reserved,
+                                                  sequences))
     latest = {r["key"]: r for r in read_jsonl(out_path)}
     return [latest[c.key] for c in cases if c.key in latest]
 
 
 def run_case(case: Case, backend: str = "cpu", steps: int = 3,
-             with_prediction: bool = True, reserved: bool = False) -> dict:
+             with_prediction: bool = True, reserved: bool = False,
+             sequences: str | Path | None = None) -> dict:
     """One case's row: measured, then predicted; an error row when the measurement raised.
     With `reserved`, measured with its allocation sequence recorded (validate.measure.allocations)
     and the reserved comparison added (validate.run.reserved)."""
@@ -47,6 +51,10 @@ def run_case(case: Case, backend: str = "cpu", steps: int = 3,
 
             recorded = measure_recorded(case.spec, case.training, case.hf_config, steps)
             measured = recorded.measurement
+            if sequences is not None:
+                from validate.measure.sequence import save_run
+
+                save_run(sequences, case.key, recorded.events, recorded.marks, recorded.ops)
         else:
             measured = _measure(case, backend, steps)
     except Exception as err:  # record and go on: one broken config must not stop a matrix
