@@ -214,6 +214,35 @@ def pool_events(events: list, pool: str, labels: list | None = None, steps: list
     return [events[i] for i in keep], pick(labels), pick(steps)
 
 
+def from_steps(events: list, first: int, labels: list | None = None) -> tuple[list, list | None, int]:
+    """The sequence as the steps see it: the events before index `first` (the model's construction)
+    replaced by one allocation per storage still live at `first`, in the order they were made.
+    Returns (events, labels, shift): an index i >= first of the old sequence is i + shift in the new.
+
+    Why: issue 23 compares the order of the measured steps' allocations. How a model is built is
+    not the step, and the validator's build is not a user's: it builds a bf16 model in fp32 and
+    casts it (validate/measure/step.py build_trainee: every fp32 parameter freed after its bf16
+    copy, where from_pretrained(torch_dtype=...) makes bf16 parameters directly), and transformers'
+    construction makes temporaries (the rotary inv_freq computation, an lm_head weight that tying
+    replaces) that the engine's construction (parameters, then buffers) does not model. The
+    engine's sequence is cut the same way, so both start from their live storages, packed.
+
+    >>> ev = [("alloc", 0, 8), ("alloc", 1, 4), ("free", 0), ("alloc", 2, 2), ("alloc", 3, 1), ("free", 2)]
+    >>> from_steps(ev, 4, list("abcdef"))
+    ([('alloc', 1, 4), ('alloc', 2, 2), ('alloc', 3, 1), ('free', 2)], ['b', 'd', 'e', 'f'], -2)
+    """
+    live: dict = {}
+    for i, e in enumerate(events[:first]):
+        if e[0] == "alloc":
+            live[e[1]] = i
+        else:
+            live.pop(e[1], None)
+    keep = sorted(live.values())
+    head = [events[i] for i in keep]
+    new_labels = None if labels is None else [labels[i] for i in keep] + list(labels[first:])
+    return head + list(events[first:]), new_labels, len(head) - first
+
+
 # ---- a recorded run kept on disk (python -m validate run --reserved --sequences DIR) ----------------
 def stored_name(key: str) -> str:
     """File name of a row's stored sequence: a digest of its key (validate.run.case.config_key).
@@ -256,6 +285,6 @@ def load_run(folder: str | Path, key: str) -> tuple[list, list, list | None] | N
 
 
 __all__ = ["stored_name", "save_run", "load_run", "canonical", "sequence_digest",
-           "pack", "unpack", "events_of", "step_starts",
+           "from_steps", "pack", "unpack", "events_of", "step_starts",
            "replayed_live_peak", "free_runs_sorted", "segment_tokens", "pool_of", "pool_events",
            "SMALL_POOL_MAX"]

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from validate.measure.sequence import (canonical, pool_events, segment_tokens, sequence_digest,
-                                       step_starts)
+from validate.measure.sequence import (canonical, from_steps, pool_events, segment_tokens,
+                                       sequence_digest, step_starts)
 
 TARGET_PCT = 0.1
 """Issue 23 item 4: engine-sequence vs recorded-sequence reserved peaks agree within 0.1%."""
@@ -184,6 +184,39 @@ def reserved_by_step(curve: list[tuple[int, int]], starts: list[int], n_events: 
 
 
 # ---- a row's fields -----------------------------------------------------------------------------
+BUILD = ("from the steps: each sequence's construction replaced by its storages live when the first step "
+         "begins, in the order made (validate.measure.sequence.from_steps)")
+
+
+def recorded_from_steps(events: list, marks: list, ops: list | None = None) -> tuple[list, list, list | None]:
+    """The recorded run from its first step on (validate.measure.sequence.from_steps), marks moved.
+
+    >>> recorded_from_steps([("alloc", 0, 8), ("free", 0), ("alloc", 1, 4)], [(2, "inputs")])
+    ([('alloc', 1, 4)], [(0, 'inputs')], None)
+    """
+    starts = step_starts(marks)
+    if not starts:
+        return events, marks, ops
+    events, ops, shift = from_steps(events, starts[0], ops)
+    return events, [(i + shift, label) for i, label in marks], ops
+
+
+def engine_from_steps(run: EngineRun) -> EngineRun:
+    """The engine's run from its first step on (construction: its live storages), when its steps are
+    known (unchanged otherwise).
+
+    >>> r = engine_from_steps(EngineRun([("alloc", 0, 8), ("free", 0), ("alloc", 1, 4)], [-1, -1, 0]))
+    >>> r.events, r.steps
+    ([('alloc', 1, 4)], [0])
+    """
+    if run.steps is None:
+        return run
+    first = next((i for i, s in enumerate(run.steps) if s >= 0), len(run.steps))
+    events, labels, shift = from_steps(run.events, first, run.labels)
+    kept = len(events) - (len(run.events) - first)
+    return EngineRun(events, [-1] * kept + list(run.steps[first:]), labels)
+
+
 def reserved_fields(events: list, marks: list, spec, training, steps: int,
                     engine: EngineEvents | None = None, ops: list | None = None) -> dict:
     """The row fields of --reserved for one recorded run (`ops`: each event's ATen op, for the
@@ -202,12 +235,18 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
 
     from validate.run.compare import error_pct
 
+    engine_run, why = engine_sequence(spec, training, steps, engine)
+    cut = engine_run is None or engine_run.steps is not None  # an engine without steps: whole runs
+    raw_events = len(events)
+    if cut:
+        events, marks, ops = recorded_from_steps(events, marks, ops)
     seq = canonical(events)
     rec = replay_events(events)
     starts = step_starts(marks)
     detail = {"settings": "torch defaults (PYTORCH_CUDA_ALLOC_CONF unset)",
-              "recorded_events": len(seq), "recorded_allocs": sum(1 for x in seq if x > 0),
-              "recorded_digest": sequence_digest(seq),
+              "build": BUILD if cut else "as run (the engine gives no steps)",
+              "recorded_raw_events": raw_events, "recorded_events": len(seq),
+              "recorded_allocs": sum(1 for x in seq if x > 0), "recorded_digest": sequence_digest(seq),
               "recorded_allocated_bytes": rec.peak_allocated_bytes,
               "recorded_segments": sum(1 for k, _ in rec.segment_events if k == "segment_alloc"),
               "recorded_reserved_by_step": reserved_by_step(rec.reserved_curve, starts, len(seq))}
@@ -216,10 +255,10 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
     if getattr(spec, "moe", None):
         detail["routing"] = ("the run routed tokens as its router decided; the engine's sequence routes them "
                              "its own way (allocation_events takes no routing)")
-    engine_run, why = engine_sequence(spec, training, steps, engine)
     if engine_run is None:
         detail["no_engine_sequence"] = why
         return fields
+    engine_run = engine_from_steps(engine_run)
     eseq = canonical(engine_run.events)
     pred = replay_events(engine_run.events)
     fields["predicted_reserved_bytes"] = pred.peak_reserved_bytes
