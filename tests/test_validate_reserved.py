@@ -87,6 +87,17 @@ def test_recorded_sequence_holds_the_measured_peak(run):
     assert unpack(pack(seq)) == seq and canonical(events_of(seq)) == seq
 
 
+def test_recording_goes_on_past_the_kernels_the_tracker_looks_inside():
+    """bitsandbytes' CPU optimizer update is run with the tracker entered again (tracker.SEE_INSIDE):
+    the end of that inner `with` is not the end of the recording (every step is in the sequence)."""
+    pytest.importorskip("bitsandbytes")
+    tc = TC.model_copy(update={"optimizer": "adamw-8bit"})
+    rec = measure_recorded(TINY, tc, steps=3)
+    marks = [label for _, label in rec.marks]
+    assert marks.count("inputs") == 3 and marks.count("optimizer") == 3
+    assert replayed_live_peak(rec.events, rec.marks, after_step=1) == rec.measurement.peak_bytes
+
+
 @pytest.mark.slow
 def test_same_run_same_sequence(run):
     assert sequence_digest(canonical(measure_recorded(TINY, TC, steps=3).events)) == sequence_digest(

@@ -55,6 +55,7 @@ class AllocationRecorder(LiveTensorTracker):
         self._handles: dict[int, int] = {}
         self._next = 0
         self.recording = True
+        self._depth = 0
 
     def _new_handle(self, key: int, nbytes: int) -> None:
         if nbytes == 0 or not self.recording:
@@ -113,8 +114,17 @@ class AllocationRecorder(LiveTensorTracker):
             self.marks.append((len(self.events), label))
         super().mark(label)
 
+    def __enter__(self):
+        self._depth += 1
+        return super().__enter__()
+
     def __exit__(self, *exc) -> None:
-        self.recording = False
+        """Recording ends when the outermost `with` ends: the tracker enters itself again around
+        the kernels it looks inside (validate.measure.tracker.SEE_INSIDE), and their end is not
+        the run's."""
+        self._depth -= 1
+        if not self._depth:
+            self.recording = False
         return super().__exit__(*exc)
 
 
