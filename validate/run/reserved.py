@@ -279,6 +279,23 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
     return fields
 
 
+def engine_reserved_bytes(spec, training, steps: int = 3) -> int:
+    """The engine's reserved peak as `reserved_fields` takes it (its sequence from the steps on,
+    replayed with torch's defaults): what a recorded row's predicted_reserved_bytes is re-checked with.
+
+    >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
+    >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
+    >>> engine_reserved_bytes(ModelSpec.preset("gpt2"), tc) >= 500 << 20 or engine_allocation_events() is None
+    True
+    """
+    from memcalc.allocator.replay import replay_events
+
+    run, why = engine_sequence(spec, training, steps)
+    if run is None:
+        raise LookupError(why)
+    return replay_events(engine_from_steps(run).events).peak_reserved_bytes
+
+
 # ---- the report ---------------------------------------------------------------------------------
 def compared_rows(rows: list[dict]) -> list[dict]:
     """Rows with both reserved peaks."""
