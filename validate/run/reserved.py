@@ -282,10 +282,11 @@ def reserved_fields(events: list, marks: list, spec, training, steps: int,
 def engine_reserved_bytes(spec, training, steps: int = 3) -> int:
     """The engine's reserved peak as `reserved_fields` takes it (its sequence from the steps on,
     replayed with torch's defaults): what a recorded row's predicted_reserved_bytes is re-checked with.
+    GPT-2 small in fp32 holds 0.5 GB of parameters and as much of gradients, so more than 1 GiB.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> tc = TrainingConfig(micro_batch=1, seq_len=8)
-    >>> engine_reserved_bytes(ModelSpec.preset("gpt2"), tc) >= 500 << 20 or engine_allocation_events() is None
+    >>> engine_allocation_events() is None or engine_reserved_bytes(ModelSpec.preset("gpt2"), tc) > 1 << 30
     True
     """
     from memcalc.allocator.replay import replay_events
