@@ -29,6 +29,7 @@ from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from memcalc.tape.graph import Graph, Storage
 from memcalc.tape.simulate import Memory
+from memcalc.engine.bnb_events import STATES, bnb_temporaries
 
 WORKSPACE = "cublas_workspace"  # memcalc.allocator.rules.device_constants' name
 TEMPORARIES = "optimizer temporaries"  # memcalc.tape.step._optimizer_step's one storage for them
@@ -293,7 +294,11 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
     how micro-steps 3 and on repeat the second (EngineSequence.repeats), or None where they are
     written out (something the second makes outlives it) or there are none."""
     out, workspace, second = [], None, []
+    states = _placed_states(raw, temporaries)
+    placed = {id(st) for st in states}
     for kind, st, phase, micro, where in raw:
+        if id(st) in placed and kind == "alloc":  # made where the update's temporaries say
+            continue
         if kind == "steal":  # .grad is the incoming gradient's block: its handle goes on
             handle.alias(st, phase)
             continue
@@ -302,7 +307,7 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
             continue
         if st.label == TEMPORARIES and temporaries is not None:  # the update's own allocations
             if kind == "alloc":
-                out += _temporaries(temporaries, handle, step)
+                out += _temporaries(temporaries, handle, step, states, size)
             continue
         if st.category == WORKSPACE and matmul is not None:
             workspace = Event("alloc", handle(st), n, step, "forward", st.label)
@@ -327,6 +332,16 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
     return out, None
 
 
+def _placed_states(raw: list[tuple], temporaries: list | None) -> list[Storage]:
+    """The optimizer states that bnb_temporaries' ("states", ...) entries place (those the first
+    step makes, in parameter order), when the step has the update's temporaries; else none."""
+    if not temporaries or not any(t[0] == STATES for t in temporaries):
+        return []
+    if not any(e[0] == "alloc" and e[1].label == TEMPORARIES for e in raw):
+        return []
+    return [e[1] for e in raw if e[0] == "alloc" and e[2] == "optimizer" and e[1].label == "optimizer state"]
+
+
 def _survivors(events: list[Event]) -> set[int]:
     """Handles allocated in `events` and not freed there."""
     live: set[int] = set()
@@ -346,7 +361,8 @@ def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:
       and its quotient `denom`, the sqrt freed at once and the previous parameter's denom when the
       loop variable is rebound;
     - SGD with coupled weight decay: the grads' copies (foreach: all, for-loop: one at a time).
-    None where the engine's block is kept as it is (bitsandbytes, Adafactor: their own modules).
+    - bitsandbytes: `bnb_temporaries` (each parameter's update, its states before it in the first step).
+    None where the engine's block is kept as it is (Adafactor: its own module).
 
     >>> from memcalc.engine.simulation import build_graph
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
@@ -355,8 +371,11 @@ def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:
     >>> len(temps), temps[0]  # 148 sqrt copies made, then freed
     (296, ('alloc', (0, 'sqrt', 0), 154389504))
     """
+    from memcalc.tape.bnb_states import BNB
     from memcalc.tape.step import _param_sizes
 
+    if regime.optimizer in BNB:
+        return bnb_temporaries(graph, regime)
     if regime.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
         return None
     if regime.hf_trainer:
@@ -402,11 +421,18 @@ def _copies(group: int, what: str, sizes: list[int], together: bool) -> list[tup
     return [e for pair in zip(made, freed) for e in pair]
 
 
-def _temporaries(temps: list[tuple], handle: _Handles, step: int) -> list[Event]:
-    """optimizer_temporaries as Events, each key under a handle of its own."""
+def _temporaries(temps: list[tuple], handle: _Handles, step: int, states: list | None = None,
+                 size: _Sizer | None = None) -> list[Event]:
+    """optimizer_temporaries as Events, each key under a handle of its own; a ("states", i, count)
+    entry takes the next `count` of `states` (the first step's state storages, in parameter order)."""
     keys: dict = {}
     out = []
+    left = list(states or [])
     for kind, key, n in temps:
+        if kind == STATES:
+            out += [Event("alloc", handle(st), size(st), step, "optimizer", st.label) for st in left[:n]]
+            del left[:n]
+            continue
         if key not in keys:
             keys[key] = handle(Storage(None, "temporaries", str(key)))  # kept by `handle`: a fresh id
         out.append(Event(kind, keys[key], n, step, "optimizer", f"optimizer temporary {key[1]}"))
