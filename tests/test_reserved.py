@@ -151,6 +151,16 @@ def test_cpu_reserved_is_allocated() -> None:
     assert r.reserved is None and r.reserved_peak_bytes == r.device_bytes == r.peak_bytes
 
 
+def test_allocator_settings_on_cpu_are_refused_by_name() -> None:
+    """device='cpu' has no caching allocator: its settings would change nothing, so they are refused."""
+    try:
+        TrainingConfig(micro_batch=1, seq_len=8, device="cpu", allocator="expandable_segments:True")
+    except MemcalcError as err:
+        assert str(err).startswith("allocator:") and "device='cpu'" in str(err)
+    else:
+        raise AssertionError("allocator settings on cpu were accepted")
+
+
 def test_allocator_settings_are_refused_by_name() -> None:
     try:
         TrainingConfig(micro_batch=1, seq_len=8, allocator="expandable:True")
@@ -206,3 +216,26 @@ def test_skipped_micro_step_repeats_change_nothing(case: tuple, grad_accum: int)
         r = replay_sequence(seq)
         full = replay_events([e.as_tuple() for e in seq.events(r.steps)])
         assert full.peak_reserved_bytes == r.peak_reserved_bytes
+
+
+def test_estimate_screen_and_json_show_allocated_reserved_device(capsys) -> None:
+    """`memcalc estimate` prints the three peaks on its first screen and carries them in --json;
+    device bytes are reserved plus the CUDA context of memcalc.allocator.outside; --allocator sets
+    TrainingConfig.allocator (expandable segments reserve no more here, allocated unchanged)."""
+    import json
+
+    from memcalc.allocator.outside import outside_bytes
+    from memcalc.cli import main
+
+    flags = ["estimate", "--model", "gpt2", "--micro-batch", "2", "--seq-len", "256"]
+    main(flags)
+    head = capsys.readouterr().out.splitlines()[1]
+    assert head.startswith("  allocated ") and " | reserved " in head and " | device " in head
+    main(flags + ["--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["peak_bytes"] <= out["reserved_peak_bytes"] < out["device_bytes"]
+    assert out["device_bytes"] - out["reserved_peak_bytes"] == outside_bytes("cuda")
+    main(flags + ["--json", "--allocator", "expandable_segments:True"])
+    expandable = json.loads(capsys.readouterr().out)
+    assert expandable["peak_bytes"] == out["peak_bytes"]
+    assert expandable["reserved_peak_bytes"] <= out["reserved_peak_bytes"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from memcalc.core.errors import NotModelledError
 from memcalc.engine.regime import Regime
@@ -35,10 +36,10 @@ WORKSPACE = "cublas_workspace"  # memcalc.allocator.rules.device_constants' name
 TEMPORARIES = "optimizer temporaries"  # memcalc.tape.step._optimizer_step's one storage for them
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
     """One allocator call: kind 'alloc' or 'free', the handle naming the storage, its bytes as
-    requested (before the allocator's rounding), and where in the run it happens."""
+    requested (before the allocator's rounding), and where in the run it happens (a named tuple:
+    tens of thousands are made per shape, and a capacity search asks for many shapes)."""
 
     kind: str
     handle: int
@@ -214,25 +215,17 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     ['cublas_workspace']
     """
     from memcalc.engine.run import regime_for as _regime
-    from memcalc.engine.simulation import _prepared
 
     regime = regime or _regime(model, training)
     size = _Sizer(training.micro_batch, training.seq_len)
-    graph, constants, shapes, _, fsdp = _prepared(model, regime, True)
-    first_raw, first_mem = _walk(graph, regime, True, constants, fsdp)
-    cut_first = _batch_at(first_raw, {id(v.storage) for v in graph.inputs})
-    if fsdp is not None:  # a fresh Fsdp (it keeps what it gathered)
-        graph, constants, _, _, fsdp = _prepared(model, regime, True)
-    steady_raw, steady_mem = _walk(graph, regime, False, constants, fsdp)
-    matmul = _first_matmul(graph) if constants.get(WORKSPACE) else None
-    cut_steady = _batch_at(steady_raw, {id(v.storage) for v in graph.inputs})
+    graph, shapes, first_raw, first_mem, cut_first, steady_raw, steady_mem, cut_steady, matmul, temps = \
+        _walks(model, regime)
     handle = _Handles()
     construction = [e for e in _events(first_raw[:cut_first], size, handle, 0, None, regime)[0]
                     if e.label != WORKSPACE]
     before = [e[1] for e in steady_raw[:cut_steady] if e[0] == "alloc" and size(e[1])]
     kept_first = _kept(first_mem, before, size, handle)
     workspace = [e for e in first_raw[:cut_first] if e[1].category == WORKSPACE]
-    temps = optimizer_temporaries(graph, regime)
     first, first_repeat = _events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime, temps)
     first += _end_of_step(first_mem, kept_first, size, handle, 1)
     kept_steady = {id(st) for st in before}
@@ -242,6 +235,39 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
         _rank_optimizer(first, steady, shapes, regime, len(handle.ids))
     repeats = {k: v for k, v in (("first", first_repeat), ("steady", steady_repeat)) if v is not None}
     return EngineSequence(construction, first, steady, repeats)
+
+
+WALKS = 8
+"""(model, regime)s whose walks _walks keeps (the capacity searches ask for one regime at many shapes)."""
+_WALKS: dict = {}
+
+
+def _walks(model: ModelSpec, regime: Regime) -> tuple:
+    """The shape-free part of engine_sequence, kept for the last WALKS (model, regime)s: the walks
+    of the first and a steady step (EventMemory's raw events, with storages sized by Polys in
+    (b, s): the order does not depend on the shape, the regime holds the shape conditions a
+    program branches on), where each step's batch is made, the first matmul, the optimizer's
+    temporaries. engine_sequence sizes them at its (micro_batch, seq_len)."""
+    from memcalc.engine.simulation import _prepared
+
+    key = (model, regime)
+    found = _WALKS.get(key)
+    if found is not None:
+        return found
+    graph, constants, shapes, _, fsdp = _prepared(model, regime, True)
+    first_raw, first_mem = _walk(graph, regime, True, constants, fsdp)
+    cut_first = _batch_at(first_raw, {id(v.storage) for v in graph.inputs})
+    if fsdp is not None:  # a fresh Fsdp (it keeps what it gathered)
+        graph, constants, _, _, fsdp = _prepared(model, regime, True)
+    steady_raw, steady_mem = _walk(graph, regime, False, constants, fsdp)
+    matmul = _first_matmul(graph) if constants.get(WORKSPACE) else None
+    cut_steady = _batch_at(steady_raw, {id(v.storage) for v in graph.inputs})
+    found = (graph, shapes, first_raw, first_mem, cut_first, steady_raw, steady_mem, cut_steady, matmul,
+             optimizer_temporaries(graph, regime))
+    _WALKS[key] = found
+    while len(_WALKS) > WALKS:
+        del _WALKS[next(iter(_WALKS))]
+    return found
 
 
 def _rank_optimizer(first: list[Event], steady: list[Event], shapes: list, regime: Regime, handle: int) -> None:
@@ -296,13 +322,15 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
     out, workspace, second = [], None, []
     states = _placed_states(raw, temporaries)
     placed = {id(st) for st in states}
+    sizes, ids = size.cache, handle.ids  # (the lookups of size() and handle(), inlined)
     for kind, st, phase, micro, where in raw:
         if id(st) in placed and kind == "alloc":  # made where the update's temporaries say
             continue
         if kind == "steal":  # .grad is the incoming gradient's block: its handle goes on
             handle.alias(st, phase)
             continue
-        n = size(st)
+        found = sizes.get(id(st.size))
+        n = found[1] if found is not None else size(st)
         if not n:
             continue
         if st.label == TEMPORARIES and temporaries is not None:  # the update's own allocations
@@ -312,8 +340,8 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
         if st.category == WORKSPACE and matmul is not None:
             workspace = Event("alloc", handle(st), n, step, "forward", st.label)
             continue
-        ev = Event(kind, handle(st), n, step, phase, st.label)
-        out.append(ev)
+        found = ids.get(id(st))
+        out.append(Event(kind, found[1] if found is not None else handle(st), n, step, phase, st.label))
         if micro == 1 and phase in ("forward", "backward"):
             second.append(len(out) - 1)  # (the same storages recur in every micro-step: by position)
         if workspace is not None and phase == "forward" and isinstance(where, int) and where >= matmul:

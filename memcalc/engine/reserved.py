@@ -117,30 +117,37 @@ def _run_step(a: object, events: list[Event], repeat: tuple | None, live: dict, 
 
 
 def _run(a: object, events: list[Event], live: dict, phases: dict, record: list | None) -> None:
+    """Each event through the replica; `phases` keeps each phase's highest reserved total (the
+    batch, made in 'setup' before the forward, counts in the forward)."""
     from memcalc.allocator.replica import AllocatorOutOfMemory
 
-    malloc, free = a.malloc, a.free
+    malloc, free, pop = a.malloc, a.free, live.pop
+    last, name, top = None, None, -1
     for e in events:
-        if e.kind == "alloc":
+        kind, handle, nbytes, _, phase, _ = e
+        if kind == "alloc":
             try:
-                live[e.handle] = malloc(e.nbytes)
+                live[handle] = malloc(nbytes)
             except AllocatorOutOfMemory:
                 raise _OutOfMemory(e) from None
         else:
-            free(live.pop(e.handle))
-        phase = "forward" if e.phase == "setup" else e.phase  # the batch, made before the forward
-        if phases.get(phase, -1) < a.reserved_bytes:
-            phases[phase] = a.reserved_bytes
+            free(pop(handle))
+        if phase is not last:
+            last, name = phase, "forward" if phase == "setup" else phase
+            top = phases.get(name, -1)
+        reserved = a.reserved_bytes
+        if reserved > top:
+            top = phases[name] = reserved
         if record is not None:
-            record.append((a.reserved_bytes, a.allocated_bytes))
+            record.append((reserved, a.allocated_bytes))
 
 
 def reserved_for(model: object, training: object, device_limit: int | None = None) -> ReservedReplay:
     """The replay of `model` under `training` (settings from TrainingConfig.allocator); a MoE model's
     'worst' routing on the eager experts path: the routing that reserves the most
     (memcalc.engine.run.routings, the routings whose union the allocated peak bounds). The last
-    SEQUENCES sequences and their replays are kept (capacity asks for the same step under several
-    limits).
+    SEQUENCES sequences and the last REPLAYS replays are kept (capacity asks for the same step under
+    several limits, the tables for the same shapes on several GPUs).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=64)
@@ -154,18 +161,20 @@ def reserved_for(model: object, training: object, device_limit: int | None = Non
     if found is None:
         replays = [replay_sequence(seq, training.allocator, device_limit) for seq in _sequences(model, training)]
         found = max(replays, key=lambda r: (r.oom is not None, r.peak_reserved_bytes))
-        _keep(_REPLAYS, key, found)
+        _keep(_REPLAYS, key, found, REPLAYS)
     return found
 
 
 SEQUENCES = 16
+REPLAYS = 512
+"""Replays kept (small: the trace is not kept unless asked for); sequences hold every event."""
 _SEQUENCES: dict = {}
 _REPLAYS: dict = {}
 
 
-def _keep(cache: dict, key: object, value: object) -> None:
+def _keep(cache: dict, key: object, value: object, most: int = SEQUENCES) -> None:
     cache[key] = value
-    while len(cache) > SEQUENCES:
+    while len(cache) > most:
         del cache[next(iter(cache))]
 
 
