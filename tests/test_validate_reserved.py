@@ -189,6 +189,7 @@ def test_cli_reserved_row(tmp_path, monkeypatch, capsys):
     from validate.run import cli
 
     monkeypatch.setattr(rv, "engine_allocation_events", lambda: lambda *_: [("alloc", 0, 1 << 20)])
+    monkeypatch.setattr(rv, "_engine_run_labelled", lambda *_: None)  # the stub, not the engine
     out = tmp_path / "one.jsonl"
     rc = cli.main(["run", "--model", "gpt2", "--num-layers", "1", "--hidden-size", "16", "--num-heads",
                    "2", "--vocab-size", "64", "--implementation", "reference", "--micro-batch", "1",
@@ -209,6 +210,7 @@ def test_stored_sequences_recompare_without_running(tmp_path, monkeypatch, capsy
 
     stub = [[("alloc", 0, 1 << 20)]]
     monkeypatch.setattr(rv, "engine_allocation_events", lambda: lambda *_: stub[0])
+    monkeypatch.setattr(rv, "_engine_run_labelled", lambda *_: None)
     out, seqs = tmp_path / "one.jsonl", tmp_path / "seqs"
     args = ["run", "--model", "gpt2", "--num-layers", "1", "--hidden-size", "16", "--num-heads", "2",
             "--vocab-size", "64", "--implementation", "reference", "--micro-batch", "1", "--seq-len", "8",
