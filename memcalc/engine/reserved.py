@@ -156,6 +156,11 @@ def reserved_for(model: object, training: object, device_limit: int | None = Non
     >>> r.steady and e.steady, e.peak_reserved_bytes < r.peak_reserved_bytes
     (True, True)
     """
+    if getattr(model, "traced_candidates", None) is not None:  # memcalc.traced: no tape of the step here
+        from memcalc.core.errors import NotModelledError
+
+        raise NotModelledError("reserved", "a program traced from an nn.Module has no allocation sequence the "
+                               "caching-allocator replica can replay", "use peak_bytes, or basis='allocated'")
     key = (model, training, device_limit)
     found = _REPLAYS.get(key)
     if found is None:
