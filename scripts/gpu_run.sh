@@ -20,12 +20,16 @@
 #      a second call resumes where the first stopped (RESUME=0 starts afresh).
 #   4. scripts/gpu_throughput.py: step times, fp32 vs bf16-amp, none vs per-layer -> OUT/throughput.json
 #   5. scripts/gpu_summary.py: OUT/summary.json, OUT/MATRIX.md if the validator did not write it,
-#      and a short table printed last.
-# OUT gets at most 6 files: gpu_run.log env.json MATRIX.jsonl MATRIX.md throughput.json summary.json
+#      and a short table printed last; with DEVICE=cuda each row also wrote a memory snapshot with
+#      history ($WORK/snapshots, validate --cuda-snapshots), which the summary replays through the
+#      allocator replica beside max_memory_reserved, and OUT/snapshots.tar carries them (up to 15 MiB).
+# OUT gets at most 7 files: gpu_run.log env.json MATRIX.jsonl MATRIX.md throughput.json summary.json
+# snapshots.tar
 #
 # Environment: DEVICE (cuda|cpu), LIMIT, ONLY (regex), STEPS (3), TOLERANCE (cuda 3, cpu 1),
 # WHEELS (gpu-wheels; 'none' skips), WORK (gpu-out), PYTHON (python3; .venv/bin/python for cpu),
-# RESUME (1), VALIDATE_S, THROUGHPUT_S (cuda 75, cpu 60; 0 skips), THROUGHPUT_ARGS (extra args).
+# RESUME (1), VALIDATE_S, THROUGHPUT_S (cuda 75, cpu 60; 0 skips), THROUGHPUT_ARGS (extra args),
+# SNAPSHOTS (1; 0 records no memory snapshots).
 # Exit status: the validator's (0 all within tolerance, 1 some outside, 124 cut at its deadline),
 # 4 when memcalc/validate cannot import, 2 on bad arguments.
 set -u
@@ -38,7 +42,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   set -- "${1:-$REPO/gpu-out/dry-run/out}" "${2:-$MATRIX}" "${3:-240}"
 fi
 if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n 2,32p "$0"
+  sed -n 2,34p "$0"
   exit 2
 fi
 
@@ -76,6 +80,7 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ "$DEVICE" = cpu ] && [ -x .venv/bin/python ]; then PY=$REPO/.venv/bin/python
 else PY=python3; fi
 RESULTS=$WORK/$MATRIX.jsonl
+SNAPS=$WORK/snapshots
 VALIDATE_RC=""
 CHILD=""
 SYNCER=""
@@ -137,9 +142,23 @@ finalize() {
     rm -f "$OUT/$MATRIX.md"  # stale or missing: gpu_summary writes it from the rows
   fi
   stamp "validate exit status: ${VALIDATE_RC:-not run}; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
-  local tp=()
+  local tp=() snaps=()
   [ -f "$OUT/throughput.json" ] && tp=(--throughput "$OUT/throughput.json")
-  timeout -k 5 60 "$PY" scripts/gpu_summary.py "$OUT/$MATRIX.jsonl" "${tp[@]}" --tolerance "$TOL" \
+  if ls "$SNAPS"/*.pickle.gz >/dev/null 2>&1; then
+    snaps=(--snapshots "$SNAPS")
+    # one file for all rows' snapshots (the tool returns 8 files): the smallest first, up to 15 MiB
+    local total=0 size f
+    : > "$WORK/snapshots.list"
+    for f in $(cd "$SNAPS" && ls -S -r -- *.pickle.gz); do
+      size=$(stat -c %s "$SNAPS/$f")
+      [ $((total + size)) -le $((15 * 1024 * 1024)) ] || continue
+      total=$((total + size))
+      echo "$f" >> "$WORK/snapshots.list"
+    done
+    tar -C "$SNAPS" -cf "$OUT/snapshots.tar" -T "$WORK/snapshots.list" || echo "gpu_run: could not bundle the snapshots"
+    stamp "snapshots: $(ls "$SNAPS"/*.pickle.gz | wc -l) in $SNAPS, $(wc -l < "$WORK/snapshots.list" 2>/dev/null || echo 0) in snapshots.tar"
+  fi
+  timeout -k 5 120 "$PY" scripts/gpu_summary.py "$OUT/$MATRIX.jsonl" "${tp[@]}" "${snaps[@]}" --tolerance "$TOL" \
     --json "$OUT/summary.json" --md "$OUT/$MATRIX.md" --title "$MATRIX ($DEVICE)" \
     || echo "gpu_run: gpu_summary failed (status $?)"
 }
@@ -210,11 +229,12 @@ if [ "$env_rc" != 0 ] && [ "$env_rc" != 3 ]; then
 fi
 
 # ---- 3. validation matrix -----------------------------------------------------------------------
-if [ "${RESUME:-1}" = 0 ]; then rm -f "$RESULTS" "$WORK/$MATRIX.md"; fi
+if [ "${RESUME:-1}" = 0 ]; then rm -rf "$RESULTS" "$WORK/$MATRIX.md" "$SNAPS"; fi
 [ -f "$RESULTS" ] && stamp "resuming: $(wc -l < "$RESULTS") rows already in $RESULTS"
 args=(-m validate run --matrix "$MATRIX" --device "$DEVICE" --out "$RESULTS" --tolerance "$TOL" --steps "$STEPS")
 [ -n "${LIMIT:-}" ] && args+=(--limit "$LIMIT")
 [ -n "${ONLY:-}" ] && args+=(--only "$ONLY")
+[ "$DEVICE" = cuda ] && [ "${SNAPSHOTS:-1}" != 0 ] && args+=(--cuda-snapshots "$SNAPS")
 budget=${VALIDATE_S:-$(( $(left) - TP_S - 25 ))}
 [ "$budget" -gt $(( $(left) - 20 )) ] && budget=$(( $(left) - 20 ))
 stamp "validate: ${budget}s budget: $PY ${args[*]}"

@@ -3,6 +3,13 @@ and the throughput figures; a short table printed last (the device tool returns 
 
     python scripts/gpu_summary.py OUT/gpu-quick.jsonl [--throughput OUT/throughput.json]
         [--tolerance 3] [--json OUT/summary.json] [--md OUT/gpu-quick.md] [--title gpu-quick]
+        [--snapshots FOLDER]
+
+Reserved and device bytes, per row that has them: the measured max_memory_reserved against (a) the
+caching-allocator replica's replay of the row's own snapshot (--snapshots: the files
+`python -m validate run --cuda-snapshots FOLDER` wrote; memcalc.replay_snapshot with the recorded
+settings) and (b) the engine's reserved prediction (memcalc.estimate(...).reserved_peak_bytes, where
+this memcalc has it); NVML's used memory against the engine's device bytes (.device_bytes).
 
 --md writes the validator's markdown table (validate.run.compare.markdown_table) when the file is
 missing, e.g. after the run was cut short before the validator wrote it. Needs no torch.
@@ -78,6 +85,87 @@ def summarise(rows: list[dict], tolerance: float) -> dict:
     }
 
 
+def _pct(predicted, measured):
+    return None if predicted is None or not measured else round((predicted - measured) / measured * 100, 4)
+
+
+def _err_stats(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "worst": max(values, key=abs),
+            "mean_abs": round(statistics.fmean(abs(v) for v in values), 4)}
+
+
+def engine_reserved(row: dict) -> tuple[int | None, int | None]:
+    """(reserved_peak_bytes, device_bytes) of memcalc.estimate for the row's configuration, each None
+    where this memcalc has no such figure or cannot predict the row."""
+    try:
+        import memcalc
+        from memcalc.inputs.specs import ModelSpec
+        from memcalc.inputs.training import TrainingConfig
+
+        report = memcalc.estimate(ModelSpec(**row["model"]), TrainingConfig(**row["training"]))
+        return getattr(report, "reserved_peak_bytes", None), getattr(report, "device_bytes", None)
+    except Exception:  # a report: the row shows '-'
+        return None, None
+
+
+def replay_row_snapshot(row: dict, folder: Path | None) -> dict:
+    """The replica's replay of the row's snapshot: {'replayed', 'recorded'} peak reserved bytes (the
+    trace's own segment events give 'recorded'), or {'error': why}."""
+    name = (row.get("extra") or {}).get("snapshot")
+    if folder is None or not name:
+        return {}
+    try:
+        import memcalc
+
+        r = memcalc.replay_snapshot(str(folder / name))
+        return {"replayed": r.peak_reserved_bytes, "recorded": r.recorded_peak_reserved_bytes,
+                "placements": len(r.placements)}
+    except Exception as err:  # one broken file must not stop the summary
+        return {"error": f"{type(err).__name__}: {err}"[:200]}
+
+
+def reserved_checks(rows: list[dict], folder: Path | None, engine=engine_reserved) -> dict:
+    """Per row and over all rows: replayed snapshot vs measured reserved, engine reserved vs
+    measured reserved, engine device bytes vs NVML used (errors in %)."""
+    per_row, replay_err, engine_err, device_err = [], [], [], []
+    for r in rows:
+        extra = r.get("extra") or {}
+        measured, nvml = extra.get("max_memory_reserved"), extra.get("nvml_used_peak")
+        if r.get("status") != "ok" or not measured:
+            continue
+        snap = replay_row_snapshot(r, folder)
+        resv, device = engine(r)
+        item = {"name": r.get("name"), "measured_reserved": measured, "nvml_used": nvml,
+                "replayed_reserved": snap.get("replayed"), "trace_reserved": snap.get("recorded"),
+                "engine_reserved": resv, "engine_device": device,
+                "replay_error_pct": _pct(snap.get("replayed"), measured),
+                "engine_error_pct": _pct(resv, measured), "device_error_pct": _pct(device, nvml)}
+        if snap.get("error"):
+            item["snapshot_error"] = snap["error"]
+        per_row.append(item)
+        for key, acc in (("replay_error_pct", replay_err), ("engine_error_pct", engine_err),
+                         ("device_error_pct", device_err)):
+            if item[key] is not None:
+                acc.append(item[key])
+    return {"replay_vs_measured_reserved_pct": _err_stats(replay_err),
+            "engine_vs_measured_reserved_pct": _err_stats(engine_err),
+            "engine_device_vs_nvml_pct": _err_stats(device_err), "rows": per_row}
+
+
+def reserved_lines(checks: dict) -> list[str]:
+    """The reserved/device comparison per row, then one SUMMARY line."""
+    if not checks["rows"]:
+        return []
+    lines = [f"{'config':<24} {'resv MiB':>9} {'replay':>9} {'engine':>9} {'nvml MiB':>9} {'eng dev':>9}"]
+    for it in checks["rows"]:
+        lines.append(f"{str(it['name'])[:24]:<24} {_mib(it['measured_reserved']):>9} "
+                     f"{_mib(it['replayed_reserved']):>9} {_mib(it['engine_reserved']):>9} "
+                     f"{_mib(it['nvml_used']):>9} {_mib(it['engine_device']):>9}")
+    return lines + [""]
+
+
 def table(rows: list[dict], tolerance: float) -> list[str]:
     """One short line per configuration: measured, predicted, error, reserved, NVML, status."""
     from validate.run.compare import verdict
@@ -127,6 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the summary here")
     parser.add_argument("--md", help="write the markdown table here if the file is missing")
     parser.add_argument("--title", help="title of the markdown table")
+    parser.add_argument("--snapshots", help="folder of the rows' CUDA snapshots (validate run --cuda-snapshots)")
     args = parser.parse_args(argv)
     try:
         from validate.run.compare import markdown_table, read_jsonl
@@ -143,6 +232,8 @@ def main(argv=None) -> int:
         latest[r["key"]] = r
     rows = list(latest.values())
     summary = summarise(rows, args.tolerance)
+    checks = reserved_checks(rows, Path(args.snapshots) if args.snapshots else None)
+    summary["reserved_checks"] = checks
     tp = None
     if args.throughput and Path(args.throughput).exists():
         try:
@@ -164,7 +255,7 @@ def main(argv=None) -> int:
     out = []
     if tp:
         out += throughput_lines(tp) + [""]
-    out += table(rows, args.tolerance) + [""]
+    out += table(rows, args.tolerance) + [""] + reserved_lines(checks)
     s = summary
     worst = "-" if s["worst_error_pct"] is None else f"{s['worst_error_pct']:+.2f}% ({s['worst_name']})"
     mean = "-" if s["mean_abs_error_pct"] is None else f"{s['mean_abs_error_pct']:.2f}%"
@@ -177,6 +268,9 @@ def main(argv=None) -> int:
         f"errors {s['by_status'].get('error', 0)}",
         f"SUMMARY reserved-allocated MiB {s['reserved_minus_allocated_mib']}, reserved/allocated "
         f"{s['reserved_over_allocated']}, NVML-reserved MiB {s['nvml_minus_reserved_mib']}",
+        f"SUMMARY reserved % vs measured max_memory_reserved: snapshot replay "
+        f"{checks['replay_vs_measured_reserved_pct']}, engine {checks['engine_vs_measured_reserved_pct']}; "
+        f"engine device bytes vs NVML used {checks['engine_device_vs_nvml_pct']}",
     ]
     print("\n".join(out), flush=True)
     if not path.exists():

@@ -123,20 +123,31 @@ def _consumers() -> dict:
                                           num_layers=np.array([2, 3, 5]))
             out[f"grid layers {device} {model.name}"] = grid2.tolist()
             for solver in ("max_micro_batch", "max_seq_len", "max_layers"):
-                c = getattr(memcalc, solver)(model, t, "80GB")
+                c = getattr(memcalc, solver)(model, t, "80GB", **_allocated(getattr(memcalc, solver)))
                 out[f"{solver} {device} {model.name}"] = [c.value, c.peak_bytes, c.next_peak_bytes]
             out[f"expr {device} {model.name}"] = str(memcalc.estimate(model, t).expr)
     t = TrainingConfig(micro_batch=4, seq_len=2048, precision="bf16-amp")
     out["optimal_segment_size llama"] = memcalc.optimal_segment_size(llama, t)
     out["optimal_segment_size gpt2"] = memcalc.optimal_segment_size(gpt2, t.with_(seq_len=1024))  # <= 1024 positions
-    plans = memcalc.plan(ModelSpec.preset("llama-3-8b"), "H100-80GB", global_batch=256, seq_len=4096)
+    plans = memcalc.plan(ModelSpec.preset("llama-3-8b"), "H100-80GB", global_batch=256, seq_len=4096,
+                         **_allocated(memcalc.plan))
     out["plan llama-3-8b"] = [repr(p) for p in plans[:10]]
     zero3 = TrainingConfig(micro_batch=1, seq_len=4096, precision="bf16", checkpointing="per-layer",
                            world_size=8, sharding="zero3")
     from memcalc.queries.capacity import min_world_size
 
-    out["min_world_size 70b"] = repr(min_world_size(ModelSpec.preset("llama-2-70b"), zero3, "80GB"))
+    # (Capacity's basis field, issue 23 item 3, left out: min_world_size answers on allocated memory)
+    out["min_world_size 70b"] = repr(min_world_size(ModelSpec.preset("llama-2-70b"), zero3, "80GB")).replace(
+        ", basis='allocated'", "")
     return out
+
+
+def _allocated(fn) -> dict:
+    """basis="allocated" for a query that takes a basis (issue 23 item 3: capacity and plan answer on
+    device bytes by default; this snapshot holds the allocated figures, comparable across commits)."""
+    import inspect
+
+    return {"basis": "allocated"} if "basis" in inspect.signature(fn).parameters else {}
 
 
 def snapshot(n: int) -> dict:

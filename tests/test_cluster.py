@@ -35,7 +35,7 @@ def test_rank_peaks_are_estimates(tp, ws, sharding, accum):
 def test_every_layout_fits_and_is_estimated():
     """Each layout returned fits the budget on every rank, by memcalc.estimate of that layout."""
     plans = plan_cluster(GPT2, memcalc.TrainingConfig(micro_batch=1, seq_len=512, precision="bf16-amp"),
-                         "8xL4", global_batch=32)
+                         "8xL4", global_batch=32, basis="allocated")
     assert plans
     budget = memcalc.GPUS["L4"].usable_bytes
     for x in plans[:12]:
@@ -48,6 +48,27 @@ def test_every_layout_fits_and_is_estimated():
     assert [x.step.total_s for x in plans] == sorted(x.step.total_s for x in plans)
 
 
+def test_device_basis_layouts_fit_on_device_bytes():
+    """On the device basis (the default) each layout returned is confirmed by the allocator replay
+    (memcalc.queries.basis.peak_on) within the card's whole memory, above its allocated peak, and the
+    layouts keep the allocated search's order."""
+    from memcalc.queries.basis import peak_on
+
+    t = memcalc.TrainingConfig(micro_batch=1, seq_len=512, precision="bf16-amp", device="cuda")
+    allocated = plan_cluster(GPT2, t, "8xL4", global_batch=32, basis="allocated")
+    plans = plan_cluster(GPT2, t, "8xL4", global_batch=32, top=6)
+    assert 0 < len(plans) <= 6
+    keys = [(x.tensor_parallel, x.sharding, x.checkpointing, x.micro_batch) for x in allocated]
+    order = [keys.index((x.tensor_parallel, x.sharding, x.checkpointing, x.micro_batch)) for x in plans]
+    assert order == sorted(order)
+    for x in plans:
+        lt = t.with_(world_size=8, tensor_parallel=x.tensor_parallel, sharding=x.sharding,
+                     checkpointing=x.checkpointing, micro_batch=x.micro_batch, grad_accum=x.grad_accum)
+        ok, peak, nbytes = peak_on(GPT2, lt, "L4", "device")
+        assert ok and peak == x.peak_bytes and nbytes == x.budget_bytes == memcalc.GPUS["L4"].total_bytes
+        assert x.peak_bytes > max(x.rank_peak_bytes)
+
+
 @pytest.mark.parametrize("text", ["64 x H100-80GB", "64xH100", "0xH100-80GB", "064xH100-80GB", "x",
                                   "64*H100-80GB", "64xH100-80GB ", "-8xL4", "99999999xL4", 64])
 def test_cluster_strings_refused(text):
@@ -58,7 +79,7 @@ def test_cluster_strings_refused(text):
 
 def test_bad_input_refused():
     t = memcalc.TrainingConfig(micro_batch=1, seq_len=64)
-    for kwargs, name in (({"basis": "device"}, "basis"), ({"basis": "x"}, "basis"),
+    for kwargs, name in (({"basis": "x"}, "basis"),
                          ({"global_batch": 0}, "global_batch"), ({"global_batch": 4}, "global_batch"),
                          ({"utilisation": 2.0}, "utilisation"),
                          ({"precisions": ["fp8"]}, "precisions")):
@@ -73,14 +94,14 @@ def test_bad_input_refused():
 
 def test_cli(capsys):
     assert main(["plan", "--model", "gpt2", "--gpus", "4xA100-80GB", "--global-batch", "16", "--seq-len", "256",
-                 "--precision", "bf16-amp", "--json", "--top", "3"]) == 0
+                 "--precision", "bf16-amp", "--json", "--top", "3", "--basis", "allocated"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fitting"] >= len(out["layouts"]) > 0
     first = out["layouts"][0]
     assert set(first["step"]) == {"compute_s", "bubble_s", "tp_comm_s", "dp_comm_s", "total_s"}
     assert len(first["rank_peak_bytes"]) == 4
-    for argv in (["--gpus", "4xB200"], ["--gpus", "4xL4", "--gpu", "L4"], ["--gpu", "L4", "--basis", "device"],
-                 ["--gpus", "4xL4", "--basis", "device"], ["--gpus", "4xL4", "--inter-node-gbps", "-1"]):
+    for argv in (["--gpus", "4xB200"], ["--gpus", "4xL4", "--gpu", "L4"], ["--gpu", "L4", "--gpus-per-node", "4"],
+                 ["--gpus", "4xL4", "--basis", "x"], ["--gpus", "4xL4", "--inter-node-gbps", "-1"]):
         with pytest.raises(SystemExit) as code:
             main(["plan", "--model", "gpt2", "--global-batch", "8", "--seq-len", "64", *argv])
         assert code.value.code == 2

@@ -109,7 +109,8 @@ def test_summary_of_cuda_rows(tmp_path):
     assert s["throughput"]["derived"]["amp_speedup_bf16_vs_fp32"] == 4.0
     assert (tmp_path / "gpu-quick.md").read_text().count("FAIL") == 2
     last = proc.stdout.strip().splitlines()
-    assert last[-3].startswith("SUMMARY gpu-quick.jsonl") and "OOM 1" in last[-2]
+    assert last[-4].startswith("SUMMARY gpu-quick.jsonl") and "OOM 1" in last[-3]
+    assert last[-1].startswith("SUMMARY reserved % vs measured max_memory_reserved: snapshot replay {'n': 0}")
     assert "amp_speedup_bf16_vs_fp32 = 4.0" in proc.stdout
 
 
@@ -207,22 +208,36 @@ def test_dry_run_end_to_end(tmp_path):
     assert tp["derived"]["ckpt_flops_overhead_pct"] > 30
     assert "| configuration |" in (out / "ci.md").read_text()
     lines = proc.stdout.strip().splitlines()
-    assert lines[-3].startswith("SUMMARY ci.jsonl: 2 rows") and "within +-1.0%: 2/2" in lines[-2]
+    assert lines[-4].startswith("SUMMARY ci.jsonl: 2 rows") and "within +-1.0%: 2/2" in lines[-3]
     assert "validate exit status: 0" in (out / "gpu_run.log").read_text()
 
 
 @pytest.mark.slow
 def test_run_cut_at_its_deadline_keeps_and_resumes_rows(tmp_path):
-    seed = _cpu_rows(1)
-    (tmp_path / "work").mkdir()
+    import gzip
+    import pickle
+    import memcalc
+
+    snap = _one_trace()
+    recorded = memcalc.replay_snapshot(snap).recorded_peak_reserved_bytes
+    seed = [{**_cpu_rows(1)[0], "extra": {"snapshot": "a.pickle.gz", "max_memory_reserved": recorded}}]
+    (tmp_path / "work" / "snapshots").mkdir(parents=True)
+    with gzip.open(tmp_path / "work" / "snapshots" / "a.pickle.gz", "wb") as f:
+        pickle.dump(snap, f)
     _write(tmp_path / "work" / "ci.jsonl", seed)  # as left by an earlier call on a warm machine
     out = tmp_path / "out"
     proc = _run_sh(tmp_path, out, "ci", 200, DEVICE="cpu", LIMIT=2, VALIDATE_S=1, THROUGHPUT_S=0)
     assert proc.returncode == 124, proc.stdout[-3000:]
     assert "resuming: 1 rows" in proc.stdout and "cut at its 1s budget" in proc.stdout
     assert len((out / "ci.jsonl").read_text().splitlines()) == 1
-    assert json.loads((out / "summary.json").read_text())["rows"] == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 1
+    assert summary["reserved_checks"]["replay_vs_measured_reserved_pct"] == {"n": 1, "worst": 0.0, "mean_abs": 0.0}
     assert (out / "ci.md").exists() and not (out / "throughput.json").exists()
+    import tarfile
+
+    with tarfile.open(out / "snapshots.tar") as tar:
+        assert tar.getnames() == ["a.pickle.gz"]
 
 
 @pytest.mark.slow
@@ -269,3 +284,98 @@ def test_fetch_script_needs_no_network_for_help():
     proc = subprocess.run(["bash", str(SCRIPTS / "fetch_gpu_wheels.sh"), "--help"], capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "gpu-wheels" in proc.stdout
+
+
+# ---- CUDA snapshots per row (validate.measure.cuda_snapshot) and their replay in the summary --------
+SNAPSHOTS = ROOT / "tests" / "data" / "cuda-snapshots"
+
+
+class _FakeCudaMemory:
+    """torch.cuda.memory's history API on CPU: hands back a real recorded snapshot."""
+
+    def __init__(self, snap, fail=None):
+        self.snap, self.fail, self.calls = snap, fail, []
+
+    def _record_memory_history(self, **kwargs):
+        self.calls.append(kwargs)
+        if self.fail == "record" and kwargs.get("enabled"):
+            raise RuntimeError("no CUDA")
+
+    def _snapshot(self):
+        return self.snap
+
+
+def _one_trace():
+    import memcalc
+
+    path = SNAPSHOTS / "cs336-small-forward.pickle"
+    return memcalc.load_snapshot(str(path))
+
+
+def test_cuda_snapshot_per_row_with_a_fake_cuda(tmp_path):
+    from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
+    from validate.measure import cuda_snapshot
+
+    spec, tc = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8)
+    fake, extra = _FakeCudaMemory(_one_trace()), {}
+    cuda_snapshot.configure(tmp_path / "snaps")
+    try:
+        with cuda_snapshot.recording(spec, tc, None, extra, memory=fake):
+            pass
+        failing, extra2 = _FakeCudaMemory(None, fail="record"), {}
+        with cuda_snapshot.recording(spec, tc, None, extra2, memory=failing):
+            pass
+    finally:
+        cuda_snapshot.configure(None)
+    assert fake.calls[0] == {"enabled": "all", "context": None, "stacks": "python",
+                             "max_entries": cuda_snapshot.MAX_ENTRIES}
+    assert fake.calls[-1] == {"enabled": None}  # history recording turned off after the row
+    path = tmp_path / "snaps" / extra["snapshot"]
+    assert extra["snapshot"] == cuda_snapshot.snapshot_name(spec, tc) and path.stat().st_size == extra["snapshot_bytes"]
+    assert extra["snapshot_events"] == sum(len(t) for t in _one_trace()["device_traces"])
+    assert "_record_memory_history: RuntimeError: no CUDA" in extra2["snapshot_error"]
+    with cuda_snapshot.recording(spec, tc, None, {}, memory=None):  # not configured: nothing at all
+        pass
+
+
+def test_summary_replays_each_rows_snapshot(tmp_path):
+    """gpu_summary --snapshots: the replica's replay of each row's snapshot and the engine's reserved
+    figure against max_memory_reserved, NVML against the engine's device bytes."""
+    import gzip
+    import pickle
+    import memcalc
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import gpu_summary
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    snap = _one_trace()
+    folder = tmp_path / "snaps"
+    folder.mkdir()
+    with gzip.open(folder / "a.pickle.gz", "wb") as f:
+        pickle.dump(snap, f)
+    (folder / "broken.pickle.gz").write_bytes(b"not a snapshot")
+    recorded = memcalc.replay_snapshot(snap).recorded_peak_reserved_bytes
+    base = _cpu_rows(2)
+    rows = [{**base[0], "name": "a", "status": "ok",
+             "extra": {"snapshot": "a.pickle.gz", "max_memory_reserved": recorded,
+                       "nvml_used_peak": recorded + (500 << 20)}},
+            {**base[1], "name": "b", "status": "ok",
+             "extra": {"snapshot": "broken.pickle.gz", "max_memory_reserved": 100 << 20}},
+            {**base[1], "key": "c", "name": "c", "status": "oom", "extra": {}}]
+    checks = gpu_summary.reserved_checks(rows, folder, engine=lambda r: (
+        (101 << 20, (601 << 20)) if r["name"] == "b" else (recorded, recorded + (500 << 20))))
+    a, b = checks["rows"]
+    assert a["replayed_reserved"] == a["trace_reserved"] == recorded and a["replay_error_pct"] == 0.0
+    assert a["engine_error_pct"] == 0.0 and a["device_error_pct"] == 0.0
+    assert b["replayed_reserved"] is None and "snapshot_error" in b and b["engine_error_pct"] == 1.0
+    assert checks["replay_vs_measured_reserved_pct"] == {"n": 1, "worst": 0.0, "mean_abs": 0.0}
+    assert checks["engine_vs_measured_reserved_pct"] == {"n": 2, "worst": 1.0, "mean_abs": 0.5}
+    assert len(gpu_summary.reserved_lines(checks)) == 4
+    results = _write(tmp_path / "gpu-quick.jsonl", rows)
+    proc = _py("gpu_summary.py", results, "--snapshots", folder, "--json", tmp_path / "s.json")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((tmp_path / "s.json").read_text())["reserved_checks"]
+    assert s["replay_vs_measured_reserved_pct"]["worst"] == 0.0 and len(s["rows"]) == 2

@@ -16,7 +16,7 @@ from tests.strategies import small_models
 def test_first_plan_fits_its_gpu(model, name, global_batch, seq_len):
     attention = "eager" if model.family in ("gemma2", "gpt_oss") else "sdpa"  # no SDPA path
     base = TrainingConfig(micro_batch=1, seq_len=seq_len, attention=attention)
-    plans = plan(model, name, global_batch, seq_len, base, checkpointing=("none", "per-layer"))
+    plans = plan(model, name, global_batch, seq_len, base, checkpointing=("none", "per-layer"), basis="allocated")
     best = plans[0]
     t = TrainingConfig(micro_batch=best.micro_batch, seq_len=seq_len, grad_accum=best.grad_accum,
                        precision=best.precision, checkpointing=best.checkpointing, attention=attention)
@@ -41,3 +41,14 @@ def test_flop_model():
 def test_bf16_skipped_on_v100():
     plans = plan(ModelSpec.preset("gpt2").with_(num_layers=2), "V100-16GB", 2, 64)
     assert plans and all(p.precision != "bf16" and p.precision != "bf16-amp" for p in plans)
+
+
+@given(small_models(max_layers=2), st.sampled_from(["L4", "H100-80GB"]), st.sampled_from([4, 8]), st.integers(8, 64))
+def test_first_plan_fits_on_device_bytes(model, name, global_batch, seq_len):
+    """The default basis: the plan's peak is the step's device bytes, within the GPU's whole memory."""
+    attention = "eager" if model.family in ("gemma2", "gpt_oss") else "sdpa"  # no SDPA path
+    base = TrainingConfig(micro_batch=1, seq_len=seq_len, attention=attention)
+    best = plan(model, name, global_batch, seq_len, base, checkpointing=("none",))[0]
+    t = TrainingConfig(micro_batch=best.micro_batch, seq_len=seq_len, grad_accum=best.grad_accum,
+                       precision=best.precision, checkpointing=best.checkpointing, attention=attention)
+    assert estimate(model, t).device_bytes == best.peak_bytes <= GPUS[name].total_bytes

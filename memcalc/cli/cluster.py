@@ -3,8 +3,8 @@ command line, its flags and its table.
 
     >>> import argparse
     >>> p = argparse.ArgumentParser(); add_arguments(p)
-    >>> p.parse_args(["--gpus", "8xH100-80GB"]).basis
-    'allocated'
+    >>> p.parse_args(["--gpus", "8xH100-80GB"]).gpus
+    '8xH100-80GB'
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from memcalc.inputs.training import TrainingConfig
     from memcalc.queries.cluster import Layout
 
-_FLAGS = ("basis", "intra_node_gbps", "inter_node_gbps", "gpus_per_node")
+_FLAGS = ("intra_node_gbps", "inter_node_gbps", "gpus_per_node")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster (with --gpus)")
     g.add_argument("--gpus", default=None, help="a cluster, COUNTxGPU, e.g. 64xH100-80GB: search "
                    "data x tensor x sharding x checkpointing x micro-batch layouts")
-    g.add_argument("--basis", default="allocated", help="what must fit: 'allocated' (default)")
     g.add_argument("--intra-node-gbps", type=float, default=None,
                    help=f"GB/s per GPU inside a node (default {INTRA_NODE_GBPS}, NVLink 4)")
     g.add_argument("--inter-node-gbps", type=float, default=None,
@@ -42,7 +41,7 @@ def refuse_cluster_flags(args: argparse.Namespace) -> None:
 
     for name in _FLAGS:
         value = getattr(args, name)
-        if value is not None and not (name == "basis" and value == "allocated"):
+        if value is not None:
             flag = "--" + name.replace("_", "-")
             fail(name, f"{flag} applies to a cluster (--gpus), not to one GPU (--gpu)", f"drop {flag} or use --gpus")
 
@@ -70,22 +69,25 @@ def run(args: argparse.Namespace, model: ModelSpec, training: TrainingConfig) ->
 
     links = links_from_args(args)
     layouts = plan_cluster(model, training.with_(micro_batch=1), args.gpus, args.global_batch,
-                           basis=args.basis, utilisation=args.utilisation, links=links)
+                           basis=args.basis, utilisation=args.utilisation, links=links, top=args.top)
     out = {"gpus": args.gpus, "global_batch": args.global_batch, "seq_len": args.seq_len,
            "basis": args.basis, "mfu": args.utilisation, "links": links.__dict__,
-           "fitting": len(layouts), "layouts": [x.as_dict() for x in layouts[:args.top]]}
+           "fitting": len(layouts) if args.basis == "allocated" else None,
+           "layouts": [x.as_dict() for x in layouts[:args.top]]}
     if not args.json:
-        print_layouts(layouts[:args.top], len(layouts), args)
+        print_layouts(layouts[:args.top], out["fitting"], args)
     return out
 
 
-def print_layouts(layouts: list[Layout], total: int, args: argparse.Namespace) -> None:
+def print_layouts(layouts: list[Layout], total: int | None, args: argparse.Namespace) -> None:
     """The table of `memcalc plan --gpus`."""
     where = f"{args.gpus} (global batch {args.global_batch}, seq_len {args.seq_len}, basis {args.basis})"
     if not layouts:
         print(f"no layout fits {where}")
         return
-    print(f"{total} layouts fit {where}; fastest {len(layouts)} (MFU {args.utilisation}; "
+    counted = f"{total} layouts fit {where}; fastest {len(layouts)}" if total is not None else \
+        f"the fastest {len(layouts)} layouts that fit {where}"
+    print(f"{counted} (MFU {args.utilisation}; "
           "step = compute + bubble + TP comm + DP comm, no overlap):")
     print(f"{'#':>3} {'dp':>4} {'tp':>3} {'pp':>3} {'sharding':<8} {'ckpt':<10} {'micro':>5} {'accum':>5} "
           f"{'peak GiB':>9} {'headroom':>9} {'step s':>8} {'compute':>8} {'bubble':>7} {'tp comm':>8} {'dp comm':>8}")

@@ -17,12 +17,20 @@ from memcalc.cli import lengths as lengths_cli
 from memcalc.cli.args import (Parser, fail, json_arg, model_args, model_from_args, training_args,
                               training_from_args)
 from memcalc.serve import cli as serve_cli
+from memcalc.cli.screens import cmd_gpus, print_estimate
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
     from memcalc.queries.planner import Plan
     from memcalc.queries.preflight import Verdict
     from memcalc.inputs.training import TrainingConfig
+
+
+def _basis_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--basis", default="device", choices=["allocated", "reserved", "device"],
+                   help="what must fit: device (default: the caching allocator's reserved memory plus the "
+                        "CUDA context, as nvidia-smi shows), reserved (max_memory_reserved) or allocated "
+                        "(max_memory_allocated)")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -53,6 +61,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--solve", default=None,
                    choices=["micro_batch", "seq_len", "num_layers", "world_size"],
                    help="the unknown (default: world_size with --sharding zero*, else micro_batch)")
+    _basis_arg(p)
     p = sub.add_parser("plan", help="ranked training plans for one GPU (--gpu) or a cluster (--gpus)")
     fields(p, "plan", shapes=False), json_arg(p)
     p.add_argument("--gpu", default=None, help="catalogue GPU, e.g. H100-80GB")
@@ -61,6 +70,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--utilisation", type=float, default=0.4, help="fraction of peak FLOPS (0.4)")
     p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    _basis_arg(p)
     _check_parser(sub, command in (None, "check"))
     serve_cli.add_parser(sub)  # `memcalc serve` (memcalc/serve/cli.py)
     p = sub.add_parser("gpus", help="the GPU catalogue and this machine's GPUs")
@@ -71,6 +81,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
+    _basis_arg(p)
     json_arg(p)
     from memcalc.cli.snapshot import add_snapshot_parser
 
@@ -85,7 +96,7 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
 
     model = model_from_args(args)
     if args.seq_lens is not None or args.pad_to_multiple_of or args.packing:  # variable lengths (memcalc.cli.lengths)
-        return lengths_cli.run(args, model, training_from_args, _print_estimate)
+        return lengths_cli.run(args, model, training_from_args, print_estimate)
     training = training_from_args(args)
     r = estimate(model, training)
     out = {"model": model.name, "params": model.param_count, "peak_bytes": r.peak_bytes,
@@ -99,8 +110,10 @@ def cmd_estimate(args: argparse.Namespace) -> dict:
         out["formula_of"] = f"{args.formula}({', '.join(sorted(map(str, expr.free_symbols), key='bsL'.index))})"
     if model.moe is not None:
         out["moe_routing"] = routing_note(training)
+    out["reserved_peak_bytes"], out["device_bytes"] = r.reserved_peak_bytes, r.device_bytes
+    out["reserved_phases"] = r.reserved_phases
     if not args.json:
-        _print_estimate(out)
+        print_estimate(out, training.device)
     return out
 
 
@@ -121,25 +134,6 @@ def routing_note(training: TrainingConfig) -> str:
     return f"eager experts with {what}"
 
 
-def _print_estimate(out: dict) -> None:
-    print(f"{out['model']} ({out['params']:,} parameters): peak {out['peak_gib']:.3f} GiB "
-          f"in {out['peak_phase']} ({out['moment']})")
-    how = "transformers' default for this model type" if out["attention_assumed"] else "as given"
-    print(f"  attention: {out['attention']} ({how})")
-    if "moe_routing" in out:
-        print(f"  routing: {out['moe_routing']}")
-    print("  at the peak:")
-    for name, nbytes in out["components"].items():
-        if nbytes:
-            print(f"    {name:<18} {nbytes / GIB:10.3f} GiB")
-    print("  phases:")
-    for name, nbytes in out["phases"].items():
-        print(f"    {name:<18} {nbytes / GIB:10.3f} GiB")
-    print(f"  first step:          {out['first_step_peak_bytes'] / GIB:10.3f} GiB")
-    if "formula" in out:
-        print(f"  {out['formula_of']} = {out['formula']}")
-
-
 def cmd_capacity(args: argparse.Namespace) -> dict:
     """Run `capacity`."""
     from memcalc.queries import capacity
@@ -147,13 +141,14 @@ def cmd_capacity(args: argparse.Namespace) -> dict:
 
     if (args.budget is None) == (args.gpu is None):
         fail("budget", "give exactly one of --budget or --gpu", "e.g. --gpu H100-80GB")
-    budget = gpu(args.gpu) if args.gpu is not None else parse_budget(args.budget)  # names its flag
+    budget = gpu(args.gpu) if args.gpu is not None else args.budget
+    parse_budget(budget)  # names its flag
     model, training = model_from_args(args), training_from_args(args)
     solve = args.solve or ("world_size" if training.sharding != "none" else "micro_batch")
     solver = {"micro_batch": capacity.max_micro_batch, "seq_len": capacity.max_seq_len,
               "num_layers": capacity.max_layers, "world_size": capacity.min_world_size}[solve]
-    r = solver(model, training, budget)
-    out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes,
+    r = solver(model, training, budget) if solve == "world_size" else solver(model, training, budget, basis=args.basis)
+    out = {"field": r.field, "value": r.value, "budget_bytes": r.budget_bytes, "basis": r.basis,
            "peak_bytes": r.peak_bytes, "next_peak_bytes": r.next_peak_bytes, "fits": r.fits}
     if model.moe is not None:
         out["moe_routing"] = routing_note(training)
@@ -173,7 +168,7 @@ def cmd_capacity(args: argparse.Namespace) -> dict:
             print(f"does not fit: {r.field}=1 needs {r.next_peak_bytes / GIB:.3f} GiB "
                   f"> budget {r.budget_bytes / GIB:.3f} GiB")
         else:
-            print(f"largest {r.field}: {r.value} (peak {r.peak_bytes / GIB:.3f} GiB of "
+            print(f"largest {r.field}: {r.value} ({r.basis} peak {r.peak_bytes / GIB:.3f} GiB of "
                   f"{r.budget_bytes / GIB:.3f} GiB; headroom {r.headroom_bytes / GIB:.3f} GiB)")
     return out
 
@@ -192,8 +187,8 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     cluster_cli.refuse_cluster_flags(args)
     model = model_from_args(args)
     base = training_from_args(args, seq_len=args.seq_len)
-    plans = plan(model, args.gpu, args.global_batch, args.seq_len, base, args.utilisation)
-    out = {"gpu": args.gpu, "global_batch": args.global_batch, "seq_len": args.seq_len,
+    plans = plan(model, args.gpu, args.global_batch, args.seq_len, base, args.utilisation, basis=args.basis)
+    out = {"gpu": args.gpu, "global_batch": args.global_batch, "seq_len": args.seq_len, "basis": args.basis,
            "utilisation": args.utilisation, "plans": [p.as_dict() for p in plans[:args.top]],
            "fitting": len(plans)}
     if not args.json:
@@ -213,30 +208,6 @@ def _print_plans(plans: list[Plan], total: int, args: argparse.Namespace) -> Non
               f"{p.peak_bytes / GIB:>9.2f} {p.headroom_bytes / GIB:>9.2f} {p.step_seconds:>9.2f}")
 
 
-def cmd_gpus(args: argparse.Namespace) -> dict:
-    """Run `gpus`."""
-    from memcalc.inputs.gpus import CONTEXT_MIB, GPUS, local_gpus
-
-    found, note = local_gpus()
-    out = {"context_mib": CONTEXT_MIB,
-           "catalogue": [dict(name=g.name, total_bytes=g.total_bytes, usable_bytes=g.usable_bytes,
-                              tflops_bf16=g.tflops_bf16, tflops_fp16=g.tflops_fp16,
-                              tflops_fp32=g.tflops_fp32, source=g.source) for g in GPUS.values()],
-           "local": [g.__dict__ for g in found], "local_note": note}
-    if not args.json:
-        print(f"{'GPU':<11} {'total GiB':>9} {'usable':>7} {'bf16':>7} {'fp16':>7} {'fp32':>6}  "
-              f"(TFLOPS dense; usable = total - {CONTEXT_MIB} MiB context)")
-        for g in GPUS.values():
-            print(f"{g.name:<11} {g.total_bytes / GIB:>9.2f} {g.usable_bytes / GIB:>7.2f} "
-                  f"{g.tflops_bf16 or '-':>7} {g.tflops_fp16:>7} {g.tflops_fp32:>6}")
-        for g in found:
-            print(f"local GPU {g.index}: {g.name}, {g.total_bytes / GIB:.2f} GiB total, "
-                  f"{g.free_bytes / GIB:.2f} GiB free")
-        if note:
-            print(f"local: {note}")
-    return out
-
-
 def cmd_tables(args: argparse.Namespace) -> dict:
     """Run `tables` (write, or --check and exit 1 on a difference)."""
     from memcalc.queries import tables
@@ -249,7 +220,7 @@ def cmd_tables(args: argparse.Namespace) -> dict:
         raise MemcalcError("jobs", f"{args.jobs} worker processes", f"pass --jobs from 1 to {MAX_JOBS}")
     _check_presets(args.presets)
     if args.check:
-        stale = tables.check(args.out, args.presets, args.jobs)
+        stale = tables.check(args.out, args.presets, args.jobs, args.basis)
         if not args.json:
             print("tables are up to date" if not stale else
                   f"tables differ from the code: {', '.join(stale)}; run `memcalc tables`")
@@ -258,7 +229,7 @@ def cmd_tables(args: argparse.Namespace) -> dict:
                 print(json.dumps({"stale": stale}))
             raise SystemExit(1)
         return {"stale": stale}
-    names = tables.write(args.out, args.presets, plots=not args.no_plots, jobs=args.jobs)
+    names = tables.write(args.out, args.presets, plots=not args.no_plots, jobs=args.jobs, basis=args.basis)
     if not args.json:
         print(f"wrote {len(names)} files to {args.out}: {', '.join(names)}")
     return {"written": names}
@@ -297,6 +268,7 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
     p.add_argument("--attention-mask", default="ones",
                    help="what the data collator passes: ones (unpadded or packed) or padded")
     p.add_argument("--pad-tokens", type=int, default=0, help="padding tokens a sequence, with padded")
+    _basis_arg(p)
 
 
 def cmd_check(args: argparse.Namespace) -> dict:
@@ -324,12 +296,12 @@ def cmd_check(args: argparse.Namespace) -> dict:
                                                             world_size=args.world_size,
                                                             attention_mask=args.attention_mask,
                                                             pad_tokens=args.pad_tokens)
-    v = check(model, training, args.gpu if args.gpu is not None else args.budget)
-    out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes,
+    v = check(model, training, args.gpu if args.gpu is not None else args.budget, basis=args.basis)
+    out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes, "basis": args.basis,
            "headroom_bytes": v.headroom_bytes,
            "changes": [c.as_dict() for c in v.changes]}
     if not args.json:
-        _print_check(v, args.gpu or args.budget)
+        _print_check(v, args.gpu or args.budget, args.basis)
     if not v.fits:
         if args.json:
             print(json.dumps(out, indent=2, sort_keys=True))
@@ -351,13 +323,14 @@ def _from_axolotl(args: argparse.Namespace) -> dict:
     return fields
 
 
-def _print_check(v: Verdict, where: str) -> None:
+def _print_check(v: Verdict, where: str, basis: str = "device") -> None:
     peak, budget = v.peak_bytes / GIB, v.budget_bytes / GIB
+    of = "total" if basis == "device" else "usable"
     if v.fits:
-        print(f"fits: peak {peak:.2f} GiB of {budget:.2f} GiB usable on {where} "
+        print(f"fits: {basis} peak {peak:.2f} GiB of {budget:.2f} GiB {of} on {where} "
               f"(headroom {v.headroom_bytes / GIB:.2f} GiB)")
         return
-    print(f"does not fit: peak {peak:.2f} GiB > {budget:.2f} GiB usable on {where} "
+    print(f"does not fit: {basis} peak {peak:.2f} GiB > {budget:.2f} GiB {of} on {where} "
           f"(short by {-v.headroom_bytes / GIB:.2f} GiB)")
     if not v.changes:
         print("  no combination of up to three changes memcalc models makes it fit")

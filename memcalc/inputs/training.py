@@ -139,6 +139,21 @@ class TrainingConfig(FrozenModel):
     """Base weights quantised by bitsandbytes (QLoRA): none, nf4, nf4-double (double
     quantisation), fp4, int8 (load_in_8bit)."""
 
+    allocator: str = ""
+    """The CUDA caching allocator's settings, as PYTORCH_CUDA_ALLOC_CONF gives them
+    ("expandable_segments:True,max_split_size_mb:128"; keys expandable_segments, max_split_size_mb,
+    roundup_power2_divisions, garbage_collection_threshold, max_non_split_rounding_mb;
+    memcalc.allocator.settings). They change reserved memory (MemoryReport.reserved_peak_bytes),
+    never allocated memory; "" is torch's defaults. Refused on device="cpu" (no caching allocator)."""
+
+    @field_validator("allocator")
+    @classmethod
+    def _allocator(cls, v: str) -> str:
+        from memcalc.allocator.settings import AllocatorSettings
+
+        AllocatorSettings.parse(v)  # a bad key or value: one line naming it
+        return v
+
     @field_validator("lora", mode="before")
     @classmethod
     def _lora(cls, v: object) -> object:
@@ -207,6 +222,9 @@ class TrainingConfig(FrozenModel):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
                              "fp32 (the policy, not autocast, makes the bf16 copies)")
         _check_call_path(self)
+        if self.allocator and self.device == "cpu":
+            raise ValueError("allocator (PYTORCH_CUDA_ALLOC_CONF) configures the CUDA caching allocator, which "
+                             "device='cpu' does not use (reserved = allocated there); drop it or use device='cuda'")
         if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
             raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
                              "implementation, a loop over parameters); leave optimizer_impl unset")

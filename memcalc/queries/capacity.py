@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from memcalc.core.arguments import check_int
 from memcalc.queries.peaks import steady_polys
-from memcalc.queries.estimate import estimate
+from memcalc.queries.basis import budget_bytes, fits_on
+from memcalc.queries.estimate import check_basis, estimate
 from memcalc.inputs.gpus import parse_budget
 from memcalc.core.limits import MAX_DATA_PARALLEL, MAX_LAYERS, MAX_RANK_LAYERS
 from memcalc.refusals.step import check_search, learned_positions
@@ -50,6 +51,8 @@ class Capacity:
     """Steady-state peak at `value` (None when value is 0)."""
     next_peak_bytes: int | None
     """Steady-state peak at `value + 1` (None when value hits the cap NO_LIMIT)."""
+    basis: str = "allocated"
+    """What the peaks count (memcalc.queries.estimate.BASES): allocated, reserved or device."""
 
     @property
     def fits(self) -> bool:
@@ -138,18 +141,21 @@ def _result(field: str, budget: int | float | str, n: int, peak_at: Callable[[in
                     peak_at(n + 1) if n < cap else None)
 
 
-def max_micro_batch(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Capacity:
-    """The largest micro_batch whose steady-state peak fits `budget` (training's other fields kept).
+def max_micro_batch(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
+                    basis: str = "device") -> Capacity:
+    """The largest micro_batch whose steady-state peak fits `budget` (training's other fields kept),
+    on `basis` (memcalc.queries.basis: device by default, reserved, or allocated).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> max_micro_batch(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "1GiB").value
     0
     """
-    return _solve_shape(model, training, "micro_batch", budget)
+    return _solve_shape(model, training, "micro_batch", budget, basis)
 
 
-def max_seq_len(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Capacity:
-    """The largest seq_len whose steady-state peak fits `budget`, at most
+def max_seq_len(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
+                basis: str = "device") -> Capacity:
+    """The largest seq_len whose steady-state peak fits `budget` on `basis`, at most
     model.max_position_embeddings for a model with a fixed position table (GPT-2, reference).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
@@ -157,7 +163,7 @@ def max_seq_len(model: ModelSpec, training: TrainingConfig, budget: int | float 
     >>> r.value, r.next_peak_bytes  # memory allows more; GPT-2 runs at most 1024 tokens
     (1024, None)
     """
-    return _solve_shape(model, training, "seq_len", budget)
+    return _solve_shape(model, training, "seq_len", budget, basis)
 
 
 def _shape_cap(model: ModelSpec, field: str) -> int:
@@ -168,8 +174,10 @@ def _shape_cap(model: ModelSpec, field: str) -> int:
     return NO_LIMIT
 
 
-def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget: int | float | str) -> Capacity:
+def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget: int | float | str,
+                 basis: str = "device") -> Capacity:
     check_search(model, training, field)
+    check_basis(basis)
     nbytes = parse_budget(budget)
     cap = _shape_cap(model, field)
     guess = _symbolic_guess(model, training, field, nbytes)
@@ -177,11 +185,59 @@ def _solve_shape(model: ModelSpec, training: TrainingConfig, field: str, budget:
     def peak_at(n: int) -> int:
         return _peak(model, training.with_(**{field: n}))
 
-    return _result(field, nbytes, _confirm(peak_at, guess, nbytes, cap), peak_at, cap)
+    n = _confirm(peak_at, guess, nbytes, cap)
+    if basis == "allocated" or training.device == "cpu":
+        return _result(field, nbytes, n, peak_at, cap)
+
+    def allocated_answer(nbytes: int) -> int:
+        return _confirm(peak_at, _symbolic_guess(model, training, field, nbytes), nbytes, cap)
+
+    return _step_down(field, budget, basis, n, lambda n: training.with_(**{field: n}), lambda _: model, cap,
+                      allocated_answer)
+
+
+def _step_down(field: str, budget: int | float | str, basis: str, n: int, training_at: Callable,
+               model_at: Callable, cap: int, allocated_answer: Callable[[int], int]) -> Capacity:
+    """The answer on the reserved or device basis from the allocated one `n` (reserved >= allocated,
+    so it is at most n). When n does not fit, the allocated answer for the budget shrunk by the
+    basis/allocated ratio at n is the first guess (`allocated_answer(bytes)`); galloping from it
+    and bisection find k with k fitting and k + 1 not (memcalc.queries.basis.fits_on)."""
+    gpu_budget = budget_bytes(budget, basis)
+    seen: dict[int, tuple[bool, int]] = {}
+
+    def at(k: int) -> tuple[bool, int]:
+        if k not in seen:
+            seen[k] = fits_on(model_at(k), training_at(k), gpu_budget, basis, budget)
+        return seen[k]
+
+    def result(k: int) -> Capacity:
+        nxt = at(k + 1)[1] if k < cap else None
+        return Capacity(field, gpu_budget, k, at(k)[1] if k else None, nxt, basis)
+
+    if n == 0 or at(n)[0]:
+        return result(n)
+    ratio = at(n)[1] / max(1, _peak(model_at(n), training_at(n)))
+    guess = max(0, min(n - 1, allocated_answer(int(gpu_budget / ratio))))
+    lo, hi = 0, n  # lo fits (0: trivially), hi does not
+    step, k = 1, guess
+    if k and at(k)[0]:
+        lo = k
+        while lo + step < hi and at(lo + step)[0]:
+            lo, step = lo + step, step * 2
+        hi = min(hi, lo + step)
+    elif k:
+        hi = k
+        while hi - step > 0 and not at(hi - step)[0]:
+            hi, step = hi - step, step * 2
+        lo = max(0, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid)[0] else (lo, mid)
+    return result(lo)
 
 
 def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float | str,
-               cap: int = MAX_LAYERS) -> Capacity:
+               cap: int = MAX_LAYERS, basis: str = "device") -> Capacity:
     """The largest num_layers whose steady-state peak fits `budget` (up to `cap` layers, at most
     memcalc.core.limits.MAX_LAYERS, and MAX_RANK_LAYERS over the data-parallel ranks).
 
@@ -194,10 +250,18 @@ def max_layers(model: ModelSpec, training: TrainingConfig, budget: int | float |
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> small = ModelSpec.preset("gpt2").with_(hidden_size=64, num_heads=4, vocab_size=256)
-    >>> max_layers(small, TrainingConfig(micro_batch=1, seq_len=16), "64MiB").value > 4
+    >>> max_layers(small, TrainingConfig(micro_batch=1, seq_len=16), "64MiB", basis="allocated").value > 4
     True
+    >>> max_layers(small, TrainingConfig(micro_batch=1, seq_len=16), "64MiB").value  # a 500 MiB CUDA context
+    0
     """
     check_search(model, training, "num_layers")
+    check_basis(basis)
+    if basis != "allocated" and training.device != "cpu":
+        n = max_layers(model, training, budget, cap, "allocated").value
+        return _step_down("num_layers", budget, basis, n, lambda _: training,
+                          lambda n: model.with_(num_layers=max(n, 1)), min(cap, MAX_LAYERS),
+                          lambda nbytes: max_layers(model, training, nbytes, cap, "allocated").value)
     cap = check_int("cap", cap, 1, MAX_LAYERS)
     if training.data_parallel > 1:  # memcalc.core.limits: data-parallel ranks x layers
         cap = max(1, min(cap, MAX_RANK_LAYERS // training.data_parallel))
@@ -313,12 +377,16 @@ def min_world_size(model: ModelSpec, training: TrainingConfig, budget: int | flo
                     peak_at(lo) if lo >= first else None)
 
 
-def fits(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> bool:
-    """Whether the step's steady-state peak fits `budget` (bytes, '80GB', a GPU name or 'local').
+def fits(model: ModelSpec, training: TrainingConfig, budget: int | float | str, basis: str = "device") -> bool:
+    """Whether the step's steady-state peak fits `budget` (bytes, '80GB', a GPU name or 'local') on
+    `basis` (device by default: memcalc.queries.basis.fits_on).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> fits(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=1024), "H100-80GB")
     True
     """
+    check_basis(basis)
     nbytes = parse_budget(budget)  # checked before the (slower) estimate
-    return _peak(model, training) <= nbytes
+    if basis == "allocated" or training.device == "cpu":
+        return _peak(model, training) <= nbytes
+    return fits_on(model, training, budget_bytes(budget, basis), basis, budget)[0]

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.core.errors import MemcalcError
 from memcalc.inputs.gpus import GPU, gpu as lookup_gpu
 from memcalc.queries.planner import CHECKPOINTING, DEFAULT_UTILISATION
 from memcalc.queries.step_time import (Links, StepTime, dp_comm_bytes, layer_and_head_flops,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 MAX_CLUSTER_GPUS = 16384
 """GPUs in a cluster string: 2048 data-parallel ranks (memcalc.core.limits) x 8 per node."""
-BASES = ("allocated", "device")
+BASES = ("allocated", "reserved", "device")
 _CLUSTER = re.compile(r"([1-9][0-9]{0,5})x([A-Za-z0-9][A-Za-z0-9._-]*)")
 _CLUSTER_FIX = "write COUNTxGPU, e.g. '64xH100-80GB' (see `memcalc gpus`)"
 
@@ -92,11 +92,14 @@ class Layout:
     budget_bytes: int
     step: StepTime
     flops_per_gpu: int = field(default=0)
+    basis_peak_bytes: int | None = None
+    """The step's peak on the reserved or device basis (memcalc.queries.basis.peak_on: the caching
+    allocator replayed under the card's limit), None on the allocated basis."""
 
     @property
     def peak_bytes(self) -> int:
-        """The largest rank's peak."""
-        return max(self.rank_peak_bytes)
+        """The largest rank's peak on the layout's basis (allocated: the largest rank_peak_bytes)."""
+        return max(self.rank_peak_bytes) if self.basis_peak_bytes is None else self.basis_peak_bytes
 
     @property
     def headroom_bytes(self) -> int:
@@ -113,10 +116,19 @@ class Layout:
 
 
 def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_batch: int,
-                 basis: str = "allocated", utilisation: float = DEFAULT_UTILISATION,
+                 basis: str = "device", utilisation: float = DEFAULT_UTILISATION,
                  links: Links = Links(), precisions: Sequence[str] | None = None,
-                 checkpointing: Sequence[str] = CHECKPOINTING, budget: int | str | None = None) -> list[Layout]:
-    """Every layout of `training` on `gpus` (COUNTxGPU) whose every rank fits, fastest first.
+                 checkpointing: Sequence[str] = CHECKPOINTING, budget: int | str | None = None,
+                 top: int | None = None) -> list[Layout]:
+    """Every layout of `training` on `gpus` (COUNTxGPU) whose every rank fits, fastest first
+    (the first `top` of them when given: on the reserved and device bases each is confirmed by
+    replaying the caching allocator, in ranked order, until `top` fit).
+
+    basis: 'device' (default: reserved memory plus the CUDA context within the card's whole
+    memory), 'reserved' (max_memory_reserved) or 'allocated' (max_memory_allocated within the
+    usable bytes). The search runs on allocated peaks (a necessary condition: reserved >= allocated,
+    and the device basis adds the context the usable bytes leave out), then each candidate is
+    replayed on the basis asked (memcalc.queries.basis.peak_on).
 
     training's shape fields give seq_len (micro_batch is searched); its precision is kept unless
     `precisions` lists several; its other fields (optimizer, attention, ...) are kept.
@@ -162,7 +174,31 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
                                        micro_batch=1, grad_accum=1)
                     layouts += _fitting(model, t, cluster, limit, global_batch // dp,
                                         peak_tflops * 1e12 * utilisation, links, global_batch)
-    return sorted(layouts, key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
+    layouts.sort(key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
+    if basis == "allocated" or training.device == "cpu":
+        return layouts[:top] if top is not None else layouts
+    return _confirmed_on_basis(model, training, cluster, layouts, basis, budget, top)
+
+
+def _confirmed_on_basis(model: ModelSpec, training: TrainingConfig, cluster: Cluster, layouts: list[Layout],
+                        basis: str, budget: int | str | None, top: int | None) -> list[Layout]:
+    """The layouts (in their order) that fit on the reserved or device basis, each with that peak."""
+    from dataclasses import replace
+
+    from memcalc.queries.basis import peak_on
+
+    where = cluster.gpu.name if budget is None else budget
+    out: list[Layout] = []
+    for x in layouts:
+        t = training.with_(world_size=cluster.count, tensor_parallel=x.tensor_parallel, sharding=x.sharding,
+                           precision=x.precision, checkpointing=x.checkpointing, checkpoint_every=None,
+                           micro_batch=x.micro_batch, grad_accum=x.grad_accum)
+        ok, peak, nbytes = peak_on(model, t, where, basis)
+        if ok:
+            out.append(replace(x, basis_peak_bytes=peak, budget_bytes=nbytes))
+            if top is not None and len(out) == top:
+                break
+    return out
 
 
 def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, tp: int, dp: int, sharding: str,
@@ -196,9 +232,6 @@ def _states_alone_exceed(model: ModelSpec, training: TrainingConfig, tp: int, dp
 def _check_basis(basis: str) -> None:
     if basis not in BASES:
         raise MemcalcError("basis", f"unknown basis {str(basis)[:40]!r}", f"use one of {BASES}")
-    if basis == "device":
-        raise NotModelledError("basis", "device bytes (the caching allocator's reserved memory) "
-                               "are not modelled on this version", "use basis='allocated'")
 
 
 def _check_training(training: TrainingConfig) -> None:

@@ -1,6 +1,7 @@
 """estimate(): the peak of a training step, per phase, with its breakdown and symbolic form."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,7 +18,23 @@ from memcalc.inputs.training import TrainingConfig
 from memcalc.core.units import GIB
 
 if TYPE_CHECKING:
+    from memcalc.engine.reserved import ReservedReplay
     from memcalc.tape.moment import Moment
+
+BASES = ("allocated", "reserved", "device")
+"""What a budget is compared with: allocated (max_memory_allocated), reserved (max_memory_reserved:
+the caching allocator's segments) or device (reserved plus the CUDA context: nvidia-smi)."""
+
+
+def check_basis(basis: object) -> str:
+    """`basis` if it is one of BASES, else one line naming the fix.
+
+    >>> check_basis("device")
+    'device'
+    """
+    if basis not in BASES:
+        raise SpecError("basis", f"{str(basis)[:40]!r} is not a basis", "use allocated, reserved or device")
+    return basis
 
 
 def optimal_segment_size(model: ModelSpec, training: TrainingConfig) -> int:
@@ -161,6 +178,63 @@ class MemoryReport:
         more = (L - self.model.num_layers) / form.layout.unit  # units more than this depth
         return sympy.Max(*[sympy.expand(v.to_sympy(b, s) + more * d.to_sympy(b, s))
                            for v, d in form.terms(category)], evaluate=False)
+
+    @functools.cached_property
+    def reserved(self) -> "ReservedReplay | None":
+        """The engine's allocation sequence replayed through the caching-allocator replica
+        (memcalc.engine.reserved), computed when first read; None on device="cpu" (no caching
+        allocator: reserved is allocated there)."""
+        if self.training.device == "cpu":
+            return None
+        from memcalc.engine.reserved import reserved_for
+
+        return reserved_for(self.model, self.training)
+
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """Peak reserved memory (max_memory_reserved) over model construction, the first step and
+        steady steps until one reserves nothing new, under TrainingConfig.allocator's settings; on
+        device="cpu" the allocated peak (no caching allocator). Computed when first read.
+
+        >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128))
+        >>> r.reserved_peak_bytes >= r.peak_bytes, r.reserved_peak_bytes % (2 << 20)
+        (True, 0)
+        """
+        found = self.reserved
+        return self.peak_bytes if found is None else max(found.peak_reserved_bytes, self.peak_bytes)
+
+    @property
+    def reserved_phases(self) -> dict[str, int]:
+        """Reserved peak of each phase of the steady step (on device="cpu" the allocated ones)."""
+        found = self.reserved
+        if found is None:
+            return dict(self.phases)
+        return {p: max(v, self.phases.get(p, 0)) for p, v in found.phases.items()}
+
+    @property
+    def device_bytes(self) -> int:
+        """Reserved peak plus what the process holds on the device outside the caching allocator
+        (the CUDA context: memcalc.allocator.outside, a figure with its source; `memcalc gpus`
+        lists them): what nvidia-smi would show. On device="cpu" the allocated peak.
+
+        >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128, device="cpu"))
+        >>> r.device_bytes == r.reserved_peak_bytes == r.peak_bytes
+        True
+        """
+        from memcalc.allocator.outside import outside_bytes
+
+        return self.reserved_peak_bytes + outside_bytes(self.training.device)
+
+    def basis_bytes(self, basis: str) -> int:
+        """The peak on a basis: 'allocated' (peak_bytes), 'reserved' or 'device'.
+
+        >>> r = estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8, device="cpu"))
+        >>> r.basis_bytes("allocated") == r.basis_bytes("device")
+        True
+        """
+        check_basis(basis)
+        return {"allocated": lambda: self.peak_bytes, "reserved": lambda: self.reserved_peak_bytes,
+                "device": lambda: self.device_bytes}[basis]()
 
     @property
     def peak_gib(self) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.core.arguments import shown
+from memcalc.queries.estimate import check_basis
 from memcalc.queries.peaks import estimate_peak, steady_polys
 from memcalc.core.errors import MemcalcError
 from memcalc.inputs.gpus import GPU
@@ -91,19 +92,21 @@ def step_flops(model: ModelSpec, global_batch: int, seq_len: int, checkpointing:
 
 def plan(model: ModelSpec, device: str | GPU, global_batch: int, seq_len: int, training: TrainingConfig=None,
          utilisation: float = DEFAULT_UTILISATION, precisions: Sequence[str]=PRECISIONS,
-         checkpointing: Sequence[str]=CHECKPOINTING) -> list[Plan]:
+         checkpointing: Sequence[str]=CHECKPOINTING, basis: str = "device") -> list[Plan]:
     """Every (precision, checkpointing, micro_batch dividing global_batch) that fits `device`
-    (a catalogue GPU or its name), fastest first.
+    (a catalogue GPU or its name) on `basis` (memcalc.queries.basis: device by default, reserved or
+    allocated; peaks and headroom on that basis), fastest first.
 
     >>> from memcalc.inputs.specs import ModelSpec
-    >>> best = plan(ModelSpec.preset("gpt2"), "A100-80GB", global_batch=64, seq_len=1024)[0]
-    >>> best.peak_bytes <= lookup_gpu("A100-80GB").usable_bytes
+    >>> best = plan(ModelSpec.preset("gpt2"), "A100-80GB", global_batch=16, seq_len=1024)[0]
+    >>> best.peak_bytes <= lookup_gpu("A100-80GB").total_bytes
     True
     """
     from memcalc.inputs.training import TrainingConfig
 
 
     card = device if isinstance(device, GPU) else lookup_gpu(device)
+    check_basis(basis)
     _check(global_batch, seq_len, utilisation)
     base = training or TrainingConfig(micro_batch=1, seq_len=seq_len)
     check_plan(model, base, global_batch, seq_len, precisions, checkpointing)
@@ -116,7 +119,7 @@ def plan(model: ModelSpec, device: str | GPU, global_batch: int, seq_len: int, t
             continue
         for mode in checkpointing:
             t = base.with_(precision=precision, checkpointing=mode, seq_len=seq_len)
-            plans += _fitting(model, t, card, global_batch, peak_tflops * 1e12 * utilisation)
+            plans += _fitting(model, t, card, global_batch, peak_tflops * 1e12 * utilisation, basis)
     # equal FLOPs: larger micro-batches first (bigger matmuls run closer to peak), then headroom
     return sorted(plans, key=lambda p: (p.step_seconds, -p.micro_batch, -p.headroom_bytes))
 
@@ -149,14 +152,24 @@ def _peaks(model: ModelSpec, training: TrainingConfig, global_batch: int, card: 
 
 
 def _fitting(model: ModelSpec, training: TrainingConfig, card: GPU, global_batch: int,
-             flops_per_s: float) -> list[Plan]:
+             flops_per_s: float, basis: str = "allocated") -> list[Plan]:
+    """The micro-batches that fit: on the allocated peaks first, then (reserved or device basis)
+    each of those through memcalc.queries.basis.peak_on at its own accumulation."""
+    from memcalc.queries.basis import peak_on
+
     flops = step_flops(model, global_batch, training.seq_len, training.checkpointing)
     out = []
     for micro, peak in _peaks(model, training, global_batch, card).items():
         accum = global_batch // micro
-        if peak <= card.usable_bytes:
-            out.append(Plan(training.precision, training.checkpointing, micro, accum, peak,
-                            card.usable_bytes - peak, flops, flops / flops_per_s))
+        if peak > card.usable_bytes:
+            continue
+        budget = card.usable_bytes
+        if basis != "allocated" and training.device != "cpu":
+            ok, peak, budget = peak_on(model, training.with_(micro_batch=micro, grad_accum=accum), card.name, basis)
+            if not ok:
+                continue
+        out.append(Plan(training.precision, training.checkpointing, micro, accum, peak,
+                        budget - peak, flops, flops / flops_per_s))
     return out
 
 

@@ -24,7 +24,7 @@ from itertools import combinations
 from typing import TYPE_CHECKING
 
 from memcalc.core.errors import MemcalcError
-from memcalc.inputs.gpus import parse_budget
+from memcalc.queries.basis import peak_on
 from memcalc.queries.changes import GIVES_UP, HARDWARE, NOTHING, NUMERICS, Option, batch_option, cost_key, \
     gpus_option, options
 from memcalc.queries.estimate import estimate
@@ -139,32 +139,35 @@ class Verdict:
         return self.budget_bytes - self.peak_bytes
 
 
-def check(model: ModelSpec, training: TrainingConfig, budget: int | float | str) -> Verdict:
-    """Whether one step fits `budget` (bytes, '24GiB', or a catalogue GPU's usable memory), and
-    when it does not, up to MAX_SHOWN combinations of changes that fit, cheapest first.
+def check(model: ModelSpec, training: TrainingConfig, budget: int | float | str, basis: str = "device") -> Verdict:
+    """Whether one step fits `budget` (bytes, '24GiB', or a catalogue GPU) on `basis`
+    (memcalc.queries.basis: device by default, reserved, or allocated), and when it does not, up to
+    MAX_SHOWN combinations of changes that fit, cheapest first; every peak is on that basis.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> v = check(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=32, seq_len=1024), "RTX-4090")
     >>> v.fits, v.changes[0].gives_up
     (False, 'nothing')
     >>> all(estimate(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=32, seq_len=1024).with_(
-    ...     **c.fields)).peak_bytes == c.peak_bytes <= v.budget_bytes for c in v.changes)
+    ...     **c.fields)).peak_bytes < c.peak_bytes <= v.budget_bytes for c in v.changes)  # allocated < device
     True
     """
-    budget_bytes = parse_budget(budget)
-    peak = estimate(model, training).peak_bytes
-    if peak <= budget_bytes:
+    ok, peak, budget_bytes = peak_on(model, training, budget, basis)
+    if ok:
         return Verdict(True, peak, budget_bytes)
-    return Verdict(False, peak, budget_bytes, _Search(model, training, budget_bytes).run(peak))
+    return Verdict(False, peak, budget_bytes, _Search(model, training, (budget, basis), budget_bytes).run(
+        estimate(model, training).peak_bytes))
 
 
 class _Search:
     """Combinations of up to MAX_CHANGES options, evaluated cheapest first (module docstring)."""
 
-    def __init__(self, model: ModelSpec, training: TrainingConfig, budget: int):
-        self.model, self.training, self.budget = model, training, budget
+    def __init__(self, model: ModelSpec, training: TrainingConfig, on: tuple, budget: int):
+        self.model, self.training, self.on, self.budget = model, training, on, budget
+        """`on`: (the budget as given, its basis), for peak_on; `budget`: its bytes on the basis."""
         self.peaks: dict[str, int | None] = {}
-        self.fitting: dict[frozenset, int] = {}  # evaluated combinations that fit -> peak
+        self.fits_on: dict[str, tuple[bool, int] | None] = {}
+        self.fitting: dict[frozenset, int] = {}  # evaluated combinations that fit -> peak on the basis
 
     def peak(self, fields: dict) -> int | None:
         """estimate()'s peak with `fields` changed; None when memcalc refuses the step."""
@@ -175,6 +178,22 @@ class _Search:
             except MemcalcError:  # not modelled with this change: not a suggestion
                 self.peaks[key] = None
         return self.peaks[key]
+
+    def fit(self, fields: dict) -> int | None:
+        """The peak on the basis with `fields` changed when the step fits the budget there, else
+        None (memcalc.queries.basis.peak_on; the allocated peak alone rules out a step above the
+        budget: reserved >= allocated, so no replay is made for it)."""
+        allocated = self.peak(fields)
+        if allocated is None or allocated > self.budget:
+            return None
+        key = repr(sorted(fields.items()))
+        if key not in self.fits_on:
+            try:
+                ok, peak, _ = peak_on(self.model, self.training.with_(**fields), *self.on)
+            except MemcalcError:
+                ok, peak = False, 0
+            self.fits_on[key] = peak if ok else None
+        return self.fits_on[key]
 
     def run(self, base_peak: int) -> list[Change]:
         useful = [o for o in options(self.training) if (p := self.peak(o.fields)) is not None and p < base_peak]
@@ -218,8 +237,8 @@ class _Search:
         if extra is not None:
             chosen.append(extra)
             fields = {**fields, **extra.fields}
-        peak = self.peak(fields)
-        if peak is None or peak > self.budget:
+        peak = self.fit(fields)
+        if peak is None:
             return None
         parts = [(part, part_peak) for part, part_peak in self.fitting.items() if part < members]
         self.fitting[members] = peak
@@ -245,8 +264,7 @@ class _Search:
         """The largest micro-batch below the current one that divides the step's sequences and
         fits with `fields` (only when `fields` alone does not fit); peaks rise with the batch."""
         current = self.training.micro_batch
-        base = self.peak(fields)
-        if base is None or base <= self.budget:
+        if self.peak(fields) is None or self.fit(fields) is not None:
             return None
         total = current * self.training.grad_accum
         divisors = [d for d in range(1, current) if total % d == 0]
@@ -254,8 +272,7 @@ class _Search:
         while lo <= hi:
             mid = (lo + hi) // 2
             opt = batch_option(self.training, divisors[mid])
-            peak = self.peak({**fields, **opt.fields})
-            if peak is not None and peak <= self.budget:
+            if self.fit({**fields, **opt.fields}) is not None:
                 best, lo = opt, mid + 1
             else:
                 hi = mid - 1
@@ -264,20 +281,17 @@ class _Search:
     def _gpus(self, fields: dict) -> Option | None:
         """The fewest GPUs (2, 4, ... MAX_GPUS) that fit with `fields` (only when `fields` alone
         does not fit); per-rank peaks fall as the states are sharded over more ranks."""
-        base = self.peak(fields)
-        if base is None or base <= self.budget or self.training.world_size > 1:
+        if self.peak(fields) is None or self.fit(fields) is not None or self.training.world_size > 1:
             return None
         counts = [2 ** k for k in range(1, MAX_GPUS.bit_length())]
         most = gpus_option(self.training, MAX_GPUS)
-        peak = self.peak({**fields, **most.fields})
-        if peak is None or peak > self.budget:  # the activations alone do not fit: no count does
+        if self.fit({**fields, **most.fields}) is None:  # the activations alone do not fit: no count does
             return None
         lo, hi, best = 0, len(counts) - 2, most
         while lo <= hi:
             mid = (lo + hi) // 2
             opt = gpus_option(self.training, counts[mid])
-            peak = self.peak({**fields, **opt.fields})
-            if peak is not None and peak <= self.budget:
+            if self.fit({**fields, **opt.fields}) is not None:
                 best, hi = opt, mid - 1
             else:
                 lo = mid + 1

@@ -74,13 +74,14 @@ def _breakdown_row(name: str, regime: str, mode: str, model: object, training: o
     return head + [_gib(r.peak_bytes), r.peak_phase] + [_gib(v) for v in comps.values()]
 
 
-def both_rows(presets: list[str]=None, regimes: list[str]=None) -> tuple[list[list[str]], list[list[str]]]:
+def both_rows(presets: list[str]=None, regimes: list[str]=None,
+              basis: str = "device") -> tuple[list[list[str]], list[list[str]]]:
     """(breakdown_rows, capacity_rows) in one pass over the configurations, so that each
     configuration's simulation (memcalc.engine.cache, bounded) serves both of its rows."""
     b_rows, c_rows = [], []
     for config in configs(presets, regimes):
         b_rows.append(_breakdown_row(*config))
-        c_rows.append(_capacity_row(*config))
+        c_rows.append(_capacity_row(*config, basis=basis))
     return b_rows, c_rows
 
 
@@ -88,19 +89,20 @@ BREAKDOWN_HEADER = ["model", "regime", "checkpointing", "seq_len", "peak GiB", "
     f"{c} GiB" for c in COMPONENTS]
 
 
-def capacity_rows(presets: list[str]=None) -> list[list[str]]:
+def capacity_rows(presets: list[str]=None, basis: str = "device") -> list[list[str]]:
     """One row per (preset, regime, checkpointing): the largest micro-batch on each GPU."""
 
-    return [_capacity_row(*config) for config in configs(presets)]
+    return [_capacity_row(*config, basis=basis) for config in configs(presets)]
 
 
-def _capacity_row(name: str, regime: str, mode: str, model: object, training: object) -> list[str]:
+def _capacity_row(name: str, regime: str, mode: str, model: object, training: object,
+                  basis: str = "device") -> list[str]:
     from memcalc.queries.capacity import max_micro_batch
     from memcalc.inputs.gpus import GPUS
 
     head = [name, regime, mode, str(training.seq_len)]
     try:
-        return head + [str(max_micro_batch(model, training, g.usable_bytes).value) for g in GPUS.values()]
+        return head + [str(max_micro_batch(model, training, g.name, basis).value) for g in GPUS.values()]
     except (NotImplementedError, NotModelledError):
         return head + [NOT_MODELLED] * len(GPUS)
 
@@ -139,8 +141,14 @@ def to_csv(header: list[str], rows: list[list[str]]) -> str:
 
 BREAKDOWN_TITLE = ("Peak memory of one training step (steady state, micro_batch 1, cuda, sdpa "
                    "attention, eager for Gemma-2 and GPT-OSS, which have no SDPA path; GiB = 2**30 bytes)")
-CAPACITY_TITLE = ("Largest micro-batch per GPU (usable memory = total - 500 MiB CUDA context; "
-                  "0 = does not fit)")
+CAPACITY_TITLES = {
+    "allocated": ("Largest micro-batch per GPU on allocated memory (within total - 500 MiB CUDA context; "
+                  "0 = does not fit)"),
+    "reserved": ("Largest micro-batch per GPU on reserved memory (the caching allocator's segments, replayed from "
+                 "the step's own allocations, within total - 500 MiB CUDA context; 0 = does not fit)")}
+CAPACITY_TITLE = ("Largest micro-batch per GPU on device bytes (the caching allocator's reserved peak, "
+                  "replayed from the step's own allocations, plus the CUDA context of memcalc.allocator.outside, "
+                  "within the GPU's total memory; 0 = does not fit)")
 
 
 MULTI_GPU_PRESETS = ("llama-2-13b", "mistral-7b", "llama-2-70b", "llama-3-70b")
@@ -149,7 +157,8 @@ MULTI_GPU_SHARDINGS = ("zero1", "zero2", "zero3")
 MULTI_GPU_TP = 4  # divides the heads, kv heads and MLP width of every MULTI_GPU_PRESETS model
 MULTI_GPU_HEADER = (["model", "gpu"] + [f"{s} ranks" for s in MULTI_GPU_SHARDINGS]
                     + [f"zero3 x TP{MULTI_GPU_TP} GPUs"])
-MULTI_GPU_TITLE = ("Fewest ranks that train the model (pure bf16 AdamW, per-layer checkpointing, "
+MULTI_GPU_TITLE = ("Fewest ranks that train the model (allocated memory within total - 500 MiB CUDA context; "
+                   "pure bf16 AdamW, per-layer checkpointing, "
                    "micro_batch 1, seq_len 4096; 0 = not within 512 ranks). Last column: FSDP2 "
                    f"zero3 across groups of {MULTI_GPU_TP} tensor-parallel GPUs, every GPU counted")
 
@@ -179,7 +188,7 @@ def multi_gpu_rows(presets: list[str]=None) -> list[list[str]]:
     return rows
 
 
-def render(presets: list[str]=None, jobs: int | None = None) -> dict[str, str]:
+def render(presets: list[str]=None, jobs: int | None = None, basis: str = "device") -> dict[str, str]:
     """File name -> text of every checked table; the rows are computed over `jobs` processes
     (memcalc.queries.jobs; every row is computed on its own, so the text does not depend on them).
 
@@ -188,11 +197,11 @@ def render(presets: list[str]=None, jobs: int | None = None) -> dict[str, str]:
     """
     from memcalc.queries.jobs import run_all
 
-    tasks = _tasks(presets)
-    return _assemble(presets, tasks, run_all(tasks, jobs))
+    tasks = _tasks(presets, basis)
+    return _assemble(presets, tasks, run_all(tasks, jobs), basis)
 
 
-def _tasks(presets: list[str] | None) -> list[tuple]:
+def _tasks(presets: list[str] | None, basis: str = "device") -> list[tuple]:
     """The tasks of render: each multi-GPU preset's rows, then the breakdown and capacity rows
     of each (preset, regime), deepest and eager-attention models first (the longest:
     memcalc.queries.jobs hands tasks out in order, and tasks a third of a preset's keep the last ones
@@ -214,23 +223,23 @@ def _tasks(presets: list[str] | None) -> list[tuple]:
 
     multi = [(_multi_gpu_preset, (name,)) for name in MULTI_GPU_PRESETS if not presets or name in presets]
     names = sorted(models, key=cost, reverse=True)
-    return multi + [(_preset_rows, (name, regime)) for name in names for regime in REGIMES]
+    return multi + [(_preset_rows, (name, regime, basis)) for name in names for regime in REGIMES]
 
 
-def _assemble(presets: list[str] | None, tasks: list[tuple], results: list) -> dict[str, str]:
+def _assemble(presets: list[str] | None, tasks: list[tuple], results: list, basis: str = "device") -> dict[str, str]:
     """The files of render from its tasks' results, rows in the order of configs()."""
     b_rows, c_rows, m_rows, by_config = [], [], [], {}
     for (fn, args), result in zip(tasks, results):
         if fn is _multi_gpu_preset:
             m_rows += result
         elif fn is _preset_rows:
-            by_config[args] = result
+            by_config[args[:2]] = result
     for name in _preset_names(presets):
         for regime in REGIMES:
             if (name, regime) in by_config:
                 b_rows += by_config[name, regime][0]
                 c_rows += by_config[name, regime][1]
-    return _files(b_rows, c_rows, m_rows)
+    return _files(b_rows, c_rows, m_rows, CAPACITY_TITLES.get(basis, CAPACITY_TITLE))
 
 
 def _preset_names(presets: list[str] | None) -> list[str]:
@@ -239,10 +248,10 @@ def _preset_names(presets: list[str] | None) -> list[str]:
     return list(presets or PRESETS)
 
 
-def _preset_rows(name: str, regime: str) -> tuple[list[list[str]], list[list[str]]]:
+def _preset_rows(name: str, regime: str, basis: str = "device") -> tuple[list[list[str]], list[list[str]]]:
     """The breakdown and capacity rows of one preset under one regime (one task of render;
     memcalc.queries.jobs holds the garbage collector off while tasks run)."""
-    return both_rows([name], [regime])
+    return both_rows([name], [regime], basis)
 
 
 def _multi_gpu_preset(name: str) -> list[list[str]]:
@@ -250,26 +259,27 @@ def _multi_gpu_preset(name: str) -> list[list[str]]:
     return multi_gpu_rows([name])
 
 
-def _files(b_rows: list, c_rows: list, m_rows: list) -> dict[str, str]:
+def _files(b_rows: list, c_rows: list, m_rows: list, capacity_title: str = "") -> dict[str, str]:
     return {"breakdown.md": to_markdown(BREAKDOWN_HEADER, b_rows, BREAKDOWN_TITLE),
             "breakdown.csv": to_csv(BREAKDOWN_HEADER, b_rows),
-            "max_micro_batch.md": to_markdown(capacity_header(), c_rows, CAPACITY_TITLE),
+            "max_micro_batch.md": to_markdown(capacity_header(), c_rows, capacity_title or CAPACITY_TITLE),
             "max_micro_batch.csv": to_csv(capacity_header(), c_rows),
             "multi_gpu.md": to_markdown(MULTI_GPU_HEADER, m_rows, MULTI_GPU_TITLE),
             "multi_gpu.csv": to_csv(MULTI_GPU_HEADER, m_rows)}
 
 
-def write(out: Path, presets: list[str]=None, plots: bool = True, jobs: int | None = None) -> list[str]:
+def write(out: Path, presets: list[str]=None, plots: bool = True, jobs: int | None = None,
+          basis: str = "device") -> list[str]:
     """Write the tables (and the plots when matplotlib is importable), over `jobs` processes
     (memcalc.queries.jobs); return the file names."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     from memcalc.queries.jobs import run_all
 
-    tasks = _tasks(presets)
+    tasks = _tasks(presets, basis)
     extra = [(_plots, (str(out),))] if plots else []
     results = run_all(extra + tasks, jobs)
-    files = _assemble(presets, tasks, results[len(extra):])
+    files = _assemble(presets, tasks, results[len(extra):], basis)
     for name, text in files.items():
         (out / name).write_text(text)
     return list(files) + (results[0] if plots else [])
@@ -281,8 +291,8 @@ def _plots(out: str) -> list[str]:
     return write_plots(Path(out))
 
 
-def check(out: Path, presets: list[str]=None, jobs: int | None = None) -> list[str]:
+def check(out: Path, presets: list[str]=None, jobs: int | None = None, basis: str = "device") -> list[str]:
     """Names of the checked tables under `out` that differ from what the code generates."""
     out = Path(out)
-    return [name for name, text in render(presets, jobs).items()
+    return [name for name, text in render(presets, jobs, basis).items()
             if not (out / name).exists() or (out / name).read_text() != text]

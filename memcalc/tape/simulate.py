@@ -50,10 +50,13 @@ class StepSimulator:
     140
     """
 
-    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False) -> None:
+    def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False,
+                 memory: "Memory | None" = None) -> None:
         self.g = graph
         self.fsdp = fsdp
-        self.mem = Memory(graph.granularity) if record is False else RecordingMemory(record, graph.granularity)
+        # `memory`: another Memory to walk the step through (memcalc.engine.allocations records events)
+        self.mem = memory if memory is not None else (
+            Memory(graph.granularity) if record is False else RecordingMemory(record, graph.granularity))
         self.param_grads: dict[int, Storage] = {}
         self._param_buffers: dict[int, Storage] = {}
         self._consumers = self._param_consumers()

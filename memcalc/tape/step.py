@@ -173,7 +173,7 @@ def _clip(mem: Memory, graph: Graph, regime: Regime) -> None:
 
 def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dict[str, int],
                   with_optimizer: bool = True, fsdp: Fsdp | None = None,
-                  record: bool | dict = False) -> list:
+                  record: bool | dict = False, memory: Memory | None = None) -> list:
     """The kept moments of one step (phases forward, backward, optimizer). Without the
     optimizer, states and temporaries are left out (memcalc.parallel.data adds each rank's own).
     With `record`, the Memory instead: its log holds every instant (for memcalc.engine.depth, which
@@ -188,7 +188,7 @@ def simulate_step(graph: Graph, regime: Regime, first_step: bool, constants: dic
     >>> sorted({m.phase for m in moments})
     ['backward', 'forward', 'optimizer']
     """
-    sim = StepSimulator(graph, fsdp, record)
+    sim = StepSimulator(graph, fsdp, record, memory)  # memory: memcalc.engine.allocations' event log
     sim.setup()
     for name, nbytes in constants.items():
         sim.mem.hold(Storage(Poly.const(nbytes), name, name))

@@ -4,7 +4,8 @@
   every tensor ever created is counted); peaks are exact live storage bytes.
 - 'fake': the same under FakeTensorMode: shapes and storages without compute, for big models.
 - 'cuda': torch.cuda peak statistics: max_memory_allocated (what memcalc predicts),
-  max_memory_reserved, and NVML device memory used, each reported separately.
+  max_memory_reserved, and NVML device memory used, each reported separately; with
+  validate.measure.cuda_snapshot configured, a memory snapshot with history per row.
 - `memtracker_peaks`: the same run under torch.distributed._tools.mem_tracker.MemTracker, a
   second, independent implementation of live-tensor counting, for cross-checks.
 """
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from memcalc.core.errors import MemcalcError
+from validate.measure import cuda_snapshot
 from validate.measure.step import PHASES, build_trainee, optimizer_class, run_steps
 from validate.measure.tracker import LiveTensorTracker
 
@@ -213,7 +215,8 @@ def _measure_cuda(spec, training, hf_config, steps, seed) -> Measurement:
     torch.cuda.empty_cache()
     meter = CudaMeter()
     try:
-        trainee, run = _run_under(meter, spec, training, hf_config, steps, seed)
+        with cuda_snapshot.recording(spec, training, hf_config, result.extra):  # --cuda-snapshots
+            trainee, run = _run_under(meter, spec, training, hf_config, steps, seed)
     except torch.cuda.OutOfMemoryError as err:
         result.status = "oom"
         result.extra["error"] = str(err).splitlines()[0][:300]

@@ -36,13 +36,13 @@ def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | Non
 
 
 def _training_fields(training: TrainingConfig) -> dict:
-    """training.model_dump(), less the call-path and pipeline fields at their defaults (so that
-    keys recorded before those fields existed still match)."""
+    """training.model_dump(), less the call-path, pipeline and allocator fields at their defaults
+    (so that keys recorded before those fields existed still match)."""
     from memcalc.families.call_path import CALL_PATH_DEFAULTS
     from memcalc.inputs.training import PIPELINE_DEFAULTS
 
     fields = training.model_dump(mode="json")
-    for name, default in {**CALL_PATH_DEFAULTS, **PIPELINE_DEFAULTS}.items():
+    for name, default in {**CALL_PATH_DEFAULTS, **PIPELINE_DEFAULTS, "allocator": ""}.items():
         if fields.get(name) == default:
             del fields[name]
     return fields

@@ -77,6 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=3, help="steps per configuration (>= 2)")
     run.add_argument("--json", action="store_true", help="print one JSON object per configuration")
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
+    run.add_argument("--reserved", action="store_true",
+                     help="record each row's allocation sequence (cpu backend) and compare its reserved "
+                          "peak in the caching-allocator replica with the engine's sequence "
+                          "(validate.run.reserved; default --out DEVICE-MATRIX-reserved.jsonl)")
+    run.add_argument("--sequences", metavar="FOLDER",
+                     help="with --reserved: keep each row's recorded sequence in FOLDER, so that "
+                          "python -m validate.run.recompare compares it with a later engine without "
+                          "running the row again")
+    run.add_argument("--cuda-snapshots", metavar="FOLDER",
+                     help="cuda backend: write a memory snapshot with history per row into FOLDER "
+                          "(validate.measure.cuda_snapshot; replayed by scripts/gpu_summary.py --snapshots)")
     run.set_defaults(model_fields=_add_fields(run, ModelSpec, skip=("name",)),
                      training_fields=_add_fields(run, TrainingConfig, skip=("lora",)))
     add_lora_args(run)
@@ -242,7 +253,8 @@ def _default_out(args, cases: list[Case], distributed: bool) -> Path | None:
     if distributed:
         return Path("validate/results") / f"{args.matrix}.jsonl"
     device = cases[0].training.device if cases else "cpu"
-    return Path("validate/results") / f"{device}-{args.matrix}.jsonl"
+    suffix = "-reserved" if args.reserved else ""
+    return Path("validate/results") / f"{device}-{args.matrix}{suffix}.jsonl"
 
 
 def cmd_run(args) -> int:
@@ -252,22 +264,37 @@ def cmd_run(args) -> int:
         check_case(case)
     if args.steps < 2:
         raise SpecError("steps", f"need >= 2, got {args.steps}", "pass --steps 3")
+    if args.reserved and (args.backend not in ("auto", "cpu") or any(_backend(args, c) != "cpu" for c in cases)):
+        raise SpecError("reserved", "the allocation sequence is recorded by the cpu backend",
+                        "use --device cpu (and --backend cpu or auto) with --reserved")
+    if args.sequences and not args.reserved:
+        raise SpecError("sequences", "keeps the sequences --reserved records", "add --reserved")
     distributed = any(c.distributed for c in cases)
     out = _default_out(args, cases, distributed)
+    if args.cuda_snapshots:
+        from validate.measure.cuda_snapshot import configure
+
+        configure(args.cuda_snapshots)
     target = out or Path(tempfile.mkdtemp(prefix="validate-")) / "run.jsonl"
     step, close = _progress(len(cases)) if args.matrix else (None, lambda: None)
     with _exclusive(target):
         rows = run_cases(cases, target, _backend(args, cases[0]) if cases else "cpu", progress=step,
-                         steps=args.steps, with_prediction=not args.no_predict)
+                         steps=args.steps, with_prediction=not args.no_predict, reserved=args.reserved,
+                         sequences=args.sequences)
     close()
     allowed = tolerances(args, cases)
     if out is not None:
         out.with_suffix(".md").write_text(_md_header(args, rows, distributed, allowed)
-                                          + markdown_table(rows, allowed))
+                                          + markdown_table(rows, allowed)
+                                          + (_reserved_md(rows) if args.reserved else ""))
     failures = [(r, verdict(r, allowed[r["key"]], not args.no_predict)) for r in rows]
     failures = [(r, why) for r, why in failures if why]
     for row in rows:
         print(json.dumps(row, sort_keys=True) if args.json else _line(row), flush=True)
+    if args.reserved:
+        from validate.run.reserved import summary, summary_lines
+
+        print("\n".join(summary_lines(summary(rows))), flush=True)
     if failures:
         print(f"validate: {len(failures)} of {len(rows)} configurations failed: "
               + "; ".join(f"{r['name']}: {w}" for r, w in failures[:5]), file=sys.stderr)
@@ -293,6 +320,12 @@ def _exclusive(path: Path):
         yield
 
 
+def _reserved_md(rows: list[dict]) -> str:
+    from validate.run.reserved import markdown, summary, summary_lines
+
+    return "\n" + "\n".join(summary_lines(summary(rows))) + "\n" + markdown(rows)
+
+
 def _md_header(args, rows: list[dict], distributed: bool, allowed: dict[str, float]) -> str:
     what = args.matrix or args.model or args.hf_config
     bounds = sorted(set(allowed.values()))
@@ -316,7 +349,14 @@ def _line(row: dict) -> str:
     meas, pred, err = row.get("measured_peak_bytes"), row.get("predicted_peak_bytes"), row.get("error_pct")
     in_mib = lambda x: "-" if x is None else f"{x / 2**20:.2f} MiB"  # noqa: E731
     tail = f"error {err:+.4f}%" if err is not None else (row.get("no_prediction") or row.get("error") or "")
-    return f"{row['label']}: measured {in_mib(meas)}, predicted {in_mib(pred)}, {row['status']}, {tail}"
+    line = f"{row['label']}: measured {in_mib(meas)}, predicted {in_mib(pred)}, {row['status']}, {tail}"
+    if "recorded_reserved_bytes" in row or "no_reserved" in row:
+        rerr = row.get("reserved_error_pct")
+        line += (f"; reserved recorded {in_mib(row.get('recorded_reserved_bytes'))}, engine "
+                 f"{in_mib(row.get('predicted_reserved_bytes'))}"
+                 + (f" ({rerr:+.4f}%)" if rerr is not None else "")
+                 + (f" [{row['no_reserved']}]" if row.get("no_reserved") else ""))
+    return line
 
 
 def main(argv=None) -> int:

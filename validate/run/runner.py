@@ -16,8 +16,12 @@ from validate.distributed.job import BACKEND as DIST_BACKEND  # a distributed ca
 
 def run_cases(cases: list[Case], out_path: str | Path, backend: str = "cpu",
               progress: Callable[[Case], None] | None = None, steps: int = 3,
-              with_prediction: bool = True) -> list[dict]:
+              with_prediction: bool = True, reserved: bool = False,
+              sequences: str | Path | None = None) -> list[dict]:
     """Measure (and predict) each case not yet in `out_path`, appending rows as they finish.
+    With `reserved`, each row also compares the reserved peaks of its recorded allocation
+    sequence and the engine's (validate.run.reserved); with `sequences` too, each recorded sequence
+    is kept in that folder (validate.measure.sequence.save_run) for validate.run.recompare.
 
     Returns all rows of the file for the given cases (old and new), in case order.
     """
@@ -26,22 +30,64 @@ def run_cases(cases: list[Case], out_path: str | Path, backend: str = "cpu",
         if progress is not None:
             progress(case)
         if case.key not in done:
-            append_jsonl(out_path, run_case(case, backend, steps, with_prediction))
+            append_jsonl(out_path, run_case(case, backend, steps, with_prediction, reserved,
+                                                  sequences))
     latest = {r["key"]: r for r in read_jsonl(out_path)}
     return [latest[c.key] for c in cases if c.key in latest]
 
 
 def run_case(case: Case, backend: str = "cpu", steps: int = 3,
-             with_prediction: bool = True) -> dict:
-    """One case's row: measured, then predicted; an error row when the measurement raised."""
+             with_prediction: bool = True, reserved: bool = False,
+             sequences: str | Path | None = None) -> dict:
+    """One case's row: measured, then predicted; an error row when the measurement raised.
+    With `reserved`, measured with its allocation sequence recorded (validate.measure.allocations)
+    and the reserved comparison added (validate.run.reserved)."""
     backend = DIST_BACKEND if case.distributed else backend
     start = time.perf_counter()
+    recorded, no_record = None, _no_record(case, backend) if reserved else None
     try:
-        measured = _measure(case, backend, steps)
+        if reserved and no_record is None:
+            from validate.measure.allocations import measure_recorded
+
+            recorded = measure_recorded(case.spec, case.training, case.hf_config, steps)
+            measured = recorded.measurement
+            if sequences is not None:
+                from validate.measure.sequence import save_run
+
+                save_run(sequences, case.key, recorded.events, recorded.marks, recorded.ops)
+        else:
+            measured = _measure(case, backend, steps)
     except Exception as err:  # record and go on: one broken config must not stop a matrix
         return error_row(case, err, backend, time.perf_counter() - start)
     report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
-    return result_row(case, report, measured, why)
+    row = result_row(case, report, measured, why)
+    if recorded is not None:
+        row.update(_reserved(case, recorded, steps))
+    elif reserved:
+        row["no_reserved"] = no_record
+    return row
+
+
+def _no_record(case: Case, backend: str) -> str | None:
+    """Why a case's allocation sequence is not recorded (None: it is)."""
+    if case.distributed:
+        return "a distributed case: the sequence is recorded for single-process runs"
+    if case.trainer_args is not None:
+        return "runs through transformers.Trainer: its sequence is not recorded"
+    if backend != "cpu":
+        return f"backend {backend!r}: the sequence is recorded by the cpu backend's tracker"
+    return None
+
+
+def _reserved(case: Case, recorded, steps: int) -> dict:
+    """validate.run.reserved's fields, or the reason they are missing (an engine or replay crash)."""
+    from validate.run.reserved import reserved_fields
+
+    try:
+        return reserved_fields(recorded.events, recorded.marks, case.spec, case.training, steps,
+                               ops=recorded.ops)
+    except Exception as err:  # kept in the row: the measurement stands
+        return {"no_reserved": f"{type(err).__name__}: {err}"[:500]}
 
 
 def _measure(case: Case, backend: str, steps: int):
