@@ -19,8 +19,6 @@ EMPTY: Mapping = MappingProxyType({})
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
 ALL_MASKS = ("none", "ones", "padded")
 """TrainingConfig.attention_mask's kinds (a declaration's Supports.attention_masks)."""
-TRAINER_MASKS = ("none", "ones")
-"""No mask or an all-ones one (the HF Trainer's default collator on unpadded or packed batches)."""
 LLAMA_KEYS = frozenset({"model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                         "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings",
                         "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
