@@ -183,9 +183,10 @@ def trainings(draw, checkpointing=CHECKPOINTING, parallel: bool = False,
         attention=draw(st.sampled_from(["eager"] if model is not None
                                        and declaration(model.family).supports.sdpa_refusal is not None
                                        else ["eager", "sdpa"])),  # Gemma-2 and GPT-OSS have no SDPA path
-        device=draw(st.sampled_from(["cpu", "cuda"])),
-        experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
-        moe_routing=draw(st.sampled_from(["worst", "balanced"])))
+        device=draw(st.sampled_from(["cpu", "cuda"])))
+    if model is None or model.moe is not None:  # a dense model refuses them (check_moe_options)
+        fields.update(experts_implementation=draw(st.sampled_from(["grouped_mm", "eager"])),
+                      moe_routing=draw(st.sampled_from(["worst", "balanced"])))
     if parallel:
         tp = draw(st.sampled_from(tensor_parallel_degrees(model)))
         dp = draw(st.sampled_from([1, 2, 3, 4] if tp == 1 else [1, 2]))

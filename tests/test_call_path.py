@@ -7,16 +7,22 @@ import memcalc
 from memcalc.core.errors import NotModelledError
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
-from tests.strategies import cases
+from tests.strategies import PROGRAMS, cases
 
-HF_PROGRAMS = [("gpt2", "hf"), ("llama", "hf")]
+HF_PROGRAMS = [(f, i) for f, i in PROGRAMS if i == "hf"]
+UNFUSED_KV = [("gpt2", "hf"), ("llama", "hf")]
+"""Programs where the cache's copies free no projection: Llama's k and v are projections of their
+own, GPT-2's q stays a saved view of c_attn (Phi-3's and GPT-NeoX's fused projection is freed:
+test_use_cache_lowers_the_fused_projection_families_peak)."""
 
 
 def _call_path_modelled(case) -> bool:
-    """The call paths are modelled for HF GPT-2 and Llama without sliding windows or GPT-2's
-    upcast attention (memcalc.families.call_path.check_call_path refuses the rest by name)."""
+    """The call paths are modelled for every HF family, sliding windows included, but GPT-2's
+    upcast attention and a mask with the MoE auxiliary loss (memcalc.families.call_path.
+    check_call_path refuses those by name)."""
     model, _ = case
-    return model.sliding_window is None and not model.reorder_and_upcast_attn
+    aux = model.moe is not None and model.moe.output_router_logits
+    return not model.reorder_and_upcast_attn and not aux
 
 
 def _peak(model, training, **changes) -> int:
@@ -43,7 +49,7 @@ def test_separate_labels_add_one_int64_token_tensor(case):
         or t.device == "cuda"  # cuda rounds each storage to 512 B
 
 
-@given(cases(programs=HF_PROGRAMS, checkpointing=["none", "per-layer"]).filter(_call_path_modelled))
+@given(cases(programs=UNFUSED_KV, checkpointing=["none", "per-layer"]).filter(_call_path_modelled))
 def test_cache_never_lowers_the_peak_and_is_off_under_hf_checkpointing(case):
     model, t = case
     with_cache = _peak(model, t, use_cache=True)
@@ -182,22 +188,33 @@ def test_check_cli_answers_for_gemma2_with_default_trainer_args(tmp_path, capsys
     assert code == 0 and "fits" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("family, field, value", [("phi3", "use_cache", True), ("gpt_neox", "use_cache", True),
-                                                  ("phi3", "attention_mask", "padded")])
-def test_call_paths_measured_to_differ_stay_refused_by_name(family, field, value):
-    """Measured (validate tracker, b3 s40, SDPA): use_cache=True lowers Phi-3's peak by 46,080 B and
-    GPT-NeoX's by 61,440 B (their k and v are slices of the fused projection; the cache's
-    copies are contiguous), which their programs do not model; padded masks are not measured."""
+@pytest.mark.parametrize("family, mask", [("mixtral", "ones"), ("olmoe", "padded")])
+def test_a_mask_with_the_moe_auxiliary_loss_stays_refused_by_name(family, mask):
+    """load_balancing_loss_func's attention_mask branch (its scatter_add_ weighted counts) is not
+    modelled: a mask with output_router_logits is refused by name."""
     from tests.test_programs import SPECS
 
-    spec = ModelSpec.make(**SPECS["hf", family])
-    t = TrainingConfig(micro_batch=1, seq_len=8, **{field: value}, **({"pad_tokens": 2} if value == "padded" else {}))
-    with pytest.raises(NotModelledError, match=f"^{field}:"):
+    fields = SPECS["hf", family]
+    spec = ModelSpec.make(**{**fields, "moe": {**fields["moe"], "output_router_logits": True}})
+    t = TrainingConfig(micro_batch=1, seq_len=8, attention_mask=mask, pad_tokens=2 if mask == "padded" else 0)
+    with pytest.raises(NotModelledError, match="^attention_mask:"):
         memcalc.estimate(spec, t)
 
 
+@pytest.mark.parametrize("family", ["phi3", "gpt_neox"])
+def test_use_cache_lowers_the_fused_projection_families_peak(family):
+    """Measured (validate tracker, b3 s40, SDPA): use_cache=True lowers Phi-3's peak by 46,080 B and
+    GPT-NeoX's by 61,440 B: their k and v are slices of the fused qkv projection, which SDPA's saved
+    views keep alive; the cache's contiguous copies are saved instead and the projection is freed."""
+    from tests.test_programs import SPECS
+
+    spec = ModelSpec.make(**SPECS["hf", family])
+    t = TrainingConfig(micro_batch=3, seq_len=40, attention="sdpa", device="cpu")
+    assert _peak(spec, t, use_cache=True) < _peak(spec, t)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(56)])
+@pytest.mark.parametrize("name", [f"cpf{i:02d}" for i in range(98)])
 def test_the_trainer_call_path_is_the_measured_peak_on_every_family(name):
     """validate/matrices/rows/call-paths-by-family.json's rows, measured now."""
     from validate.matrices.load import topic_cases

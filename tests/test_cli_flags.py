@@ -1,7 +1,7 @@
 """The command's model and training flags are the input models' fields (memcalc.cli.flags): every
 field a flag can give has one, with the field's docstring as help, and the command accepts and
-refuses what the Python API does (but the MoE options on a dense model, which the command refuses
-when given: memcalc.refusals.step.check_moe_options)."""
+refuses what the Python API does (the MoE options on a dense model: the command refuses them when
+given, estimate() when set to other than their defaults: memcalc.refusals.step.check_moe_options)."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,6 @@ from memcalc.core.errors import MemcalcError, SpecError
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from memcalc.queries.estimate import estimate
-from memcalc.refusals.step import check_moe_options
 
 
 def _dests(command: str) -> set[str]:
@@ -37,18 +36,16 @@ def test_every_field_a_flag_can_give_is_a_flag(command):
 
 @pytest.mark.parametrize("field,value", [("experts_implementation", "eager"), ("moe_routing", "balanced")])
 def test_moe_options_on_a_dense_model(field, value, capsys):
-    """A dense model has no experts: the command refuses the flags by name, with the refusal of
-    memcalc.refusals.step (check_moe_options); estimate() takes the fields as the no-op they are
-    on a dense model (the same numbers as without them), and on a MoE model as what they say."""
+    """A dense model has no experts: the command refuses the flags by name and estimate() the
+    fields set to other than their defaults, with the one refusal of memcalc.refusals.step
+    (check_moe_options); on a MoE model they are what they say."""
     gpt2, training = ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8, **{field: value})
     with pytest.raises(SystemExit) as exit_:
         main(["estimate", "--model", "gpt2", "--" + field.replace("_", "-"), value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith(f"memcalc: error: {field}: gpt2 has no mixture-of-experts layers")
     with pytest.raises(SpecError, match=f"^{field}: gpt2 has no mixture-of-experts layers"):
-        check_moe_options(gpt2, given=[field])
-    plain = estimate(gpt2, TrainingConfig(micro_batch=1, seq_len=8))
-    assert estimate(gpt2, training).phases == plain.phases
+        estimate(gpt2, training)
     small = ModelSpec.preset("mixtral-8x7b").with_(num_layers=1)
     assert estimate(small, training).peak_bytes > 0
 

@@ -54,10 +54,11 @@ class DecoderProgram:
 
     def build(self, ops: Ops, spec: ModelSpec, regime: Regime) -> None:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
-        from memcalc.families.call_path import batch_inputs
+        from memcalc.families.call_path import batch_inputs, cache_layers
 
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
         emb = self.embed(ops, spec, regime)
+        cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
                                        lambda x, layer: self.block(ops, spec, regime, x, layer, emb.context),

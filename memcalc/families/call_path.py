@@ -123,6 +123,20 @@ def zero_window_mask(ops: Ops, regime: Regime, elt: int) -> Value:
     return mask
 
 
+def cache_layers(ops: Ops, spec: ModelSpec, regime: Regime, context: dict) -> None:
+    """DynamicCache(config=...) (cache_utils.py, made by the base model's forward after the
+    embeddings): one DynamicSlidingWindowLayer per sliding layer of the config's layer types,
+    each holding `_sliding_window_tensor`, a 0-d int64 tensor (torch.tensor(sliding_window)),
+    alive with the cache until the model's forward returns (context['cache']). Measured
+    (validate tracker, GPT-OSS L4 window 16 pattern 2, b2 s64): 16 B, 8 per sliding layer."""
+    if not regime.kv_cache:
+        return
+    sliding = sum(spec.layer_is_sliding(i) for i in range(spec.num_layers))
+    context.setdefault("cache", []).extend(
+        ops.g.op("DynamicSlidingWindowLayer._sliding_window_tensor", [], size("", 8), requires_grad=False,
+                 elt=8) for _ in range(sliding))
+
+
 def cache_kv(ops: Ops, regime: Regime, k: Value, v: Value, context: dict) -> tuple[Value, Value, bool]:
     """DynamicLayer.update: torch.cat([empty, k]) and torch.cat([empty, v]) copy the layer's
     keys and values (contiguous (b, heads, s, d)); the cache holds them until the model's forward

@@ -19,8 +19,6 @@ EMPTY: Mapping = MappingProxyType({})
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
 ALL_MASKS = ("none", "ones", "padded")
 """TrainingConfig.attention_mask's kinds (a declaration's Supports.attention_masks)."""
-TRAINER_MASKS = ("none", "ones")
-"""No mask or an all-ones one (the HF Trainer's default collator on unpadded or packed batches)."""
 LLAMA_TP_PLAN = (("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"), ("self_attn.v_proj", "colwise"),
                  ("self_attn.o_proj", "rowwise"), ("mlp.gate_proj", "colwise"), ("mlp.up_proj", "colwise"),
                  ("mlp.down_proj", "rowwise"))

@@ -1,5 +1,5 @@
 """transformers GPTNeoXForCausalLM (models/gpt_neox/modeling_gpt_neox.py, transformers 5.24;
-Pythia), use_cache=False.
+Pythia); use_cache and the masks: memcalc.families.call_path.
 
 Op by op:
 - gpt_neox.embed_in(ids); a (b,1,s,s) float mask for eager attention; emb_dropout (hidden_dropout);
@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from memcalc.families.attention import attention_core
+from memcalc.families.call_path import cache_kv, causal_mask
 from memcalc.families.base import TOKENS, DecoderProgram, Embedded, param_maker, size
 from memcalc.families.hf_gpt2 import activation
 from memcalc.families.hf_phi3 import contiguous_qk_kernel, rotary_width
@@ -47,9 +48,7 @@ class HFGPTNeoX(DecoderProgram):
         emb = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
         pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
-        mask = None
-        if regime.attention == "eager":
-            mask = g.op("causal mask", [], size("b s s", emb.elt), requires_grad=False, elt=emb.elt)
+        mask = causal_mask(ops, regime, emb.elt)  # create_causal_mask (call_path)
         x = ops.dropout(emb, spec.embd_dropout)
         rotary_buffers(ops, rotary_width(spec), "gpt_neox.rotary_emb.")  # GPTNeoXRotaryEmbedding's
         cos, sin = rotary_tables(ops, rotary_width(spec), x.elt)
@@ -68,9 +67,10 @@ class HFGPTNeoX(DecoderProgram):
         q, k, v = ops.g.views("chunk(3)", qkv_t, [size("b s a d", qkv.elt, a=a, d=d)] * 3, backward=[Grad(0)])
         cos, sin, rd = context["cos"], context["sin"], rotary_width(spec)
         q, k = partial_rotary(ops, q, cos, sin, a, d, rd), partial_rotary(ops, k, cos, sin, a, d, rd)
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
 
         y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
-            ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
+            ops, spec, regime, q, k, v, context["mask"], contiguous), context.get("position_ids"))
         out = ops.linear(y, p("attention.dense.weight", h * h, h),
                          p("attention.dense.bias", h) if spec.out_bias else None, TOKENS, h, "dense")
         # GPTNeoXAttention's locals, and its `hidden_states` argument: GPTNeoXLayer passes
@@ -107,7 +107,10 @@ class HFGPTNeoX(DecoderProgram):
             attn = ops.add(attn, x, "attn + hidden_states")
             m = ops.dropout(self.mlp(ops, spec, ops.layer_norm(attn, ln2_w, ln2_b, TOKENS), p), spec.resid_dropout)
             out = ops.add(m, attn, "mlp + attn")
-        ops.scope_end([x, weights])  # the caller's loop variable; `_` lives until the layer returns
+        # the caller's loop variable; `_` and the locals attn_output and mlp_output live until the
+        # layer returns (measured, parallel residual fp32 SDPA b2 s64: both alive at the second
+        # add of `mlp_output + attn_output + hidden_states`, +b*s*h*4 B in the last layer)
+        ops.scope_end([x, weights, attn, m])
         return out
 
     def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:

@@ -1,5 +1,5 @@
 """transformers GptOssForCausalLM (models/gpt_oss/modeling_gpt_oss.py, transformers 5.24),
-use_cache=False, eager attention (GptOssPreTrainedModel._supports_sdpa is False: SDPA has no
+use_cache (memcalc.families.call_path), eager attention (GptOssPreTrainedModel._supports_sdpa is False: SDPA has no
 attention sinks; memcalc.refusals.step.check_attention refuses it).
 
 What differs from the MoE programs (memcalc.families.hf_moe, memcalc.families.moe), op by op:
@@ -25,6 +25,7 @@ from memcalc.inputs.moe_routing import is_worst, token_counts
 from memcalc.core.poly import Poly
 from memcalc.families.attention import add_float_mask, attention_core, head_copy, scores_matmul
 from memcalc.families.base import TOKENS, Embedded, param_maker, size
+from memcalc.families.call_path import cache_kv
 from memcalc.families.hf_llama import HFLlama, token_embedding
 from memcalc.families.layers import qkv_projections, rms_norm_weight_first, rotary_buffers
 from memcalc.families.moe import INDEX, grouped_combine, grouped_dispatch, inplace
@@ -75,7 +76,7 @@ def rotary(ops: Ops, x: Value, cos: Value, sin: Value, heads: int, d: int) -> Va
 
 
 def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
-                sinks: Value) -> tuple[Value, Value]:
+                sinks: Value, contiguous: bool = False) -> tuple[Value, Value]:
     """modeling_gpt_oss.eager_attention_forward. q and k arrive contiguous (the rotary cat), so
     bmm copies neither; v is the projection's transposed view (copied by bmm's reshape unless
     repeat_kv copied it). `attn_weights` (scores + mask) lives until it is rebound to the
@@ -88,7 +89,7 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]
-    else:
+    elif not contiguous:  # the DynamicCache's copy (use_cache) is contiguous already
         v = head_copy(ops, spec, v, "v reshape copy")
     qm, km = ops.matmul_operand(q), ops.matmul_operand(k)
     scores = add_float_mask(ops, ops.scale(scores_matmul(ops, qm, km, a), "* scaling"), mask)
@@ -296,11 +297,12 @@ class HFGptOss(HFLlama):
         q_local, k_local = q, k
         q, k = rotary(ops, q, cos, sin, a, d), rotary(ops, k, cos, sin, spec.kv_heads, d)
         ops.scope_end([q_local, k_local])  # apply_rotary_pos_emb's arguments, until it returns
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         o_w = p("self_attn.o_proj.weight", a * d * h, h)
         o_b = p("self_attn.o_proj.bias", h) if spec.out_bias else None
         sinks = p("self_attn.sinks", a)
         mask = context["masks"]["sliding" if spec.layer_is_sliding(layer) else "full"]
-        y, weights = attention_core(ops, regime, lambda: sinks_eager(ops, spec, q, k, v, mask, sinks),
+        y, weights = attention_core(ops, regime, lambda: sinks_eager(ops, spec, q, k, v, mask, sinks, contiguous),
                                     context.get("position_ids"))
         if regime.selective:  # validate.models.hf.register_selective returns (output, None): no weights held
             weights = None

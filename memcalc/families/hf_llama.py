@@ -1,6 +1,6 @@
 """transformers LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM
 (models/llama/modeling_llama.py, mistral/, qwen2/, qwen3/, transformers 5.x), use_cache=False by
-default (the other call paths: memcalc.families.call_path; refused with sliding windows).
+default (the other call paths: memcalc.families.call_path, sliding windows included).
 
 Qwen3 adds per-head RMSNorms of q and k before rotary (spec.qk_norm). Sliding windows (Mistral's
 sliding_window on every layer, Qwen2/Qwen3's on layers >= max_window_layers) change only the

@@ -1,6 +1,7 @@
 """transformers MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and OlmoeForCausalLM
-(models/*/modeling_*.py, transformers 5.x), use_cache=False: the Llama trunk (embeddings, rotary
-tables, RMSNorms, attention, loss: memcalc.families.hf_llama) with a sparse MoE block
+(models/*/modeling_*.py, transformers 5.x; use_cache and the masks: memcalc.families.call_path):
+the Llama trunk (embeddings, rotary tables, RMSNorms, attention, loss: memcalc.families.hf_llama)
+with a sparse MoE block
 (memcalc.families.moe) in place of the MLP, except in Qwen-MoE's dense layers.
 
 Attention differs by family: Qwen3-MoE RMSNorms q and k per head (q_norm/k_norm of head_dim, on
@@ -12,8 +13,9 @@ from __future__ import annotations
 from typing import Callable
 
 from memcalc.inputs.moe_routing import moe_layers
-from memcalc.families.attention import attention_core, llama_eager, sdpa
+from memcalc.families.attention import attention_core, llama_eager, sdpa_attention
 from memcalc.families.base import TOKENS, param_maker
+from memcalc.families.call_path import cache_kv
 from memcalc.families.hf_llama import HFLlama
 from memcalc.families.layers import apply_rotary_pos_emb, qkv_projections, rms_norm, rotary, swiglu_mlp
 from memcalc.families.moe import sparse_moe_block
@@ -38,11 +40,12 @@ def attention(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, context: dict
     cos, sin = context["cos"], context["sin"]
     q, k = apply_rotary_pos_emb(ops, q, k, lambda q, k: (rotary(ops, q, cos, sin, a, d),
                                                          rotary(ops, k, cos, sin, kv, d)))
+    k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
 
     def core():
         if regime.attention == "sdpa":
-            return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v))), None
-        return llama_eager(ops, spec, q, k, v, context["mask"])
+            return sdpa_attention(ops, spec, q, k, v, context["mask"], contiguous), None
+        return llama_eager(ops, spec, q, k, v, context["mask"], contiguous=contiguous)
 
     y, weights = attention_core(ops, regime, core, context.get("position_ids"))
     out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h),

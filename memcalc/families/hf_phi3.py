@@ -1,5 +1,5 @@
 """transformers Phi3ForCausalLM (models/phi3/modeling_phi3.py, transformers 5.24; Phi-3 and Phi-4),
-use_cache=False.
+use_cache and the masks: memcalc.families.call_path.
 
 What differs from Llama (memcalc.families.hf_llama), op by op:
 - self_attn.qkv_proj: one (b, s, (heads + 2 kv) * d) projection, sliced three times
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memcalc.families.attention import attention_core, llama_eager, sdpa
+from memcalc.families.attention import attention_core, head_copy, llama_eager, sdpa, sdpa_masked
 from memcalc.families.base import TOKENS, size
+from memcalc.families.call_path import cache_kv
 from memcalc.families.hf_llama import HFLlama, llama_registration_rank
 from memcalc.families.layers import partial_rotary
 from memcalc.engine.regime import Regime
@@ -43,14 +44,21 @@ def rotary_width(spec: ModelSpec) -> int:
 
 
 def contiguous_qk_kernel(ops: Ops, spec: ModelSpec, regime: Regime, q: Value, k: Value, v: Value,
-                         mask: Value | None) -> tuple[Value, Value | None]:
+                         mask: Value | None, contiguous: bool = False) -> tuple[Value, Value | None]:
     """The attention interface's call when q and k come out of the (partial) rotary cat
     contiguous (b, heads, s, d) (Phi3Attention, GPTNeoXAttention): SDPA (is_causal; the CPU
     flash output laid out like q, copied by the transpose) or eager (bmm copies neither q nor
-    k); returns (output, weights)."""
+    k); returns (output, weights). `contiguous`: k and v are the DynamicCache's copies (use_cache)."""
+    if regime.attention == "sdpa" and mask is not None:  # a padded batch's (call_path.causal_mask)
+        out = sdpa_masked(ops, spec, q, k, v, mask, contiguous)
+        if ops.device == "cpu":  # the flash kernel's output laid out like q, as in `sdpa` (measured:
+            # Phi-3, GPT-NeoX, StableLM padded b2 s64, one (b, heads, s, d) copy per layer)
+            out = head_copy(ops, spec, out, "transpose(1,2).contiguous()")
+        return out, None
     if regime.attention == "sdpa":
-        return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous_q=True), None
-    return llama_eager(ops, spec, q, k, v, mask, contiguous_qk=True)
+        return sdpa(ops, spec, *(ops.matmul_operand(t) for t in (q, k, v)), contiguous=contiguous,
+                    contiguous_q=True), None
+    return llama_eager(ops, spec, q, k, v, mask, contiguous_qk=True, contiguous=contiguous)
 
 
 class HFPhi3(HFLlama):
@@ -67,9 +75,10 @@ class HFPhi3(HFLlama):
         a, d, h = spec.num_heads, spec.head_size, spec.hidden_size
         q, k, v = self.project_qkv(ops, spec, x, p)
         q, k = self.position(ops, spec, q, k, layer, context)
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
 
         y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
-            ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
+            ops, spec, regime, q, k, v, context["mask"], contiguous), context.get("position_ids"))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h), None, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v])  # Phi3Attention's locals
         return out, weights

@@ -1,5 +1,5 @@
 """transformers StableLmForCausalLM (models/stablelm/modeling_stablelm.py, transformers 5.24),
-use_cache=False; declared in memcalc.families.declarations.stablelm.
+use_cache and the masks: memcalc.families.call_path; declared in memcalc.families.declarations.stablelm.
 
 What differs from Llama (memcalc.families.hf_llama), op by op:
 - nn.LayerNorm with bias for input_layernorm, post_attention_layernorm and model.norm;
@@ -22,6 +22,7 @@ from typing import Callable
 from memcalc.engine.regime import Regime
 from memcalc.families.attention import attention_core
 from memcalc.families.base import TOKENS, param_maker, size
+from memcalc.families.call_path import cache_kv
 from memcalc.families.hf_llama import HFLlama, llama_registration_rank
 from memcalc.families.hf_phi3 import contiguous_qk_kernel, rotary_width
 from memcalc.families.layers import apply_rotary_pos_emb, qkv_projections, rotary, swiglu_mlp
@@ -67,8 +68,9 @@ class HFStableLm(HFLlama):
         q_rot, k_rot = apply_rotary_pos_emb(ops, q_rot, k_rot, lambda q, k: (
             rotary(ops, q, cos, sin, a, rd), rotary(ops, k, cos, sin, kv, rd)))
         q, k = rotary_cat(ops, q_rot, q_pass, a, d), rotary_cat(ops, k_rot, k_pass, kv, d)
+        k, v, contiguous = cache_kv(ops, regime, k, v, context)  # use_cache: DynamicCache copies
         y, weights = attention_core(ops, regime, lambda: contiguous_qk_kernel(
-            ops, spec, regime, q, k, v, context["mask"]), context.get("position_ids"))
+            ops, spec, regime, q, k, v, context["mask"], contiguous), context.get("position_ids"))
         out = ops.row_linear(y, p("self_attn.o_proj.weight", a * d * h, h), None, TOKENS, h, "o_proj")
         ops.scope_end([q, k, v, q_rot, k_rot, q_pass, k_pass])  # StableLmAttention's locals
         return out, weights

@@ -43,12 +43,16 @@ def build_masks(ops: Ops, spec: ModelSpec, regime: Regime, elt: int) -> dict[str
         if regime.attention == "eager":
             name = "causal mask" if kind == "full" else "sliding causal mask"
             masks[kind] = g.op(name, [], size("b s s", elt), requires_grad=False, elt=elt)
-        elif kind == "sliding" and regime.sliding_window_reached:
+        elif regime.attention_mask == "padded" or (kind == "sliding" and regime.sliding_window_reached):
             # with a 2-D attention_mask, sdpa_mask ands padding_mask_function (padding_mask[batch_idx,
             # kv_idx]) into the mask function, so the broadcast result has the batch dimension
-            # (measured: Gemma-3 SDPA, mask of ones, b3 s40 window 16: +2*s*s B); else (1, 1, s, s)
+            # (measured: Gemma-3 SDPA, mask of ones, b3 s40 window 16: +2*s*s B); else (1, 1, s, s).
+            # A padded batch's mask is never skipped, full or sliding, window reached or not
+            # (_ignore_causal_mask_sdpa: padding_mask not all true; measured: Qwen2 window 16 with
+            # two full layers, b2 s64, 5 pad tokens)
             shape = "s s" if regime.attention_mask == "none" else "b s s"
-            masks[kind] = g.op("sliding bool mask", [], size(shape, 1), requires_grad=False, elt=1)
+            name = "sliding bool mask" if kind == "sliding" else "sdpa bool mask"
+            masks[kind] = g.op(name, [], size(shape, 1), requires_grad=False, elt=1)
         else:
             masks[kind] = None
     return masks

@@ -73,10 +73,12 @@ def learned_positions(model: ModelSpec) -> bool:
 
 def check_runnable(model: ModelSpec, training: TrainingConfig) -> None:
     """What the implementation can run: seq_len within a fixed position table; explicit MoE
-    routing counts that fit the model and the shape (memcalc.inputs.moe_routing.check_routing)."""
+    routing counts that fit the model and the shape (memcalc.inputs.moe_routing.check_routing);
+    no MoE option set on a dense model (check_moe_options)."""
     from memcalc.inputs.moe_routing import check_routing
 
     check_routing(model, training)
+    check_moe_options(model, given=moe_options_set(training))
     if learned_positions(model) and training.seq_len > model.max_position_embeddings:
         p = model.max_position_embeddings
         table = declaration(model.family).supports.learned_positions or "the reference model's position tables"
@@ -123,13 +125,23 @@ MOE_OPTIONS = ("experts_implementation", "moe_routing")
 """The TrainingConfig fields that describe a mixture-of-experts layer's experts."""
 
 
+def moe_options_set(training: TrainingConfig) -> list[str]:
+    """The MOE_OPTIONS a TrainingConfig sets to other than their defaults (what estimate() can
+    tell was set on purpose: with_ sets every field, so a default value cannot be told apart).
+
+    >>> moe_options_set(TrainingConfig(micro_batch=1, seq_len=8, moe_routing="balanced"))
+    ['moe_routing']
+    """
+    fields = TrainingConfig.model_fields
+    return [n for n in MOE_OPTIONS if getattr(training, n) != fields[n].default]
+
+
 def check_moe_options(model: ModelSpec, given: tuple | list = ()) -> None:
-    """MOE_OPTIONS named in `given` (the options a caller set on purpose: the command's flags) for
-    a model without mixture-of-experts layers: refused by name, since they would change nothing.
-    A TrainingConfig alone cannot tell a value set on purpose from the default (with_ sets every
-    field), and estimate() takes them on a dense model as the no-op they are (measured:
-    validate/results/cpu-ci-sweep4.jsonl runs dense models with experts_implementation='eager');
-    explicit routing counts for a dense model are refused there (memcalc.inputs.moe_routing.check_routing).
+    """MOE_OPTIONS named in `given` for a model without mixture-of-experts layers: refused by
+    name, since they would change nothing (measured: validate/results/cpu-ci-sweep4.jsonl ran dense
+    models with experts_implementation='eager', the same peaks). The command passes the flags
+    given (memcalc.cli.args), estimate() the fields set to other than their defaults
+    (moe_options_set, check_runnable), so both refuse alike.
 
     >>> check_moe_options(ModelSpec.preset("gpt2"), given=["moe_routing"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):

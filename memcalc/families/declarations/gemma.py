@@ -4,7 +4,7 @@ sandwich norms, soft-capping and alternating sliding layers; Gemma-3 q/k norms a
 table per layer kind). Read by memcalc.inputs.hf.gemma."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, TRAINER_MASKS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import LLAMA_KEYS, ALL_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import NotModelledError, SpecError
 from memcalc.inputs.hf.values import count, flag, get
 
@@ -20,7 +20,7 @@ _BUILDER = "validate.models.hf:gemma_config"
 GEMMA = FamilyDeclaration(
     "gemma", programs={"hf": "hf_gemma:PROGRAM"},
     hf_types=(HFType("gemma", "GemmaConfig", "GemmaForCausalLM", reader=_READER, modelled=_KEYS),),
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True, tensor_parallel="all"),
+    supports=Supports(trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True, tensor_parallel="all"),
     activations=("gelu_tanh",),
     biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA2 = FamilyDeclaration(
@@ -31,7 +31,7 @@ GEMMA2 = FamilyDeclaration(
                                    "_supports_sdpa is False: SDPA cannot soft-cap the scores)",
                       default_attention="eager",  # modeling_gemma2.py: _supports_sdpa = False
                       sliding="patterned", attn_softcap=True, logit_softcap=True,
-                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True,
+                      trainer_inputs=True, attention_masks=ALL_MASKS, windowed_call_path=True,
                       use_cache=True, tensor_parallel="all"),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)
 GEMMA3 = FamilyDeclaration(
@@ -39,7 +39,7 @@ GEMMA3 = FamilyDeclaration(
     hf_types=(HFType("gemma3_text", "Gemma3TextConfig", "Gemma3ForCausalLM", reader=_READER,
                      modelled=_KEYS2 | {"sliding_window_pattern", "_sliding_window_pattern"}),),
     sandwich_norms=True, supports=Supports(sliding="patterned", qk_norm="always", logit_softcap=True,
-                                           trainer_inputs=True, attention_masks=TRAINER_MASKS,
+                                           trainer_inputs=True, attention_masks=ALL_MASKS,
                                            windowed_call_path=True, use_cache=True,
                                            tensor_parallel="all"),
     activations=("gelu_tanh",), biases=_BIASES, check=_CHECK, builder=_BUILDER)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from memcalc.families.declaration import TRAINER_MASKS, LLAMA_CONFIG_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import ALL_MASKS, LLAMA_CONFIG_KEYS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import SpecError
 from memcalc.inputs.hf.values import flag, get, partial_rotary_factor
 
@@ -21,7 +21,7 @@ GPT_NEOX = FamilyDeclaration(
                                       embd_dropout="hidden_dropout",
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.formulas.parameters:gpt_neox_block", outer_parameters="layernorm",
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS,
+    supports=Supports(trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True,
                       dropouts=frozenset({"embd", "attn", "resid"}), partial_rotary=True,
                       parallel_residual=True, grouped_query=False, intermediate_required=False,
                       tensor_parallel_refusal=("GPT-NeoX's fused attention.query_key_value (per-head "

@@ -3,7 +3,7 @@ sliding-window layers, biased experts with a clamped SwiGLU: memcalc.families.hf
 by memcalc.inputs.hf.gpt_oss."""
 from __future__ import annotations
 
-from memcalc.families.declaration import TRAINER_MASKS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import ALL_MASKS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports
 from memcalc.core.errors import SpecError
 from memcalc.inputs.hf.values import flag, get
 
@@ -34,7 +34,8 @@ GPT_OSS = FamilyDeclaration(
                                    "_supports_sdpa is False: SDPA has no attention sinks)",
                       default_attention="eager",  # modeling_gpt_oss.py: _supports_sdpa = False
                       sliding="patterned", moe=True,
-                      trainer_inputs=True, attention_masks=TRAINER_MASKS, windowed_call_path=True),
+                      trainer_inputs=True, attention_masks=ALL_MASKS, windowed_call_path=True,
+                      use_cache=True),
     biases=((False, False, True), (True, True, True)), check="memcalc.families.declarations.gpt_oss:check",
     builder="validate.models.hf:gpt_oss_config")
 DECLARATIONS = (GPT_OSS,)

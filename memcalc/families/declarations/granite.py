@@ -2,7 +2,7 @@
 multipliers whose ops run whatever their values)."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, TRAINER_MASKS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import LLAMA_KEYS, ALL_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.inputs.hf.values import flag, llama_like
 
 GRANITE = FamilyDeclaration(
@@ -11,7 +11,7 @@ GRANITE = FamilyDeclaration(
                      reader="memcalc.families.declarations.granite:fields",
                      modelled=LLAMA_KEYS | {"embedding_multiplier", "residual_multiplier",
                                             "attention_multiplier", "logits_scaling"}),),
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True, tensor_parallel="all"),
+    supports=Supports(trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True, tensor_parallel="all"),
     biases=tuple((q, q, m) for q in (False, True) for m in (False, True)),
     builder="validate.models.hf:granite_config")
 DECLARATIONS = (GRANITE,)

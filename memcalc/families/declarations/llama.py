@@ -20,7 +20,7 @@ LLAMA = FamilyDeclaration(
               HFType("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
                      reader="memcalc.families.declarations.llama:smollm3_fields",
                      modelled=LLAMA_KEYS | {"no_rope_layers", "no_rope_layer_interval"}, window_key="gated")),
-    supports=Supports(use_cache=True, attention_masks=ALL_MASKS, trainer_inputs=True,
+    supports=Supports(use_cache=True, attention_masks=ALL_MASKS, trainer_inputs=True, windowed_call_path=True,
                       quantization=True, tensor_parallel="all",
                       lora=LoRALayout("model.layers", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                        "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",

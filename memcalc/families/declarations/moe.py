@@ -3,7 +3,7 @@ Mixtral, Qwen2-MoE (shared expert), Qwen3-MoE (per-head q/k RMSNorm), OLMoE (q/k
 whole projection). Read by memcalc.inputs.hf.config.moe_fields."""
 from __future__ import annotations
 
-from memcalc.families.declaration import LLAMA_KEYS, TRAINER_MASKS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import LLAMA_KEYS, ALL_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.core import limits
 from memcalc.core.errors import SpecError
 from memcalc.families.declarations.llama import fields as llama_fields
@@ -14,14 +14,14 @@ _QWEN3_KEYS = LLAMA_KEYS | _MOE_KEYS | {"moe_intermediate_size", "norm_topk_prob
                                         "mlp_only_layers"}
 _READER = "memcalc.families.declarations.moe:fields"
 _BUILDER = "validate.models.hf:moe_config"
-_TRAINER_PATH = Supports(moe=True, trainer_inputs=True, attention_masks=TRAINER_MASKS)
+_TRAINER_PATH = Supports(moe=True, trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True)
 """With the HF Trainer's call path measured (validate/matrices/rows/call-paths-by-family.json)."""
 MIXTRAL = FamilyDeclaration(
     "mixtral", programs={"hf": "hf_moe:MIXTRAL"},
     hf_types=(HFType("mixtral", "MixtralConfig", "MixtralForCausalLM", reader=_READER,
                      modelled=LLAMA_KEYS | _MOE_KEYS | {"router_jitter_noise"}),),
     supports=Supports(moe=True, router_jitter=True,
-                      trainer_inputs=True, attention_masks=TRAINER_MASKS),
+                      trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True),
     check="memcalc.families.declarations.moe:check_mixtral",
     builder=_BUILDER)
 QWEN2_MOE = FamilyDeclaration(

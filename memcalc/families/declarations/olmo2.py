@@ -2,14 +2,14 @@
 whole projection, attention_bias on q/k/v/o)."""
 from __future__ import annotations
 
-from memcalc.families.declaration import TRAINER_MASKS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import ALL_MASKS, FamilyDeclaration, HFType, Supports
 from memcalc.inputs.hf.values import flag, llama_like
 
 OLMO2 = FamilyDeclaration(
     "olmo2", programs={"hf": "hf_olmo2:PROGRAM"},
     hf_types=(HFType("olmo2", "Olmo2Config", "Olmo2ForCausalLM", reader="memcalc.families.declarations.olmo2:fields"),),
     block_parameters="memcalc.formulas.parameters:olmo2_block", supports=Supports(
-        trainer_inputs=True, attention_masks=TRAINER_MASKS, use_cache=True,
+        trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True,
         # Olmo2Attention's q_norm/k_norm are RMSNorms over the whole q_proj/k_proj width
         # (heads * head_dim, modeling_olmo2.py): a column shard of q_proj would normalise over one
         # rank's heads only, a different function, so no plan splits them

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from memcalc.families.declaration import (
-    TRAINER_MASKS, LLAMA_CONFIG_KEYS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports)
+    ALL_MASKS, LLAMA_CONFIG_KEYS, LLAMA_KEYS, FamilyDeclaration, HFType, Supports)
 from memcalc.inputs.hf.values import get, llama_like, partial_rotary_factor
 
 PHI3 = FamilyDeclaration(
@@ -24,7 +24,8 @@ PHI3 = FamilyDeclaration(
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.formulas.parameters:phi3_block",
     supports=Supports(
-        trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}), partial_rotary=True,
+        trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True, dropouts=frozenset({"attn", "resid"}),
+        partial_rotary=True,
         # Phi3Attention slices the fused qkv_proj output at config.num_attention_heads * head_dim
         # and Phi3MLP chunks gate_up_proj in two (modeling_phi3.py): a column shard of either
         # fused weight breaks those offsets

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from memcalc.core.errors import NotModelledError, SpecError
-from memcalc.families.declaration import TRAINER_MASKS, LLAMA_CONFIG_KEYS, FamilyDeclaration, HFType, Supports
+from memcalc.families.declaration import ALL_MASKS, LLAMA_CONFIG_KEYS, FamilyDeclaration, HFType, Supports
 from memcalc.inputs.hf.values import flag, get, partial_rotary_factor
 
 STABLELM = FamilyDeclaration(
@@ -26,7 +26,8 @@ STABLELM = FamilyDeclaration(
     config_keys=MappingProxyType(dict(LLAMA_CONFIG_KEYS, resid_dropout="hidden_dropout",
                                       rotary_fraction="rope_parameters.partial_rotary_factor")),
     block_parameters="memcalc.families.declarations.stablelm:block_parameters", outer_parameters="layernorm",
-    supports=Supports(trainer_inputs=True, attention_masks=TRAINER_MASKS, dropouts=frozenset({"attn", "resid"}),
+    supports=Supports(trainer_inputs=True, attention_masks=ALL_MASKS, use_cache=True,
+                      dropouts=frozenset({"attn", "resid"}),
                       partial_rotary=True, parallel_residual=True,
                       # StableLmAttention views q/k/v with self.num_heads (the config's, not -1,
                       # modeling_stablelm.py) and reshapes its output to hidden_size
