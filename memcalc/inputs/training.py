@@ -27,6 +27,8 @@ Labels = Literal["input_ids", "separate"]
 Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
+TRLTrainer = Literal["none", "dpo"]
+DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -44,6 +46,8 @@ LABELS: tuple[str, ...] = get_args(Labels)
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 MOE_ROUTINGS: tuple[str, ...] = get_args(MoERouting)
 EXPERTS_IMPLEMENTATIONS: tuple[str, ...] = get_args(ExpertsImplementation)
+TRL_TRAINERS: tuple[str, ...] = get_args(TRLTrainer)
+DPO_REFERENCES: tuple[str, ...] = get_args(DPOReference)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -170,6 +174,18 @@ class TrainingConfig(FrozenModel):
     (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
     summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 
+    trl: TRLTrainer = "none"
+    """The TRL trainer whose step this is (trl 1.16, memcalc.families.trl_dpo): none, or dpo
+    (trl.DPOTrainer: chosen and rejected concatenated into one forward, so micro_batch counts
+    rows, twice per_device_train_batch_size; TRL's fused LM head computes per-token
+    log-probabilities in tiles instead of the logits; a no-grad reference forward between the
+    policy's forward and its backward; the sigmoid DPO loss). Needs hf_trainer."""
+    dpo_reference: DPOReference = "model"
+    """trl='dpo' only: where the reference log-probabilities come from. model: a reference
+    forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
+    weights with the adapters disabled); precomputed: precompute_ref_log_probs, read from the
+    batch (two fp32 values per pair), no reference model held."""
+
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
         if self.checkpointing == "every-k" and self.checkpoint_every is None:
@@ -188,6 +204,7 @@ class TrainingConfig(FrozenModel):
             raise ValueError("fsdp_mixed_precision needs sharding zero2 or zero3 and precision "
                              "fp32 (the policy, not autocast, makes the bf16 copies)")
         _check_call_path(self)
+        _check_trl(self)
         if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
             raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
                              "implementation, a loop over parameters); leave optimizer_impl unset")
@@ -237,12 +254,14 @@ class TrainingConfig(FrozenModel):
     @classmethod
     def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
                           world_size: int = 1, attention_mask: str = "ones",
-                          pad_tokens: int = 0) -> "TrainingConfig":
+                          pad_tokens: int = 0, trainer: str = "hf") -> "TrainingConfig":
         """The step an HF Trainer runs (memcalc.inputs.trainers.trainer_args): `args` a dict of
         TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
         writes, or the TrainingArguments object; fields not given take transformers' defaults.
         `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
         collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
+        `trainer='dpo'` reads a trl.DPOConfig (memcalc.inputs.trainers.dpo_args): micro_batch is
+        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones'.
 
         >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
         ...     "gradient_checkpointing": True}, seq_len=2048)
@@ -252,7 +271,7 @@ class TrainingConfig(FrozenModel):
         from memcalc.inputs.trainers.trainer_args import training_fields
 
         return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
-                                          pad_tokens))
+                                          pad_tokens, trainer))
 
     def with_(self, **changes) -> "TrainingConfig":
         """A copy with some fields changed, validated again.
@@ -273,3 +292,17 @@ def _check_call_path(training: TrainingConfig) -> None:
     if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence
         raise ValueError(f"pad_tokens={training.pad_tokens} exceeds seq_len={training.seq_len} "
                          "(padding tokens per sequence); use pad_tokens <= seq_len")
+
+
+def _check_trl(training: TrainingConfig) -> None:
+    """Cross-field checks of the TRL fields."""
+    if training.trl == "none":
+        if training.dpo_reference != "model":
+            raise ValueError("dpo_reference is only used with trl='dpo'")
+        return
+    if not training.hf_trainer:
+        raise ValueError(f"trl='{training.trl}' runs through the HF Trainer: set hf_trainer=True "
+                         "(TrainingConfig.from_trainer_args(..., trainer='dpo') does)")
+    if training.micro_batch % 2:
+        raise ValueError(f"trl='dpo' runs chosen and rejected in one batch: micro_batch "
+                         f"{training.micro_batch} counts rows and must be even (2 x pairs)")
