@@ -74,7 +74,7 @@ class DecoderProgram:
             from memcalc.families.trl_dpo import dpo_loss_step
 
             ops.scope_end(emb.held_until_return)  # the fused forward's backbone locals
-            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels)
+            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers)
             ops.scope_end(held + ops.weight_casts)  # until _compute_loss (and autocast) ends
         else:
             logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))

@@ -23,7 +23,7 @@ what torch.no_grad does to memory.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from memcalc.core.poly import Poly
 from memcalc.families.sizes import size
@@ -33,6 +33,8 @@ from memcalc.tape.ops import Ops
 if TYPE_CHECKING:
     from memcalc.engine.regime import Regime
     from memcalc.inputs.specs import ModelSpec
+    from memcalc.inputs.training import TrainingConfig
+    from memcalc.tape.graph import Graph
 
 TOKEN_CHUNK = 4096
 """chunked_logprob.TOKEN_CHUNK_SIZE: rows of one tile."""
@@ -99,7 +101,7 @@ def fused_log_probs(ops: Ops, spec: ModelSpec, x: Value, head: Value, labels: Va
     g, regime = ops.g, ops.regime
     h, V = spec.hidden_size, spec.vocab_size
     vc = min(V, VOCAB_CHUNK)
-    n, N = _tile_rows(regime), _rows(1)
+    n = _tile_rows(regime)
     c = regime.compute_elt if regime.autocast else x.elt  # torch.get_autocast_dtype, else hidden's
     mask = g.op("labels != -100", [labels], _rows(1), requires_grad=False, elt=1)
     # a copy (the slice is not contiguous); its backward: the view back, then SliceBackward's
@@ -123,7 +125,7 @@ def fused_log_probs(ops: Ops, spec: ModelSpec, x: Value, head: Value, labels: Va
     sizes = [_rows(4) if name != "is_top1" else _rows(1) for name in outputs]
     elts = [4 if name != "is_top1" else 1 for name in outputs]
     grad_weight = head.requires_grad
-    backward = _backward_steps(regime, h, V, vc, n, c, x.elt, head.elt, grad_weight)
+    backward = _backward_steps(h, V, vc, n, c, x.elt, head.elt, grad_weight)
     raw = g.op_multi("ChunkedLogProbFunction", [hidden, head, targets, log_z], sizes,
                      saves=[hidden, head, targets, log_z], backward=backward, elts=elts,
                      save_outputs=(1,) if policy else ())
@@ -138,7 +140,7 @@ def fused_log_probs(ops: Ops, spec: ModelSpec, x: Value, head: Value, labels: Va
     return result
 
 
-def _backward_steps(regime: Regime, h: int, V: int, vc: int, n: Poly, c: int, hidden_elt: int,
+def _backward_steps(h: int, V: int, vc: int, n: Poly, c: int, hidden_elt: int,
                     weight_elt: int, grad_weight: bool) -> list:
     """ChunkedLogProbFunction.backward: fp32 zeros for the hidden (and weight) gradients, the
     tile buffer, the bf16 copies of the chunk and weight slice, and the widest moment of
@@ -162,11 +164,11 @@ def _backward_steps(regime: Regime, h: int, V: int, vc: int, n: Poly, c: int, hi
     return steps + late
 
 
-def reference_pass(program, ops: Ops, spec: ModelSpec, regime: Regime, labels: Value) -> list[Value]:
+def reference_pass(program: Any, ops: Ops, spec: ModelSpec, regime: Regime,
+                   labels: Value, run_layers: Callable) -> list[Value]:
     """The reference model's no-grad forward with its fused head (log_probs; with LoRA the
-    policy's own head, all four outputs). Returns what _compute_loss keeps of it."""
-    from memcalc.families.base import run_layers
-
+    policy's own head, all four outputs), its stack run by `run_layers` (the trunk's,
+    memcalc.families.base). Returns what _compute_loss keeps of it."""
     g = ops.g
     shared = {v.label: v for v in g.params} if regime.lora is not None else None
     ref_regime = replace(regime, lora=None, checkpointing="none", checkpoint_every=None)
@@ -199,7 +201,7 @@ class ReferenceOps(Ops):
     (`ref_model.` + its name), or with `shared` the policy's parameter of that name (peft's
     disable_adapter runs the base layers of the same model)."""
 
-    def __init__(self, graph, regime: Regime, shared: dict | None):
+    def __init__(self, graph: Graph, regime: Regime, shared: dict | None):
         super().__init__(graph, regime)
         self.shared = shared
         self.created: list[Value] = []
@@ -216,8 +218,8 @@ class ReferenceOps(Ops):
         return v
 
 
-def dpo_loss_step(program, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, head: Value,
-                  labels: Value) -> list[Value]:
+def dpo_loss_step(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, x: Value,
+                  head: Value, labels: Value, run_layers: Callable) -> list[Value]:
     """From the policy's last hidden state to the DPO loss (sigmoid): the fused head, the
     summed log-probs, the reference's (forward or batch), the loss on (p,) tensors. Returns
     what stays alive until _compute_loss returns (before backward)."""
@@ -227,7 +229,8 @@ def dpo_loss_step(program, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, 
     # log_probs[:, -seq_len:] (SliceBackward: zeros of (b, s-1), then the copy) summed over s
     sliced = g.view("log_probs[:, -seq_len:]", out[1], backward=[Grad(0, _rows(4))])
     logps = g.op("logps sum", [sliced], size("b", 4), backward=[Alias(0)])
-    ref = reference_pass(program, ops, spec, regime, labels) if regime.dpo_reference == "model" else []
+    ref = reference_pass(program, ops, spec, regime, labels, run_layers) \
+        if regime.dpo_reference == "model" else []
     ref_logps = ref[-1] if ref else next(v for v in g.inputs if v.label == "ref_chosen_logps")
     # (p,) tensors: two log-ratios, their difference, beta * it, logsigmoid (output and buffer)
     half = size("b", 2)
@@ -241,7 +244,7 @@ def dpo_loss_step(program, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, 
     return [labels, *out, *ref]
 
 
-def check_dpo(model: ModelSpec, training) -> None:
+def check_dpo(_model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse, by field, the DPO steps not modelled (trl.DPOTrainer as measured on CPU).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig

@@ -102,7 +102,7 @@ def dpo_fields(dpo: dict, seq_len: int) -> dict:
     limit = dpo.get("max_length", DEFAULTS["max_length"])
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or seq_len > limit):
         raise SpecError("trainer_args.max_length", f"{limit!r}: the collator truncates every row to "
-                        f"it, below seq_len {seq_len}", f"pass seq_len <= max_length, or raise max_length")
+                        f"it, below seq_len {seq_len}", "pass seq_len <= max_length, or raise max_length")
     pre = dpo.get("precompute_ref_log_probs", False)
     if not isinstance(pre, bool):
         raise SpecError("trainer_args.precompute_ref_log_probs", f"{str(pre)[:40]!r} is not a JSON "
