@@ -84,7 +84,10 @@ class DecoderProgram:
                           + emb.held_until_return + emb.context.get("cache", []))
         # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
         # peft registers lora_A / lora_B after base_layer in the wrapping lora.Linear
-        ops.g.order_params(lambda label: self.registration_rank(adapter_base(label)))
+        # a DPO reference copy's parameters (memcalc.families.trl_dpo) come after the policy's,
+        # in their own registration order
+        ops.g.order_params(lambda label: (label.startswith("ref_model."), self.registration_rank(
+            adapter_base(label.removeprefix("ref_model.")))))
 
     # ---- hooks ---------------------------------------------------------------------------
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
