@@ -58,7 +58,6 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
     import transformers
     import trl
 
-    from validate.models.finetune import apply_finetuning
     from validate.models.hf import build_hf
 
     transformers.logging.set_verbosity_error()
@@ -80,10 +79,10 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
                 ref = None
                 if training.lora is None and training.dpo_reference == "model":
                     ref = copy.deepcopy(model).eval()  # what create_model_from_path loads: a second copy
-                model = apply_finetuning(model, training)
                 trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=data,
                                          processing_class=word_tokenizer(spec.vocab_size),
-                                         callbacks=[meter])
+                                         peft_config=peft_config(training, model), callbacks=[meter])
+                model = trainer.model
                 trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
                 trainer.train()
         finally:
@@ -97,3 +96,17 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
     result.param_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     result.extra["untracked_tensors"] = tracker.untracked
     return result
+
+
+def peft_config(training, model):
+    """The LoraConfig DPOTrainer gets as `peft_config` (it wraps the model itself with
+    get_peft_model, and its reference is then the base with adapters disabled; a PeftModel passed
+    in instead gets a frozen "ref" copy of its adapter, which memcalc does not model), or None."""
+    if training.lora is None:
+        return None
+    from peft import LoraConfig
+
+    kwargs = training.lora.peft_kwargs()
+    if getattr(model.config, "model_type", None) == "gpt2":
+        kwargs["fan_in_fan_out"] = True  # Conv1D weights are (in, out), as validate.models.finetune
+    return LoraConfig(**kwargs)
