@@ -39,7 +39,7 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
     True
     """
-    if getattr(training, "trl", "none") != "none":  # DPOTrainer's disable_dropout=True: every p = 0
+    if getattr(training, "trl", "none") == "dpo":  # DPOTrainer's disable_dropout=True: every p = 0
         from memcalc.families.trl_dpo import without_dropout
 
         model = without_dropout(model)

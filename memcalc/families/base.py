@@ -57,7 +57,7 @@ class DecoderProgram:
         from memcalc.families.call_path import batch_inputs
 
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
-        if regime.trl != "none":  # TRL's batch and labels (memcalc.families.trl_dpo)
+        if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
             from memcalc.families.trl_dpo import dpo_batch
 
             dpo_labels = dpo_batch(ops, regime)
@@ -70,12 +70,13 @@ class DecoderProgram:
         ops.scope_end(emb.held_until_norm)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
-        if regime.trl != "none":  # TRL's fused LM head, the reference forward, the DPO loss
-            from memcalc.families.trl_dpo import dpo_loss_step
+        if regime.trl != "none":  # TRL's fused LM head (and DPO's reference forward and loss)
+            from memcalc.families.trl_dpo import dpo_loss_step, sft_loss_step
 
             ops.scope_end(emb.held_until_return)  # the fused forward's backbone locals
-            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers)
-            ops.scope_end(held + ops.weight_casts)  # until _compute_loss (and autocast) ends
+            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
+                if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
+            ops.scope_end(held + ops.weight_casts)  # until compute_loss (and autocast) ends
         else:
             logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
             self.loss(ops, logits, emb.ids)

@@ -87,6 +87,8 @@ def dpo_batch_tensors(regime: Regime) -> list[tuple[str, Poly, int]]:
     >>> [name for name, _, _ in dpo_batch_tensors(r)]
     ['completion_mask']
     """
+    if regime.trl != "dpo":
+        return []  # SFT's collator: input_ids, attention_mask, labels (the Trainer's own count)
     out = [("completion_mask", size("b s", 8), 8)]
     if regime.dpo_reference == "precomputed":
         out += [("ref_chosen_logps", size("b", 2), 4), ("ref_rejected_logps", size("b", 2), 4)]
@@ -283,3 +285,21 @@ def without_dropout(model: ModelSpec) -> ModelSpec:
     if not (model.embd_dropout or model.attn_dropout or model.resid_dropout):
         return model
     return model.with_(embd_dropout=0.0, attn_dropout=0.0, resid_dropout=0.0)
+
+
+SFT_OUTPUTS = ("log_probs", "entropy", "is_top1")
+"""What SFTTrainer asks its fused head for (sft_trainer.py __init__: add_fused_lm_head)."""
+
+
+def sft_loss_step(ops: Ops, spec: ModelSpec, x: Value, head: Value) -> list[Value]:
+    """SFTTrainer.compute_loss (loss_type 'nll', no packing): the fused head on the batch's
+    labels (-100 on the prompt under completion_only_loss: no size changes), per_token_loss =
+    -log_probs, summed and divided by num_items_in_batch. Returns what compute_loss holds."""
+    g = ops.g
+    labels = next(v for v in g.inputs if v.label == "labels")
+    out = fused_log_probs(ops, spec, x, head, labels, SFT_OUTPUTS)
+    ops.scope_end([x])  # backbone_outputs.last_hidden_state, until the fused forward returns
+    per_token = g.op("-log_probs", [out[1]], _rows(4), backward=[Grad(0)])
+    loss = g.op("per_token_loss.sum() / num_tokens", [per_token], Poly.const(4), backward=[Alias(0)])
+    g.keep.append(loss)
+    return [*out, per_token]

@@ -27,7 +27,7 @@ Labels = Literal["input_ids", "separate"]
 Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
-TRLTrainer = Literal["none", "dpo"]
+TRLTrainer = Literal["none", "dpo", "sft"]
 DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
@@ -179,7 +179,9 @@ class TrainingConfig(FrozenModel):
     (trl.DPOTrainer: chosen and rejected concatenated into one forward, so micro_batch counts
     rows, twice per_device_train_batch_size; TRL's fused LM head computes per-token
     log-probabilities in tiles instead of the logits; a no-grad reference forward between the
-    policy's forward and its backward; the sigmoid DPO loss). Needs hf_trainer."""
+    policy's forward and its backward; the sigmoid DPO loss), or sft (trl.SFTTrainer without
+    packing: the same fused head on the collator's labels, the NLL of its log-probabilities).
+    Needs hf_trainer."""
     dpo_reference: DPOReference = "model"
     """trl='dpo' only: where the reference log-probabilities come from. model: a reference
     forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
@@ -296,13 +298,13 @@ def _check_call_path(training: TrainingConfig) -> None:
 
 def _check_trl(training: TrainingConfig) -> None:
     """Cross-field checks of the TRL fields."""
+    if training.trl != "dpo" and training.dpo_reference != "model":
+        raise ValueError("dpo_reference is only used with trl='dpo'")
     if training.trl == "none":
-        if training.dpo_reference != "model":
-            raise ValueError("dpo_reference is only used with trl='dpo'")
         return
     if not training.hf_trainer:
         raise ValueError(f"trl='{training.trl}' runs through the HF Trainer: set hf_trainer=True "
                          "(TrainingConfig.from_trainer_args(..., trainer='dpo') does)")
-    if training.micro_batch % 2:
+    if training.trl == "dpo" and training.micro_batch % 2:
         raise ValueError(f"trl='dpo' runs chosen and rejected in one batch: micro_batch "
                          f"{training.micro_batch} counts rows and must be even (2 x pairs)")

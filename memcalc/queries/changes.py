@@ -57,8 +57,8 @@ def options(training: TrainingConfig) -> list[Option]:
                   f"checkpointing {mode}{_CKPT[mode]}") for mode in modes if mode != training.checkpointing]
     out += _optimizer_options(training)
     out += _precision_options(training)
-    if training.trl != "none":
-        return out + _dpo_options(training)
+    if training.trl != "none":  # DPO's own; LoRA under SFTTrainer is not measured
+        return out + (_dpo_options(training) if training.trl == "dpo" else [])
     if training.lora is None and not training.freeze:
         # peft's adapters are measured without the HF Trainer's own tensors (refusals.finetune)
         off = {"hf_trainer": False} if training.hf_trainer else {}

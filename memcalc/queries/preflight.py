@@ -235,7 +235,7 @@ class _Search:
         costs = [o.cost for o in chosen]
         return Change(fields, peak, "; ".join(o.text for o in chosen), GIVES_UP[max(costs)],
                       self.budget - peak, tuple(o.text for o in chosen),
-                      2 if self.training.trl != "none" else 1)
+                      2 if self.training.trl == "dpo" else 1)
 
     @staticmethod
     def _stacked_numerics(useful: list[Option], members: frozenset, parts: list, peak: int, budget: int) -> bool:
@@ -257,7 +257,7 @@ class _Search:
         if base is None or base <= self.budget:
             return None
         total = current * self.training.grad_accum
-        step = 2 if self.training.trl != "none" else 1  # DPO: chosen and rejected rows together
+        step = 2 if self.training.trl == "dpo" else 1  # DPO: chosen and rejected rows together
         divisors = [d for d in range(step, current, step) if total % d == 0]
         lo, hi, best = 0, len(divisors) - 1, None
         while lo <= hi:

@@ -8,7 +8,8 @@ Every prompt has `prompt_len` tokens and every chosen and rejected completion
 `seq_len - prompt_len` (the last the EOS), so DataCollatorForPreference pads nothing: the batch is
 2 * per_device_train_batch_size rows of seq_len tokens, attention_mask all ones.
 
-memcalc's prediction for it is TrainingConfig.from_trainer_args(the same fields, trainer='dpo').
+memcalc's prediction for it is TrainingConfig.from_trainer_args(the same fields, trainer='dpo');
+measure_sft runs trl.SFTTrainer on the prompt and chosen completion of the same examples.
 """
 from __future__ import annotations
 
@@ -55,18 +56,49 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
                 steps: int = 3, seed: int = 0) -> Measurement:
     """Run trl.DPOTrainer for `steps` optimizer steps; steady-state peak over steps >= 2.
     `training` is the predicted TrainingConfig (micro_batch: the rows, 2x the pairs)."""
-    import transformers
     import trl
+
+    pairs = training.micro_batch // 2
+    data = preference_dataset(spec.vocab_size, steps * pairs * training.grad_accum, prompt_len,
+                              training.seq_len - prompt_len, seed)
+
+    def make(model, args, meter):
+        ref = None
+        if training.lora is None and training.dpo_reference == "model":
+            ref = copy.deepcopy(model).eval()  # what create_model_from_path loads: a second copy
+        return trl.DPOTrainer(model=model, ref_model=ref, args=trl.DPOConfig(**args), train_dataset=data,
+                              processing_class=word_tokenizer(spec.vocab_size),
+                              peft_config=peft_config(training, model), callbacks=[meter])
+    return _measure(spec, training, dpo_args, hf_config, steps, seed, make, "dpo")
+
+
+def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict | None = None,
+                steps: int = 3, seed: int = 0) -> Measurement:
+    """Run trl.SFTTrainer (a prompt-completion dataset: completion_only_loss) for `steps`
+    optimizer steps; steady-state peak over steps >= 2."""
+    import trl
+
+    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum,
+                              prompt_len, training.seq_len - prompt_len, seed)
+    data = data.remove_columns("rejected").rename_column("chosen", "completion")
+
+    def make(model, args, meter):
+        return trl.SFTTrainer(model=model, args=trl.SFTConfig(**args), train_dataset=data,
+                              processing_class=word_tokenizer(spec.vocab_size), callbacks=[meter])
+    return _measure(spec, training, sft_args, hf_config, steps, seed, make, "sft")
+
+
+def _measure(spec, training, fields: dict, hf_config, steps: int, seed: int, make, kind: str) -> Measurement:
+    """Build the model, the trainer (`make(model, config fields, meter)`) and train under the
+    tracker, measuring each step as validate.run.trainer_run does."""
+    import transformers
 
     from validate.models.hf import build_hf
 
     transformers.logging.set_verbosity_error()
-    pairs = training.micro_batch // 2
-    data = preference_dataset(spec.vocab_size, steps * pairs * training.grad_accum, prompt_len,
-                              training.seq_len - prompt_len, seed)
     with tempfile.TemporaryDirectory() as out_dir:
-        args = trl.DPOConfig(**{**dpo_args, **FORCED, "output_dir": out_dir, "max_steps": steps,
-                                "seed": seed, "dataset_num_proc": None})
+        args = {**fields, **FORCED, "output_dir": out_dir, "max_steps": steps, "seed": seed,
+                "dataset_num_proc": None}
         meter = _StepMeter()
         gc.collect()
         gc.disable()
@@ -76,19 +108,14 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
                 torch.manual_seed(seed)
                 model, description = build_hf(spec, training.with_(checkpointing="none", lora=None,
                                                                    quantization="none"), hf_config)
-                ref = None
-                if training.lora is None and training.dpo_reference == "model":
-                    ref = copy.deepcopy(model).eval()  # what create_model_from_path loads: a second copy
-                trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=data,
-                                         processing_class=word_tokenizer(spec.vocab_size),
-                                         peft_config=peft_config(training, model), callbacks=[meter])
+                trainer = make(model, args, meter)
                 model = trainer.model
                 trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
                 trainer.train()
         finally:
             gc.enable()
     result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
-                         implementation=f"trl-dpo:{description}")
+                         implementation=f"trl-{kind}:{description}")
     result.peak_bytes = max(s["peak"] for s in meter.steps[1:])
     result.first_step_peak_bytes = meter.steps[0]["peak"]
     result.phases = {p: max(s[p] for s in meter.steps[1:]) for p in ("forward+backward", "optimizer")}

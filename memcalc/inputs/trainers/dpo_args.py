@@ -59,14 +59,15 @@ LOSSES = ("sigmoid",)
 """Loss types modelled (dpo_trainer.py _compute_loss: -logsigmoid(beta * delta) on (p,) tensors)."""
 
 
-def split_fields(fields: dict) -> tuple[dict, dict]:
-    """(TrainingArguments fields with TRL's defaults filled in, DPOConfig's own fields).
+def split_fields(fields: dict, own: set[str] | None = None) -> tuple[dict, dict]:
+    """(TrainingArguments fields with TRL's defaults filled in, the TRL config's own fields:
+    `own` names them, DPOConfig's by default).
 
     >>> base, dpo = split_fields({"beta": 0.2, "fp16": False})
     >>> base["bf16"], base["gradient_checkpointing"], dpo
     (True, True, {'beta': 0.2})
     """
-    own = set(DEFAULTS) | set(INERT)
+    own = set(DEFAULTS) | set(INERT) if own is None else own
     dpo = {k: v for k, v in fields.items() if k in own}
     base = {k: v for k, v in fields.items() if k not in own}
     if base.get("gradient_checkpointing") is None and base.get("activation_checkpointing") is None:
