@@ -11,7 +11,7 @@ import memcalc
 from memcalc.core.errors import MemcalcError, NotModelledError, UnknownNameError
 from memcalc.inputs.lora import LoRA
 from memcalc.inputs.specs import ModelSpec
-from memcalc.inputs.trainers import dpo_args, trainer_args
+from memcalc.inputs.trainers import dpo_args, sft_args, trainer_args
 from memcalc.inputs.training import TrainingConfig
 
 CPU = {"use_cpu": True}
@@ -154,4 +154,32 @@ def test_dpo_step_invariants(preset, pairs, seq_len, precision, checkpointing):
 
 
 def test_trainer_names_stay_distinct():
-    assert set(trainer_args.TRAINERS) == {"hf", "dpo"}
+    assert set(trainer_args.TRAINERS) == {"hf", "dpo", "sft"}
+
+
+def test_every_sftconfig_field_is_accounted_for():
+    trl = pytest.importorskip("trl")
+    transformers = pytest.importorskip("transformers")
+    base = {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
+    names = {f.name for f in dataclasses.fields(trl.SFTConfig) if f.init} - base
+    assert names == sft_args.own_names()
+    fields = {f.name: f for f in dataclasses.fields(trl.SFTConfig)}
+    for name, value in sft_args.DEFAULTS.items():
+        f = fields[name]
+        assert (f.default if f.default is not dataclasses.MISSING else f.default_factory()) == value, name
+
+
+def test_sftconfig_object_gives_the_step(tmp_path):
+    """SFTTrainer's step: the batch's own labels, num_items_in_batch, TRL's defaults."""
+    trl = pytest.importorskip("trl")
+    args = trl.SFTConfig(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=3,
+                         use_cpu=True, completion_only_loss=True)
+    t = TrainingConfig.from_trainer_args(args, seq_len=64, trainer="sft")
+    assert (t.micro_batch, t.trl, t.labels, t.num_items_in_batch, t.precision, t.checkpointing) == \
+        (3, "sft", "separate", True, "bf16-amp", "per-layer")
+    for fields, name in (({"packing": True}, "trainer_args.packing"),
+                         ({"loss_type": "dft"}, "trainer_args.loss_type"),
+                         ({"padding_free": True}, "trainer_args.padding_free")):
+        with pytest.raises(NotModelledError) as err:
+            TrainingConfig.from_trainer_args({**CPU, **fields}, seq_len=64, trainer="sft")
+        assert err.value.field == name

@@ -27,7 +27,6 @@ REFUSED_UNLESS_DEFAULT = {
 
 _HOST = "host-side data or tokenizer handling; the device sees the same batch"
 INERT = {
-    "learning_rate": "a number the optimizer uses; no tensor changes size",
     "trust_remote_code": _HOST, "chat_template_path": _HOST, "dataset_text_field": _HOST,
     "dataset_kwargs": _HOST, "dataset_num_proc": _HOST, "eos_token": _HOST, "pad_token": _HOST,
     "truncation_mode": _HOST, "shuffle_dataset": _HOST,
