@@ -15,10 +15,7 @@ peak is read by validate.run.trainer_run's step meter under the live-tensor trac
 """
 from __future__ import annotations
 
-import gc
-import tempfile
-
-from validate.run.trainer_run import FORCED, _StepMeter
+from validate.run.trainer_run import run_tracked_trainer
 
 
 def batches_of(lengths: list[int], micro_batch: int) -> list[list[int]]:
@@ -47,9 +44,6 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
     import torch
     import transformers
 
-    from validate.measure.tracker import LiveTensorTracker
-    from validate.models.hf import build_hf
-
     transformers.logging.set_verbosity_error()
     g = torch.Generator().manual_seed(seed)
     data = [{"input_ids": torch.randint(1, spec.vocab_size, (n,), generator=g).tolist()} for n in lengths]
@@ -66,24 +60,9 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
         return batch
 
     steps = -(-len(lengths) // (training.micro_batch * training.grad_accum))
-    with tempfile.TemporaryDirectory() as out_dir:
-        args = transformers.TrainingArguments(**{**trainer_args, **FORCED, "output_dir": out_dir,
-                                                 "max_steps": steps, "seed": seed,
-                                                 "train_sampling_strategy": sampling})
-        meter = _StepMeter()
-        gc.collect()
-        gc.disable()
-        try:
-            with LiveTensorTracker() as tracker:
-                meter.tracker = tracker
-                torch.manual_seed(seed)
-                model, _ = build_hf(spec, training.with_(checkpointing="none"), hf_config)
-                trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                               data_collator=collate, callbacks=[meter])
-                trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-                trainer.train()
-        finally:
-            gc.enable()
+    meter, _, _, _ = run_tracked_trainer(spec, training, hf_config, data,
+                                         {**trainer_args, "max_steps": steps,
+                                          "train_sampling_strategy": sampling}, seed, collate)
     steps_out = [{**s, "shape": shapes[i * training.grad_accum] if i * training.grad_accum < len(shapes) else None}
                  for i, s in enumerate(meter.steps)]
     return steps_out, seen

@@ -43,27 +43,10 @@ def measure_trainer(spec, training, trainer_args: dict, hf_config: dict | None =
     """Run the Trainer for `steps` optimizer steps; steady-state peak over steps >= 2."""
     import transformers
 
-    from validate.models.hf import build_hf
-
     transformers.logging.set_verbosity_error()
     data = synthetic_dataset(training, spec.vocab_size, steps * training.micro_batch * training.grad_accum, seed)
-    with tempfile.TemporaryDirectory() as out_dir:
-        args = transformers.TrainingArguments(**{**trainer_args, **FORCED, "output_dir": out_dir,
-                                                 "max_steps": steps, "seed": seed})
-        meter = _StepMeter()
-        gc.collect()
-        gc.disable()
-        try:
-            with LiveTensorTracker() as tracker:
-                meter.tracker = tracker
-                torch.manual_seed(seed)
-                model, description = build_hf(spec, training.with_(checkpointing="none"), hf_config)
-                trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                               callbacks=[meter])
-                trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no log lines
-                trainer.train()
-        finally:
-            gc.enable()
+    meter, model, description, tracker = run_tracked_trainer(spec, training, hf_config, data,
+                                                              {**trainer_args, "max_steps": steps}, seed)
     result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
                          implementation=f"trainer:{description}")
     result.peak_bytes = max(s["peak"] for s in meter.steps[1:])
@@ -73,6 +56,39 @@ def measure_trainer(spec, training, trainer_args: dict, hf_config: dict | None =
     result.param_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     result.extra["untracked_tensors"] = tracker.untracked
     return result
+
+
+def run_tracked_trainer(spec, training, hf_config: dict | None, dataset, trainer_args: dict,
+                        seed: int = 0, data_collator=None):
+    """Build the model (validate.models.hf.build_hf) and a transformers.Trainer over `dataset` with
+    `trainer_args` plus FORCED, and train it under the live-tensor tracker with the step meter;
+    garbage collection is off while it runs (a collection mid-step frees tensors at a time the
+    step does not choose). Return (meter, model, description, tracker).
+
+    The model is built inside the tracker, so its parameters are tracked from their allocation.
+    """
+    import transformers
+
+    from validate.models.hf import build_hf
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = transformers.TrainingArguments(**{**trainer_args, **FORCED, "output_dir": out_dir,
+                                                 "seed": seed})
+        meter = _StepMeter()
+        gc.collect()
+        gc.disable()
+        try:
+            with LiveTensorTracker() as tracker:
+                meter.tracker = tracker
+                torch.manual_seed(seed)
+                model, description = build_hf(spec, training.with_(checkpointing="none"), hf_config)
+                trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
+                                               data_collator=data_collator, callbacks=[meter])
+                trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no log lines
+                trainer.train()
+        finally:
+            gc.enable()
+    return meter, model, description, tracker
 
 
 class _StepMeter:
