@@ -183,3 +183,26 @@ def test_sftconfig_object_gives_the_step(tmp_path):
         with pytest.raises(NotModelledError) as err:
             TrainingConfig.from_trainer_args({**CPU, **fields}, seq_len=64, trainer="sft")
         assert err.value.field == name
+
+
+def test_check_offers_dpo_changes_in_pairs():
+    """memcalc check on a DPO config that does not fit: every change keeps whole pairs, the
+    precomputed reference is among them, and each change's peak is a fresh estimate."""
+    from memcalc.queries.preflight import check
+
+    model = ModelSpec.preset("gpt2").with_(num_layers=2)
+    t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "use_cpu": True,
+                                          "bf16": False, "gradient_checkpointing": False},
+                                         seq_len=256, device="cpu", trainer="dpo")
+    peak = memcalc.estimate(model, t).peak_bytes
+    verdict = check(model, t, int(peak * 0.9))
+    assert not verdict.fits and verdict.changes
+    for change in verdict.changes:
+        fields = change.fields
+        assert fields.get("micro_batch", 2) % 2 == 0
+        args = change.trainer_args()
+        if "per_device_train_batch_size" in args:
+            assert args["per_device_train_batch_size"] * 2 == fields["micro_batch"]
+        assert memcalc.estimate(model, t.with_(**fields)).peak_bytes == change.peak_bytes
+    if memcalc.estimate(model, t.with_(dpo_reference="precomputed")).peak_bytes <= verdict.budget_bytes:
+        assert any(c.fields.get("dpo_reference") == "precomputed" for c in verdict.changes)
