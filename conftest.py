@@ -17,7 +17,8 @@ if importlib.util.find_spec("torch") is None:
 # simulations: seconds each.
 SLOW_DOCTESTS = ("validate.distributed.measure", "validate.distributed.tracker", "validate.models.hf",
                  "validate.measure.backends", "validate.measure.step", "memcalc.queries.planner.plan",
-                 "memcalc.queries.capacity.min_world_size")
+                 "memcalc.queries.capacity.min_world_size", "memcalc.traced.runner",
+                 "memcalc.inputs.specs.ModelSpec.from_module", "validate.measure.module")
 
 
 def pytest_collection_modifyitems(items):

@@ -46,6 +46,10 @@ def model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", help="preset name (e.g. gpt2, llama-3-8b) or Hugging Face Hub id (org/name)")
     g.add_argument("--revision", help="with a hub id: branch, tag or commit (default main)")
     g.add_argument("--hf-config", help="path to a Hugging Face config.json")
+    g.add_argument("--module", help="pkg.mod:factory building your own nn.Module, traced "
+                                    "(memcalc.traced; imports and runs that code; needs torch and --vocab-size)")
+    g.add_argument("--module-loss", help="with --module: pkg.mod:loss, loss(model, ids) -> 0-d loss "
+                                         "(default: model(ids), its .loss or a tuple's last item)")
     add_fields(g, ModelSpec, flag_fields(ModelSpec, skip=_MODEL_SKIP), bools="value")
 
 
@@ -103,9 +107,12 @@ def model_from_args(args: argparse.Namespace):
     from memcalc.inputs.specs import ModelSpec
     from memcalc.refusals.step import MOE_OPTIONS, check_moe_options
 
-    if (args.model is None) == (args.hf_config is None):
-        fail("model", "give exactly one of --model PRESET or --hf-config PATH",
+    given = [a for a in (args.model, args.hf_config, getattr(args, "module", None)) if a is not None]
+    if len(given) != 1:
+        fail("model", "give exactly one of --model PRESET, --hf-config PATH or --module PKG.MOD:FACTORY",
               "e.g. --model gpt2")
+    if getattr(args, "module", None) is not None:
+        return _from_module(args)
     from memcalc.cli.hub_model import cli_model
 
     model = cli_model(args) if args.model is not None else _from_hf(args.hf_config, args)
@@ -115,6 +122,34 @@ def model_from_args(args: argparse.Namespace):
     model = model.with_(**changes) if changes else model
     check_moe_options(model, given=[n for n in MOE_OPTIONS if getattr(args, n, None) is not None])
     return model
+
+
+def _from_module(args: argparse.Namespace):
+    """A traced spec from --module pkg.mod:factory (and --module-loss, --vocab-size)."""
+    from memcalc.inputs.specs import ModelSpec
+
+    if args.vocab_size is None:
+        fail("vocab_size", "--module needs the token ids' vocabulary", "add --vocab-size N")
+    factory = _user_object("module", args.module)
+    loss = _user_object("module_loss", args.module_loss) if args.module_loss else None
+    return ModelSpec.from_module(factory, inputs=args.vocab_size, loss=loss, name=args.module)
+
+
+def _user_object(field: str, ref: str):
+    """The object `pkg.mod:name` names (its module imported: the user's own code, found from the
+    working directory as `python -m` finds it)."""
+    import os
+    from importlib import import_module
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module, _, name = ref.partition(":")
+    if not module or not name.isidentifier():
+        fail(field, f"{ref!r} is not pkg.mod:name", "e.g. --module mymodels.gpt:factory")
+    try:
+        return getattr(import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        fail(field, f"cannot load {ref!r}: {err}", "check the module is importable from here")
 
 
 def _from_hf(path: str, args: argparse.Namespace):

@@ -39,6 +39,9 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     >>> {m.phase for m in c.steady} == {"forward", "backward", "optimizer"}
     True
     """
+    traced = getattr(model, "traced_candidates", None)
+    if traced is not None:  # a program traced from the user's nn.Module (memcalc.traced)
+        return traced(training)
     if getattr(training, "trl", "none") == "dpo":  # DPOTrainer's disable_dropout=True: every p = 0
         from memcalc.families.trl_dpo import without_dropout
 
@@ -157,6 +160,8 @@ def depth_form(model: ModelSpec, training: TrainingConfig) -> DepthForm | None:
     12
     """
     c = candidates(model, training)
+    if getattr(model, "traced_candidates", None) is not None:
+        return None  # a traced program is fitted at its own depth (memcalc.traced)
     if c.depth is None:
         forms = []
         for regime in routings(model, c.regime):  # a MoE 'worst' routing: the union of a few

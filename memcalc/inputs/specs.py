@@ -9,7 +9,7 @@ norms and separate rotary tables for local and global layers).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -173,14 +173,26 @@ class ModelSpec(FrozenModel):
         return cls.make(name=key, **PRESETS[key])
 
     @classmethod
-    def from_hf_config(cls, config: dict | str | os.PathLike, implementation: Implementation = "hf") -> "ModelSpec":
-        """A spec from a Hugging Face config.json path or its dict; nothing is downloaded.
+    def from_hf_config(cls, config: dict | str | os.PathLike, implementation: Implementation = "hf",
+                       fallback: Literal["refuse", "trace"] = "refuse") -> "ModelSpec":
+        """A spec from a Hugging Face config.json path or its dict; nothing is downloaded. With
+        fallback='trace', a model type memcalc has no program for is traced (memcalc.traced.hf;
+        needs torch and transformers when estimated); a hand-written program wins where one exists.
 
         >>> ModelSpec.from_hf_config({"model_type": "gpt2", "n_layer": 2}).num_layers
         2
+        >>> ModelSpec.from_hf_config({"model_type": "starcoder2", "vocab_size": 64}, fallback="trace").name
+        'starcoder2 (traced)'
         """
         from memcalc.inputs.hf.config import spec_from_hf
 
+        if fallback == "trace":
+            from memcalc.core.files import read_json_object
+            from memcalc.families.registry import hf_type
+
+            cfg = config if isinstance(config, dict) else read_json_object(config)
+            if isinstance(cfg.get("model_type"), str) and hf_type(cfg["model_type"]) is None:
+                return resolve("memcalc.traced.hf:from_hf_config")(cfg)
         return spec_from_hf(cls, config, implementation)
 
     @classmethod
@@ -198,6 +210,34 @@ class ModelSpec(FrozenModel):
         from memcalc.inputs.hf.hub import pretrained_config
 
         return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
+
+    @classmethod
+    def from_module(cls, factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
+                    num_layers: int = 1) -> "ModelSpec":
+        """A model traced from your own nn.Module (memcalc.traced; needs torch when estimated).
+
+        `factory()` (or `factory(training)`, to apply `training.checkpointing` itself) builds the
+        model; it is called under FakeTensorMode, so no weight is ever allocated. `inputs` is the
+        vocabulary of the (b, s) int64 token ids the step feeds it; `loss(model, ids)` returns the
+        0-d loss (default: `model(ids)`, its `.loss`, or the last item of a tuple). The step is the
+        validator's: the batch, forward (autocast for the amp precisions), backward, clipping,
+        optimizer.step(), zero_grad(set_to_none=True). Its sizes are fitted as polynomials in b and
+        s from a few small shapes and checked at others (memcalc.traced.fit); `num_layers` is a
+        label (the depth is the factory's).
+
+        >>> import torch, memcalc
+        >>> def lm():
+        ...     return torch.nn.Sequential(torch.nn.Embedding(32, 8), torch.nn.Linear(8, 32))
+        >>> def ce(model, ids):
+        ...     return torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        >>> spec = ModelSpec.from_module(lm, inputs=32, loss=ce, name="tiny")
+        >>> report = memcalc.estimate(spec, memcalc.TrainingConfig(micro_batch=4, seq_len=64, device="cpu"))
+        >>> report.peak_bytes > 0, spec.param_count
+        (True, 544)
+        """
+        # a reference resolved on first use, as the families' declarations are: memcalc.traced
+        # depends on the engine and the inputs, never the other way
+        return resolve("memcalc.traced.spec:from_module")(factory, inputs, loss, name=name, num_layers=num_layers)
 
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.

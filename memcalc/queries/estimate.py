@@ -87,12 +87,14 @@ class MemoryReport:
         >>> r.attention, r.attention_assumed
         ('eager', True)
         """
+        if getattr(self.model, "traced_candidates", None) is not None:  # memcalc.traced
+            return "traced (the module's own)"
         return self.training.resolved_attention(self.model)
 
     @property
     def attention_assumed(self) -> bool:
         """Whether `attention` is transformers' default (TrainingConfig.attention was None)."""
-        return self.training.attention is None
+        return self.training.attention is None and getattr(self.model, "traced_candidates", None) is None
 
     @property
     def first_step_peak_bytes(self) -> int:

@@ -1,0 +1,141 @@
+"""Models that are not HF, written here from scratch, for the traced programs (memcalc.traced):
+a Llama-style LM (RMSNorm, rotary, grouped-query SDPA, SwiGLU, untied head) and a nanoGPT-style
+GPT (after Karpathy's nanoGPT model.py: LayerNorm, fused c_attn, causal SDPA, GELU MLP, tied
+head, forward(idx, targets) -> (logits, loss)). Each factory takes the TrainingConfig and
+checkpoints each block (torch.utils.checkpoint, non-reentrant) under checkpointing='per-layer'."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, h: int, heads: int, kv: int, f: int):
+        super().__init__()
+        self.heads, self.kv, self.d = heads, kv, h // heads
+        self.norm1, self.norm2 = RMSNorm(h), RMSNorm(h)
+        self.q = nn.Linear(h, h, bias=False)
+        self.k = nn.Linear(h, kv * self.d, bias=False)
+        self.v = nn.Linear(h, kv * self.d, bias=False)
+        self.o = nn.Linear(h, h, bias=False)
+        self.gate = nn.Linear(h, f, bias=False)
+        self.up = nn.Linear(h, f, bias=False)
+        self.down = nn.Linear(f, h, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        n = self.norm1(x)
+        q = self.q(n).view(b, s, self.heads, self.d).transpose(1, 2)
+        k = self.k(n).view(b, s, self.kv, self.d).transpose(1, 2)
+        v = self.v(n).view(b, s, self.kv, self.d).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.heads)
+        x = x + self.o(y.transpose(1, 2).reshape(b, s, -1))
+        n = self.norm2(x)
+        return x + self.down(F.silu(self.gate(n)) * self.up(n))
+
+
+class LlamaLM(nn.Module):
+    def __init__(self, vocab=96, h=32, layers=2, heads=4, kv=2, f=64, checkpointing=False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, h)
+        self.blocks = nn.ModuleList(LlamaBlock(h, heads, kv, f) for _ in range(layers))
+        self.norm = RMSNorm(h)
+        self.head = nn.Linear(h, vocab, bias=False)
+        self.d, self.checkpointing = h // heads, checkpointing
+
+    def forward(self, ids):
+        s = ids.shape[1]
+        inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
+        angles = torch.outer(torch.arange(s, dtype=torch.float32), inv)
+        emb = torch.cat((angles, angles), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpointing else block(x, cos, sin)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, h: int, heads: int, dropout: float):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.c_attn, self.c_proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.c_fc, self.mlp_proj = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+        self.heads, self.dropout = heads, dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(h, dim=2)
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, s, h)))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab=96, h=32, layers=2, heads=4, block_size=64, dropout=0.0, checkpointing=False):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, h), nn.Embedding(block_size, h)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(GPTBlock(h, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(h)
+        self.lm_head = nn.Linear(h, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT
+        self.checkpointing = checkpointing
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
+
+    def forward(self, idx, targets=None):
+        pos = torch.arange(0, idx.shape[1], dtype=torch.long)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.h:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing else block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+VOCAB = 96
+
+
+def llama_factory(training):
+    """The Llama-style LM, checkpointed per layer as training says."""
+    return LlamaLM(vocab=VOCAB, checkpointing=training.checkpointing == "per-layer")
+
+
+def nanogpt_factory(training):
+    """The nanoGPT-style GPT (dropout 0.1), checkpointed per layer as training says."""
+    return NanoGPT(vocab=VOCAB, dropout=0.1, checkpointing=training.checkpointing == "per-layer")
+
+
+def llama_loss(model, ids):
+    return model(ids)
+
+
+def nanogpt_loss(model, ids):
+    return model(ids, ids)[1]
