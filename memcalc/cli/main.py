@@ -255,6 +255,10 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
     json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
+    p.add_argument("--trainer", choices=("hf", "dpo", "sft"), default="hf",
+                   help="what runs the --trainer-args: the HF Trainer (TrainingArguments), "
+                   "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs) or "
+                   "trl.SFTTrainer (an SFTConfig's JSON, no packing)")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
     from memcalc.cli.launch_configs import add_launch_config_args
@@ -292,10 +296,14 @@ def cmd_check(args: argparse.Namespace) -> dict:
         trainer = {**trainer_args_dict(trainer), "deepspeed": args.deepspeed}
     model = model_from_args(args)
     launched = launched or training_from_launch_configs(args, trainer)
+    if launched is not None and args.trainer != "hf":
+        fail("trainer", f"--trainer {args.trainer} reads --trainer-args (a TRL config), not a launch "
+             "config", "drop the launch config")
     training = launched or TrainingConfig.from_trainer_args(trainer, seq_len=args.seq_len, device=args.device,
                                                             world_size=args.world_size,
                                                             attention_mask=args.attention_mask,
-                                                            pad_tokens=args.pad_tokens)
+                                                            pad_tokens=args.pad_tokens,
+                                                            trainer=args.trainer)
     v = check(model, training, args.gpu if args.gpu is not None else args.budget, basis=args.basis)
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes, "basis": args.basis,
            "headroom_bytes": v.headroom_bytes,

@@ -69,6 +69,8 @@ def supported(regime: Regime, model: ModelSpec | None = None) -> bool:
     >>> supported(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, freeze=("model.layers.1*",))))
     False
     """
+    if regime.trl != "none":
+        return False  # a second stack (the reference forward) after the policy's
     if any(re.search(r"[0-9?\[]", p) for p in regime.freeze):
         return False  # '*' alone spans a layer index whatever its digits: the same in every layer
     lora = regime.lora

@@ -117,6 +117,13 @@ class Regime:
     quant_elt: int = 0
     """Bytes per element of a quantised weight's dequantised copy (the dtype it was quantised
     from: bf16 when the model was loaded in bf16, else fp32); 0 without quantisation."""
+    trl: str = "none"
+    """TrainingConfig.trl: the TRL trainer whose step this is (memcalc.families.trl_dpo)."""
+    dpo_reference: str = "model"
+    """TrainingConfig.dpo_reference: a reference forward each step, or precomputed."""
+    fused_rows_capped: bool = False
+    """trl: the fused LM head's b*(s-1) rows exceed one 4096-row token chunk (a shape condition,
+    memcalc.families.trl_dpo.rows_capped; memcalc.engine.run.candidates caches per value)."""
     bnb_compute_elt: int = 0
     """bnb_4bit_compute_dtype: the dtype Linear4bit computes in (fp32 under fp32, else the
     half dtype: bf16, fp16 under fp16-amp)."""
@@ -158,7 +165,8 @@ class Regime:
                    quant_elt=param_element_size(precision) if quantized else 0,
                    bnb_compute_elt=compute_element_size(precision) if quantized else 0,
                    experts_implementation=training.experts_implementation,
-                   moe_routing=training.moe_routing)
+                   moe_routing=training.moe_routing, trl=training.trl,
+                   dpo_reference=training.dpo_reference)
 
     @property
     def fsdp(self) -> bool:

@@ -42,6 +42,10 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     traced = getattr(model, "traced_candidates", None)
     if traced is not None:  # a program traced from the user's nn.Module (memcalc.traced)
         return traced(training)
+    if getattr(training, "trl", "none") == "dpo":  # DPOTrainer's disable_dropout=True: every p = 0
+        from memcalc.families.trl_dpo import without_dropout
+
+        model = without_dropout(model)
     try:
         key = cache_key(model, training)
         found = CACHE.get(key)
@@ -65,7 +69,8 @@ def cache_key(model: ModelSpec, training: TrainingConfig) -> tuple:
     >>> cache_key(ModelSpec.preset("gpt2"), t) == cache_key(ModelSpec.preset("gpt2"), t.with_(seq_len=64))
     True
     """
-    return (model, regime_key(training), window_reached(model, training.seq_len), single_sequence(training, model))
+    return (model, regime_key(training), window_reached(model, training.seq_len), single_sequence(training, model),
+            fused_rows_capped(training))
 
 
 def regime_for(model: ModelSpec, training: TrainingConfig) -> Regime:
@@ -76,7 +81,21 @@ def regime_for(model: ModelSpec, training: TrainingConfig) -> Regime:
     True
     """
     return replace(Regime.of(training, model), sliding_window_reached=window_reached(model, training.seq_len),
-                   single_sequence=single_sequence(training, model))
+                   single_sequence=single_sequence(training, model),
+                   fused_rows_capped=fused_rows_capped(training))
+
+
+def fused_rows_capped(training: TrainingConfig) -> bool:
+    """A TRL step's fused LM head fills whole 4096-row tiles (memcalc.families.trl_dpo.rows_capped).
+
+    >>> fused_rows_capped(TrainingConfig(micro_batch=64, seq_len=4096))  # no TRL: no fused head
+    False
+    """
+    if training.trl == "none":
+        return False
+    from memcalc.families.trl_dpo import rows_capped
+
+    return rows_capped(training.micro_batch, training.seq_len)
 
 
 def single_sequence(training: TrainingConfig, model: ModelSpec | None = None) -> bool:

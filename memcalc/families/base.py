@@ -57,6 +57,10 @@ class DecoderProgram:
         from memcalc.families.call_path import batch_inputs, cache_layers
 
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
+        if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
+            from memcalc.families.trl_dpo import dpo_batch
+
+            dpo_labels = dpo_batch(ops, regime)
         emb = self.embed(ops, spec, regime)
         cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
@@ -67,14 +71,25 @@ class DecoderProgram:
         ops.scope_end(emb.held_until_norm)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
-        logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
-        self.loss(ops, logits, emb.ids)
-        self.auxiliary_loss(ops, spec, emb.context)
-        ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
-                      + emb.held_until_return + emb.context.get("cache", []))
+        if regime.trl != "none":  # TRL's fused LM head (and DPO's reference forward and loss)
+            from memcalc.families.trl_dpo import dpo_loss_step, sft_loss_step
+
+            ops.scope_end(emb.held_until_return)  # the fused forward's backbone locals
+            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
+                if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
+            ops.scope_end(held + ops.weight_casts)  # until compute_loss (and autocast) ends
+        else:
+            logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
+            self.loss(ops, logits, emb.ids)
+            self.auxiliary_loss(ops, spec, emb.context)
+            ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
+                          + emb.held_until_return + emb.context.get("cache", []))
         # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
         # peft registers lora_A / lora_B after base_layer in the wrapping lora.Linear
-        ops.g.order_params(lambda label: self.registration_rank(adapter_base(label)))
+        # a DPO reference copy's parameters (memcalc.families.trl_dpo) come after the policy's,
+        # in their own registration order
+        ops.g.order_params(lambda label: (label.startswith("ref_model."), self.registration_rank(
+            adapter_base(label.removeprefix("ref_model.")))))
 
     # ---- hooks ---------------------------------------------------------------------------
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:

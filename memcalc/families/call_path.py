@@ -67,6 +67,12 @@ def trainer_inputs(ops: Ops, regime: Regime) -> None:
     per_batch = 1 + (regime.attention_mask != "none") + (regime.labels == "separate")
     for i in range(held_batches(regime) * per_batch):
         g.input(f"held batch tensor {i}", size("b s", 8))
+    if regime.trl != "none":  # the preference collator's other tensors, in each held batch
+        from memcalc.families.trl_dpo import dpo_batch_tensors
+
+        for i in range(held_batches(regime)):
+            for name, nbytes, elt in dpo_batch_tensors(regime):
+                g.input(f"held batch {i} {name}", nbytes, elt)
     g.input("trainer _tr_loss", size("", 4), elt=4)
     g.input("trainer tr_loss_step", size("", 4), elt=4)
 

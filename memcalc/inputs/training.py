@@ -28,6 +28,8 @@ Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
 PipelineSchedule = Literal["gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zero-bubble"]
+TRLTrainer = Literal["none", "dpo", "sft"]
+DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -50,6 +52,8 @@ PIPELINE_DEFAULTS = {"pipeline_parallel": 1, "pipeline_schedule": "1f1b", "num_m
                      "pipeline_stages_per_rank": 1, "stage_boundaries": None}
 """The pipeline fields at their defaults: no pipeline (validate's case keys leave them out, so
 that rows recorded before the fields existed still match)."""
+TRL_TRAINERS: tuple[str, ...] = get_args(TRLTrainer)
+DPO_REFERENCES: tuple[str, ...] = get_args(DPOReference)
 
 # torch.optim defaults (adam.py, adamw.py, sgd.py): weight_decay 0 for Adam/SGD, 1e-2 for AdamW;
 # bitsandbytes/optim/adamw.py: 1e-2 for AdamW8bit, PagedAdamW, PagedAdamW8bit; transformers
@@ -203,6 +207,20 @@ class TrainingConfig(FrozenModel):
     (b*s*top_k/E each), or explicit counts, one row per MoE layer, one count per expert, each row
     summing to micro_batch*seq_len*top_k (what validate records with router hooks)."""
 
+    trl: TRLTrainer = "none"
+    """The TRL trainer whose step this is (trl 1.16, memcalc.families.trl_dpo): none, or dpo
+    (trl.DPOTrainer: chosen and rejected concatenated into one forward, so micro_batch counts
+    rows, twice per_device_train_batch_size; TRL's fused LM head computes per-token
+    log-probabilities in tiles instead of the logits; a no-grad reference forward between the
+    policy's forward and its backward; the sigmoid DPO loss), or sft (trl.SFTTrainer without
+    packing: the same fused head on the collator's labels, the NLL of its log-probabilities).
+    Needs hf_trainer."""
+    dpo_reference: DPOReference = "model"
+    """trl='dpo' only: where the reference log-probabilities come from. model: a reference
+    forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
+    weights with the adapters disabled); precomputed: precompute_ref_log_probs, read from the
+    batch (two fp32 values per pair), no reference model held."""
+
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
         if self.checkpointing == "every-k" and self.checkpoint_every is None:
@@ -225,6 +243,7 @@ class TrainingConfig(FrozenModel):
         if self.allocator and self.device == "cpu":
             raise ValueError("allocator (PYTORCH_CUDA_ALLOC_CONF) configures the CUDA caching allocator, which "
                              "device='cpu' does not use (reserved = allocated there); drop it or use device='cuda'")
+        _check_trl(self)
         if self.optimizer in FINE_TUNE_OPTIMIZERS and self.optimizer_impl is not None:
             raise ValueError(f"optimizer_impl has no meaning for optimizer='{self.optimizer}' (one "
                              "implementation, a loop over parameters); leave optimizer_impl unset")
@@ -274,12 +293,14 @@ class TrainingConfig(FrozenModel):
     @classmethod
     def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
                           world_size: int = 1, attention_mask: str = "ones",
-                          pad_tokens: int = 0) -> "TrainingConfig":
+                          pad_tokens: int = 0, trainer: str = "hf") -> "TrainingConfig":
         """The step an HF Trainer runs (memcalc.inputs.trainers.trainer_args): `args` a dict of
         TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
         writes, or the TrainingArguments object; fields not given take transformers' defaults.
         `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
         collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
+        `trainer='dpo'` reads a trl.DPOConfig (memcalc.inputs.trainers.dpo_args): micro_batch is
+        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones'.
 
         >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
         ...     "gradient_checkpointing": True}, seq_len=2048)
@@ -289,7 +310,7 @@ class TrainingConfig(FrozenModel):
         from memcalc.inputs.trainers.trainer_args import training_fields
 
         return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
-                                          pad_tokens))
+                                          pad_tokens, trainer))
 
     def with_(self, **changes) -> "TrainingConfig":
         """A copy with some fields changed, validated again.
@@ -326,3 +347,17 @@ def _check_call_path(training: TrainingConfig) -> None:
     if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence
         raise ValueError(f"pad_tokens={training.pad_tokens} exceeds seq_len={training.seq_len} "
                          "(padding tokens per sequence); use pad_tokens <= seq_len")
+
+
+def _check_trl(training: TrainingConfig) -> None:
+    """Cross-field checks of the TRL fields."""
+    if training.trl != "dpo" and training.dpo_reference != "model":
+        raise ValueError("dpo_reference is only used with trl='dpo'")
+    if training.trl == "none":
+        return
+    if not training.hf_trainer:
+        raise ValueError(f"trl='{training.trl}' runs through the HF Trainer: set hf_trainer=True "
+                         "(TrainingConfig.from_trainer_args(..., trainer='dpo') does)")
+    if training.trl == "dpo" and training.micro_batch % 2:
+        raise ValueError(f"trl='dpo' runs chosen and rejected in one batch: micro_batch "
+                         f"{training.micro_batch} counts rows and must be even (2 x pairs)")

@@ -57,6 +57,8 @@ def options(training: TrainingConfig) -> list[Option]:
                   f"checkpointing {mode}{_CKPT[mode]}") for mode in modes if mode != training.checkpointing]
     out += _optimizer_options(training)
     out += _precision_options(training)
+    if training.trl != "none":  # DPO's own; LoRA under SFTTrainer is not measured
+        return out + (_dpo_options(training) if training.trl == "dpo" else [])
     if training.lora is None and not training.freeze:
         # peft's adapters are measured without the HF Trainer's own tensors (refusals.finetune)
         off = {"hf_trainer": False} if training.hf_trainer else {}
@@ -153,3 +155,24 @@ def cost_key(costs: list[int]) -> tuple[int, ...]:
     """
     return tuple(sorted(costs, reverse=True))
 
+
+
+def _dpo_options(training: TrainingConfig) -> list[Option]:
+    """trl.DPOTrainer's own: reference log-probabilities computed once before training (the same
+    values, no reference forward or copy in the step), and LoRA adapters (the reference is then
+    the base with adapters disabled: no copy either). QLoRA under DPO is not modelled.
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> [o.dimension for o in _dpo_options(TrainingConfig(micro_batch=2, seq_len=8, hf_trainer=True, trl="dpo"))]
+    ['reference', 'adapters']
+    """
+    out = []
+    if training.dpo_reference == "model":
+        out.append(Option("reference", {"dpo_reference": "precomputed"}, NOTHING,
+                          "precompute_ref_log_probs: reference log-probs computed once before training "
+                          "(no reference model or forward in the step)"))
+    if training.lora is None and not training.freeze:
+        out.append(Option("adapters", {"lora": ADAPTER}, TRAINING,
+                          f"LoRA {ADAPTER_TEXT} as DPOTrainer's peft_config, base frozen (the reference: "
+                          "the base with adapters disabled)"))
+    return out

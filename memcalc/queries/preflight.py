@@ -63,6 +63,9 @@ class Change:
     """Budget minus peak."""
     steps: tuple[str, ...] = ()
     """Each change in words."""
+    rows_per_example: int = 1
+    """Batch rows per example: 2 under trl.DPOTrainer (chosen and rejected), whose
+    per_device_train_batch_size counts pairs."""
 
     def trainer_args(self) -> dict:
         """The same change in TrainingArguments fields (and, for what the Trainer does not set,
@@ -83,6 +86,10 @@ class Change:
                 value = value in ("bf16-amp", "bf16")
             elif name == "optimizer":  # the Trainer's optim names (memcalc.inputs.trainers.trainer_args.OPTIMS)
                 value = _OPTIM.get((value, self.fields.get("optimizer_impl")), value)
+            elif name == "micro_batch":
+                value //= self.rows_per_example
+            elif name == "dpo_reference":
+                name, value = "precompute_ref_log_probs", value == "precomputed"
             elif name == "lora":
                 name, value = "peft.LoraConfig", value.peft_kwargs()
             elif name == "quantization":
@@ -246,7 +253,8 @@ class _Search:
             return None
         costs = [o.cost for o in chosen]
         return Change(fields, peak, "; ".join(o.text for o in chosen), GIVES_UP[max(costs)],
-                      self.budget - peak, tuple(o.text for o in chosen))
+                      self.budget - peak, tuple(o.text for o in chosen),
+                      2 if self.training.trl == "dpo" else 1)
 
     @staticmethod
     def _stacked_numerics(useful: list[Option], members: frozenset, parts: list, peak: int, budget: int) -> bool:
@@ -267,7 +275,8 @@ class _Search:
         if self.peak(fields) is None or self.fit(fields) is not None:
             return None
         total = current * self.training.grad_accum
-        divisors = [d for d in range(1, current) if total % d == 0]
+        step = 2 if self.training.trl == "dpo" else 1  # DPO: chosen and rejected rows together
+        divisors = [d for d in range(step, current, step) if total % d == 0]
         lo, hi, best = 0, len(divisors) - 1, None
         while lo <= hi:
             mid = (lo + hi) // 2

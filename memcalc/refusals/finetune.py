@@ -63,7 +63,7 @@ def check_finetuning(model: ModelSpec, training: TrainingConfig) -> None:
                                f"{_lora_families()} families without sliding windows, not for this "
                                f"{model.family} model", f"use a model of the {_lora_families()} "
                                "families without a sliding window, or train every parameter")
-    if tuned and training.hf_trainer:
+    if tuned and training.hf_trainer and training.trl == "none":  # DPO with LoRA: measured (trl dpo02)
         raise NotModelledError("hf_trainer", "the HF Trainer's parameter groups and held batches are "
                                "measured without frozen parameters or LoRA", "drop hf_trainer, or train "
                                "every parameter")

@@ -184,6 +184,10 @@ def check_supported(model: ModelSpec, training: TrainingConfig) -> None:
     check_attention(model, training)
     check_call_path(model, training)
     check_finetuning(model, training)
+    if training.trl != "none":
+        from memcalc.families.trl_dpo import check_dpo
+
+        check_dpo(model, training)
     if training.world_size > 1 and training.optimizer in FINE_TUNE_OPTIMIZERS:
         raise NotModelledError("optimizer", f"optimizer='{training.optimizer}' is modelled on one "
                                "process (its states under DDP/ZeRO/FSDP are not validated)",

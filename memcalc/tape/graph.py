@@ -174,6 +174,12 @@ class Graph:
         self.cached_casts: set[int] = set()
         """Storage ids of autocast's cached weight casts (Ops.matmul_operand); a checkpoint
         recompute caches its own until it stops (memcalc.tape.simulate StepSimulator._recompute)."""
+        self.shared_inputs = False
+        """While set, input() returns the batch tensor of that label if there is one (a second
+        forward of the same batch: memcalc.families.trl_dpo's reference pass)."""
+        self.shared_buffers = False
+        """While set, buffer() returns the buffer of that label if there is one (the same
+        module run again)."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
         past it (memcalc.families.base.run_layers; memcalc.engine.depth reads the repeats from it)."""
@@ -194,12 +200,20 @@ class Graph:
 
     def input(self, label: str, size: Poly, elt: int = 8) -> Value:
         """A batch tensor created before the step (token ids, labels)."""
+        if self.shared_inputs:
+            found = next((v for v in self.inputs if v.label == label), None)
+            if found is not None:
+                return found
         v = Value(Storage(size, "inputs", label), size, False, label=label, elt=elt)
         self.inputs.append(v)
         return v
 
     def buffer(self, label: str, size: Poly, elt: int = 4) -> Value:
         """A module buffer alive for the whole run (causal mask, rotary tables)."""
+        if self.shared_buffers:
+            found = next((v for v in self.buffers if v.label == label), None)
+            if found is not None:
+                return found
         v = Value(Storage(size, "buffers", label), size, False, label=label, elt=elt)
         self.buffers.append(v)
         return v

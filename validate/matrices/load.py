@@ -82,12 +82,17 @@ def build_case(row: dict, data: dict, topic: str, device: str) -> Case:
     trainer_args = copy.deepcopy(row.get("trainer_args"))
     if trainer_args is not None:
         how = row["trainer"]
+        kind = how.get("kind", "hf")
         training = TrainingConfig.from_trainer_args(trainer_args, seq_len=how["seq_len"], device="cpu",
                                                     attention_mask=how["attention_mask"],
-                                                    pad_tokens=how["pad_tokens"])
-    else:
-        training = TrainingConfig.make(device=device, **row["training"])
-    return Case(row["name"], spec, training, hf_config, trainer_args=trainer_args, topic=topic)
+                                                    pad_tokens=how["pad_tokens"], trainer=kind)
+        if how.get("lora") is not None:  # a TRL trainer's peft_config (not a config field)
+            training = training.with_(lora=how["lora"])
+        trl = {"kind": kind, "prompt_len": how["prompt_len"]} if kind != "hf" else None
+        return Case(row["name"], spec, training, hf_config, trainer_args=trainer_args, trl=trl,
+                    topic=topic)
+    training = TrainingConfig.make(device=device, **row["training"])
+    return Case(row["name"], spec, training, hf_config, topic=topic)
 
 
 def _named(value: dict | str, table: dict, where: str) -> dict:

@@ -42,7 +42,8 @@ def _training_fields(training: TrainingConfig) -> dict:
     from memcalc.inputs.training import PIPELINE_DEFAULTS
 
     fields = training.model_dump(mode="json")
-    for name, default in {**CALL_PATH_DEFAULTS, **PIPELINE_DEFAULTS, "allocator": ""}.items():
+    later = {"allocator": "", "trl": "none", "dpo_reference": "model"}  # fields added after rows were recorded
+    for name, default in {**CALL_PATH_DEFAULTS, **PIPELINE_DEFAULTS, **later}.items():
         if fields.get(name) == default:
             del fields[name]
     return fields
@@ -79,6 +80,9 @@ class Case:
     trainer_args: dict | None = None
     """TrainingArguments fields: the case runs through transformers.Trainer
     (validate.run.trainer_run); `training` is then TrainingConfig.from_trainer_args of them."""
+    trl: dict | None = None
+    """A TRL trainer's run (validate.run.trl_run): {"kind": "dpo", "prompt_len": N}; the
+    trainer_args are then its config's fields (a DPOConfig's)."""
     topic: str | None = None
     """The matrix topic the row comes from (validate/matrices/rows/TOPIC.json), which names its
     tolerance (validate.matrices.tolerances); not part of the key."""
@@ -110,6 +114,8 @@ class Case:
         fields = _key_fields(self.spec, self.training, self.hf_config)
         if self.trainer_args is not None:
             fields["trainer_args"] = self.trainer_args
+        if self.trl is not None:
+            fields["trl"] = self.trl
         if self.distributed:
             fields["parallel"] = {"world_size": self.world_size, "sharding": self.sharding}
         return json.dumps(fields, sort_keys=True, separators=(",", ":"))

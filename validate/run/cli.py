@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "a JSON file (to_json_string()) or a JSON object, e.g. '{\"bf16\": true}' "
                      "(with --model/--hf-config and --seq-len; --attention-mask/--pad-tokens say "
                      "how the synthetic batches are padded)")
+    run.add_argument("--prompt-len", type=int, help="with --trainer and --trl dpo: prompt tokens of "
+                     "each synthetic example (the rest of --seq-len is the completion; default a quarter)")
     run.add_argument("--backend", choices=["auto", "cpu", "fake", "cuda"], default="auto",
                      help="auto: cuda for --device cuda, else the live-tensor tracker")
     run.add_argument("--out", help="JSON lines results file (a .md table is written next to it)")
@@ -142,6 +144,8 @@ def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
     given = _given(args, args.training_fields)
     if "seq_len" not in given:
         raise SpecError("seq_len", "--trainer needs the sequence length", "pass --seq-len N")
+    kind = given.pop("trl", "none")
+    kind = "hf" if kind == "none" else kind
     extra = sorted(set(given) - {"seq_len", "attention_mask", "pad_tokens", "device"})
     if extra:
         raise SpecError(extra[0], "comes from the TrainingArguments with --trainer",
@@ -149,8 +153,18 @@ def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
     fields = {**fields, "use_cpu": True}
     training = TrainingConfig.from_trainer_args(fields, seq_len=given["seq_len"], device="cpu",
                                                 attention_mask=given.get("attention_mask", "ones"),
-                                                pad_tokens=given.get("pad_tokens", 0))
-    return Case(spec.name, spec, training, hf_config, trainer_args=fields)
+                                                pad_tokens=given.get("pad_tokens", 0), trainer=kind)
+    if kind == "hf":
+        return Case(spec.name, spec, training, hf_config, trainer_args=fields)
+    lora = lora_from_args(args)  # a TRL trainer's peft_config
+    if lora is not None:
+        training = training.with_(lora=lora)
+    prompt = args.prompt_len if args.prompt_len is not None else given["seq_len"] // 4
+    if not 0 < prompt < given["seq_len"]:
+        raise SpecError("prompt_len", f"{prompt} leaves no prompt or no completion in {given['seq_len']} "
+                        "tokens", "pass --prompt-len between 1 and --seq-len - 1")
+    return Case(spec.name, spec, training, hf_config, trainer_args=fields,
+                trl={"kind": kind, "prompt_len": prompt})
 
 
 def matrix_cases(args) -> list[Case]:

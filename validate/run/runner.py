@@ -97,6 +97,12 @@ def _measure(case: Case, backend: str, steps: int):
 
         return measure_distributed(case.spec, case.training, case.world_size, case.sharding,
                                    steps=steps, hf_config=case.hf_config)
+    if case.trl is not None:  # through trl.DPOTrainer or trl.SFTTrainer
+        from validate.run import trl_run
+
+        measure_trl = trl_run.measure_dpo if case.trl["kind"] == "dpo" else trl_run.measure_sft
+        return measure_trl(case.spec, case.training, case.trainer_args, case.trl["prompt_len"],
+                           case.hf_config, steps)
     if case.trainer_args is not None:  # through transformers.Trainer
         from validate.run.trainer_run import measure_trainer
 

@@ -287,7 +287,7 @@ def device_of(fields: dict, device: str | None) -> str:
 
 
 def training_fields(args: Any, seq_len: int, device: str | None = None, world_size: int = 1,
-                    attention_mask: str = "ones", pad_tokens: int = 0) -> dict:
+                    attention_mask: str = "ones", pad_tokens: int = 0, trainer: str = "hf") -> dict:
     """The TrainingConfig fields of a Trainer run (see TrainingConfig.from_trainer_args).
 
     >>> f = training_fields({"bf16": True}, seq_len=2048)
@@ -295,6 +295,8 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
     (8, 'bf16-amp', 'fused', 'cuda', 1.0)
     """
     fields = trainer_args_dict(args)
+    if trainer != "hf":
+        return _trl_fields(fields, trainer, seq_len, device, world_size)
     check_fields(fields)
     check_unmodelled_run_options(fields)
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):  # named as the user wrote them
@@ -322,3 +324,37 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
         out.update(read_deepspeed(ds))
         check_batch(ds, out["micro_batch"], out["grad_accum"], world_size)
     return out
+
+
+TRAINERS = ("hf", "dpo", "sft")
+"""What runs the TrainingArguments: the HF Trainer, trl.DPOTrainer with a DPOConfig, or
+trl.SFTTrainer with an SFTConfig."""
+
+
+def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, world_size: int) -> dict:
+    """A TRL trainer's config: its own fields (memcalc.inputs.trainers.dpo_args), then
+    TrainingArguments' with TRL's defaults, then what the trainer's call path changes."""
+    from memcalc.inputs.trainers import sft_args
+    from memcalc.inputs.trainers.dpo_args import dpo_fields, split_fields
+
+    if trainer not in TRAINERS:
+        raise UnknownNameError("trainer", f"{trainer!r} is not a trainer memcalc models",
+                               f"use one of {', '.join(TRAINERS)}")
+    if trainer == "sft":
+        base, own = split_fields(fields, sft_args.own_names())
+        trl = sft_args.sft_fields(own, seq_len)
+    else:
+        base, own = split_fields(fields)
+        trl = dpo_fields(own, seq_len)
+    if given(base, "deepspeed") or world_size != 1:
+        raise NotModelledError("trainer_args.deepspeed" if given(base, "deepspeed") else "world_size",
+                               "DPOTrainer across processes (the reference model prepared by "
+                               "accelerate or DeepSpeed) is not modelled", "check one process")
+    out = training_fields(base, seq_len, device, world_size, "ones", 0)
+    if trainer == "sft":  # DataCollatorForLanguageModeling: input_ids, attention_mask, labels;
+        # the Trainer counts num_items_in_batch; compute_loss sets use_cache=False
+        return {**out, **trl, "use_cache": False}
+    # DataCollatorForPreference: chosen then rejected rows; no labels, no num_items_in_batch;
+    # _compute_loss passes use_cache=False (trl dpo_trainer.py)
+    return {**out, **trl, "micro_batch": 2 * out["micro_batch"], "labels": "input_ids",
+            "num_items_in_batch": False, "use_cache": False}

@@ -1,0 +1,139 @@
+"""TRL's DPOTrainer as a validated client (trl pinned in the `validate` extra): a real
+trl.DPOTrainer (use_cpu, the DPOConfig given) on a random-weight HF model, a synthetic
+preference dataset tokenised by a word-level tokenizer built in memory (nothing downloaded),
+`steps` optimizer steps under the live-tensor tracker, measured per step as
+validate.run.trainer_run measures the HF Trainer (the same callback).
+
+Every prompt has `prompt_len` tokens and every chosen and rejected completion
+`seq_len - prompt_len` (the last the EOS), so DataCollatorForPreference pads nothing: the batch is
+2 * per_device_train_batch_size rows of seq_len tokens, attention_mask all ones.
+
+memcalc's prediction for it is TrainingConfig.from_trainer_args(the same fields, trainer='dpo');
+measure_sft runs trl.SFTTrainer on the prompt and chosen completion of the same examples.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import tempfile
+
+import torch
+
+from validate.measure.backends import Measurement, cpu_name
+from validate.measure.tracker import LiveTensorTracker
+from validate.run.trainer_run import FORCED, _StepMeter
+
+
+def word_tokenizer(vocab_size: int):
+    """A PreTrainedTokenizerFast over <pad>, <eos>, <unk> and the words w3 .. w{V-1}, split on
+    spaces (special tokens that are no word's prefix: the tokenizer matches them inside words)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def preference_dataset(vocab_size: int, examples: int, prompt_len: int, completion_len: int,
+                       seed: int = 0):
+    """A datasets.Dataset of prompt / chosen / rejected strings; completions end with EOS."""
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(seed)
+
+    def words(n: int) -> str:
+        return " ".join(f"w{int(i)}" for i in torch.randint(3, vocab_size, (n,), generator=g))
+
+    rows = [{"prompt": words(prompt_len), "chosen": " " + words(completion_len - 1) + " <eos>",
+             "rejected": " " + words(completion_len - 1) + " <eos>"} for _ in range(examples)]
+    return Dataset.from_list(rows)
+
+
+def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict | None = None,
+                steps: int = 3, seed: int = 0) -> Measurement:
+    """Run trl.DPOTrainer for `steps` optimizer steps; steady-state peak over steps >= 2.
+    `training` is the predicted TrainingConfig (micro_batch: the rows, 2x the pairs)."""
+    import trl
+
+    pairs = training.micro_batch // 2
+    data = preference_dataset(spec.vocab_size, steps * pairs * training.grad_accum, prompt_len,
+                              training.seq_len - prompt_len, seed)
+
+    def make(model, args, meter):
+        ref = None
+        if training.lora is None and training.dpo_reference == "model":
+            ref = copy.deepcopy(model).eval()  # what create_model_from_path loads: a second copy
+        return trl.DPOTrainer(model=model, ref_model=ref, args=trl.DPOConfig(**args), train_dataset=data,
+                              processing_class=word_tokenizer(spec.vocab_size),
+                              peft_config=peft_config(training, model), callbacks=[meter])
+    return _measure(spec, training, dpo_args, hf_config, steps, seed, make, "dpo")
+
+
+def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict | None = None,
+                steps: int = 3, seed: int = 0) -> Measurement:
+    """Run trl.SFTTrainer (a prompt-completion dataset: completion_only_loss) for `steps`
+    optimizer steps; steady-state peak over steps >= 2."""
+    import trl
+
+    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum,
+                              prompt_len, training.seq_len - prompt_len, seed)
+    data = data.remove_columns("rejected").rename_column("chosen", "completion")
+
+    def make(model, args, meter):
+        return trl.SFTTrainer(model=model, args=trl.SFTConfig(**args), train_dataset=data,
+                              processing_class=word_tokenizer(spec.vocab_size), callbacks=[meter])
+    return _measure(spec, training, sft_args, hf_config, steps, seed, make, "sft")
+
+
+def _measure(spec, training, fields: dict, hf_config, steps: int, seed: int, make, kind: str) -> Measurement:
+    """Build the model, the trainer (`make(model, config fields, meter)`) and train under the
+    tracker, measuring each step as validate.run.trainer_run does."""
+    import transformers
+
+    from validate.models.hf import build_hf
+
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as out_dir:
+        args = {**fields, **FORCED, "output_dir": out_dir, "max_steps": steps, "seed": seed,
+                "dataset_num_proc": None}
+        meter = _StepMeter()
+        gc.collect()
+        gc.disable()
+        try:
+            with LiveTensorTracker() as tracker:
+                meter.tracker = tracker
+                torch.manual_seed(seed)
+                model, description = build_hf(spec, training.with_(checkpointing="none", lora=None,
+                                                                   quantization="none"), hf_config)
+                trainer = make(model, args, meter)
+                model = trainer.model
+                trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+                trainer.train()
+        finally:
+            gc.enable()
+    result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
+                         implementation=f"trl-{kind}:{description}")
+    result.peak_bytes = max(s["peak"] for s in meter.steps[1:])
+    result.first_step_peak_bytes = meter.steps[0]["peak"]
+    result.phases = {p: max(s[p] for s in meter.steps[1:]) for p in ("forward+backward", "optimizer")}
+    result.first_step_phases = {p: meter.steps[0][p] for p in ("forward+backward", "optimizer")}
+    result.param_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    result.extra["untracked_tensors"] = tracker.untracked
+    return result
+
+
+def peft_config(training, model):
+    """The LoraConfig DPOTrainer gets as `peft_config` (it wraps the model itself with
+    get_peft_model, and its reference is then the base with adapters disabled; a PeftModel passed
+    in instead gets a frozen "ref" copy of its adapter, which memcalc does not model), or None."""
+    if training.lora is None:
+        return None
+    from peft import LoraConfig
+
+    kwargs = training.lora.peft_kwargs()
+    if getattr(model.config, "model_type", None) == "gpt2":
+        kwargs["fan_in_fan_out"] = True  # Conv1D weights are (in, out), as validate.models.finetune
+    return LoraConfig(**kwargs)
