@@ -107,7 +107,7 @@ def _check(capsys, argv):
 
 def test_cli_torchtitan(capsys):
     code, out, _ = _check(capsys, ["check", "--torchtitan-config", str(TITAN / "qwen3_qwen3_32b.toml"),
-                                   "--model", "qwen3-0.6b", "--gpu", "H100-80GB", "--json"])
+                                   "--model", "qwen3-0.6b", "--gpu", "H100-80GB", "--json", "--basis", "allocated"])
     by_hand = TrainingConfig(micro_batch=2, seq_len=4096, precision="bf16-amp", optimizer_impl="fused",
                              weight_decay=0.1, checkpointing="per-layer", max_grad_norm=1.0, labels="separate")
     assert code == 0 and json.loads(out)["peak_bytes"] == estimate(ModelSpec.preset("qwen3-0.6b"), by_hand).peak_bytes
@@ -121,7 +121,8 @@ def test_cli_accelerate(tmp_path, capsys):
     args.write_text(json.dumps({**NO_CLIP, "per_device_train_batch_size": 2}))
     code, out, _ = _check(capsys, ["check", "--accelerate-config", str(ACCEL / "tests/distributed/accelerate_configs"
                                                                         "/fsdp2.yaml"), "--trainer-args", str(args),
-                                   "--model", "qwen2-0.5b", "--seq-len", "1024", "--gpu", "A100-40GB", "--json"])
+                                   "--model", "qwen2-0.5b", "--seq-len", "1024", "--gpu", "A100-40GB", "--json",
+                                   "--basis", "allocated"])
     by_hand = TrainingConfig.from_trainer_args({**NO_CLIP, "per_device_train_batch_size": 2}, seq_len=1024,
                                                world_size=2).with_(sharding="zero3")
     peak = estimate(ModelSpec.preset("qwen2-0.5b"), by_hand).peak_bytes

@@ -70,8 +70,8 @@ def program_refs() -> dict[tuple[str, str], str]:
 def families_with(**supports: object) -> tuple[str, ...]:
     """The families whose Supports have these values, in FAMILY_NAMES order.
 
-    >>> families_with(attention_masks=("none", "ones", "padded"))
-    ('gpt2', 'llama')
+    >>> families_with(parallel_residual=True)
+    ('gpt_neox', 'stablelm')
     """
     return tuple(d.name for d in FAMILIES.values()
                  if all(getattr(d.supports, k) == v for k, v in supports.items()))
