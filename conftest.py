@@ -14,11 +14,14 @@ if importlib.util.find_spec("torch") is None:
     collect_ignore_glob = ["validate/*.py"]
 
 # Doctests that run real training steps (or spawn gloo processes), or plan over many
-# simulations: seconds each.
+# simulations, or search over many allocator replays on device bytes (check, the page's changes,
+# the cluster planner, the tables): seconds each (20-33 s for the last four on this 2-core machine).
 SLOW_DOCTESTS = ("validate.distributed.measure", "validate.distributed.tracker", "validate.models.hf",
                  "validate.measure.backends", "validate.measure.step", "memcalc.queries.planner.plan",
                  "memcalc.queries.capacity.min_world_size", "memcalc.traced.runner",
-                 "memcalc.inputs.specs.ModelSpec.from_module", "validate.measure.module")
+                 "memcalc.inputs.specs.ModelSpec.from_module", "validate.measure.module",
+                 "memcalc.queries.preflight.check", "memcalc.serve.api.changes_answer",
+                 "memcalc.queries.cluster", "memcalc.queries.tables.render")
 
 
 def pytest_collection_modifyitems(items):
