@@ -84,6 +84,20 @@ def test_rows_selects_matrix_rows_and_refuses_unknown_names():
     _one_line_error(_run("run", "--matrix", "ci", "--rows", "ci22,moe99"), "rows", "moe99", "fix")
 
 
+def test_sample_measures_every_topic_and_changes_with_the_seed():
+    from validate.matrices import get_matrix
+    from validate.run.cli import build_parser, matrix_cases
+
+    every = get_matrix("ci", "cpu")
+    slices = [matrix_cases(build_parser().parse_args(["run", "--matrix", "ci", "--sample", "60",
+                                                      "--sample-seed", seed])) for seed in ("a1", "b2")]
+    for cases in slices:
+        assert {c.topic for c in cases} == {c.topic for c in every}  # every topic measured
+        assert 50 <= len(cases) <= 75 and len({c.name for c in cases}) == len(cases)
+    assert [c.name for c in slices[0]] != [c.name for c in slices[1]]
+    _one_line_error(_run("run", "--matrix", "ci", "--sample", "0"), "sample", "0 rows", "fix")
+
+
 def test_each_row_is_held_to_its_topics_bound_unless_tolerance_is_given():
     from validate.matrices.tolerances import TOLERANCES
     from validate.run.cli import build_parser, matrix_cases, tolerances

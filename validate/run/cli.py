@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, help="run at most N configurations of the matrix")
     run.add_argument("--only", help="run matrix configurations whose label matches this regex")
     run.add_argument("--rows", help="run these matrix rows only: names, comma-separated (e.g. ci03,moe12)")
+    run.add_argument("--sample", type=int, metavar="N",
+                     help="a slice of about N rows, every topic in proportion (validate.matrices.sample)")
+    run.add_argument("--sample-seed", default="0", help="the slice's seed (CI passes the commit)")
     run.add_argument("--steps", type=int, default=3, help="steps per configuration (>= 2)")
     run.add_argument("--json", action="store_true", help="print one JSON object per configuration")
     run.add_argument("--no-predict", action="store_true", help="measure only; no tolerance check")
@@ -168,7 +171,9 @@ def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
 
 
 def matrix_cases(args) -> list[Case]:
-    """The selected cases of --matrix, with --device/--only/--limit applied."""
+    """The selected cases of --matrix, with --device/--only/--rows/--sample/--limit applied."""
+    from validate.matrices.sample import sample_rows
+
     if args.model or args.hf_config:
         raise SpecError("matrix", "--matrix cannot be combined with --model/--hf-config",
                         "give one of them")
@@ -187,6 +192,12 @@ def matrix_cases(args) -> list[Case]:
             raise SpecError("rows", f"no row {unknown[0]!r} in matrix {args.matrix!r}",
                             f"use row names of the matrix, e.g. {closest_names(unknown[0], sorted(known))}")
         cases = [c for c in cases if c.name in names]
+    if args.sample is not None:
+        if args.sample < 1:
+            raise SpecError("sample", f"{args.sample} rows", "pass --sample 1 or more")
+        cases = sample_rows(cases, lambda c: c.topic, args.sample, args.sample_seed)
+        print(f"validate: a slice of {len(cases)} rows (--sample {args.sample}, --sample-seed {args.sample_seed}): "
+              + ", ".join(c.name for c in cases), file=sys.stderr, flush=True)
     return cases[: args.limit] if args.limit is not None else cases
 
 
