@@ -1,7 +1,7 @@
 """The torch.optim optimizer a TrainingConfig names, for a traced step (torch imported inside).
 
-The same classes and keyword arguments as the validator's (validate/measure/step.py
-optimizer_kwargs): SGD (momentum 0.9 for sgd-momentum), Adam, AdamW, with foreach / fused / the
+The same classes and keyword arguments as the validator's (both from
+memcalc.inputs.optimizer_args): SGD (momentum 0.9 for sgd-momentum), Adam, AdamW, with foreach / fused / the
 for-loop as TrainingConfig.resolved_optimizer_impl says; the others are refused by name.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memcalc.core.errors import NotModelledError
+from memcalc.inputs.optimizer_args import optimizer_kwargs as torch_free_kwargs
 
 if TYPE_CHECKING:
     from memcalc.inputs.training import TrainingConfig
 
-LR = 1e-3  # any value: the learning rate changes no tensor sizes
 TRACED_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw")
 
 
@@ -27,13 +27,7 @@ def optimizer_kwargs(training: TrainingConfig) -> dict:
     if training.optimizer not in TRACED_OPTIMIZERS:
         raise NotModelledError("optimizer", f"{training.optimizer!r} is not traced yet",
                                f"use one of {', '.join(TRACED_OPTIMIZERS)} for a traced model")
-    kwargs = {"lr": LR, "weight_decay": training.resolved_weight_decay}
-    if training.optimizer.startswith("sgd"):
-        kwargs["momentum"] = 0.9 if training.optimizer == "sgd-momentum" else 0.0
-    impl = training.resolved_optimizer_impl
-    kwargs["foreach"] = impl == "foreach"
-    kwargs["fused"] = impl == "fused"
-    return kwargs
+    return torch_free_kwargs(training)
 
 
 def make_optimizer(params: list, training: TrainingConfig) -> Any:

@@ -13,9 +13,9 @@ from typing import Callable
 import torch
 
 from memcalc.core.errors import MemcalcError
+from memcalc.inputs.optimizer_args import BNB_OPTIMIZERS, optimizer_kwargs
 
 PHASES = ("forward", "backward", "optimizer")
-LR = 1e-3  # any value: the learning rate changes no tensor sizes
 LOW_DTYPE = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
 
 
@@ -41,27 +41,6 @@ class StepPeaks:
     optimizer state was made or updated (torch/amp/grad_scaler.py step/update: the scale backs off)."""
 
 
-def optimizer_kwargs(training) -> dict:
-    """Keyword arguments for the torch.optim class, implementation flags included.
-
-    >>> from memcalc.inputs.training import TrainingConfig
-    >>> optimizer_kwargs(TrainingConfig(micro_batch=1, seq_len=2, optimizer="sgd-momentum",
-    ...                                 optimizer_impl="fused"))
-    {'lr': 0.001, 'weight_decay': 0.0, 'momentum': 0.9, 'foreach': False, 'fused': True}
-    """
-    if training.optimizer == "adafactor":  # its defaults: relative step, so no lr
-        return {"weight_decay": training.resolved_weight_decay}
-    kwargs = {"lr": LR, "weight_decay": training.resolved_weight_decay}
-    if training.optimizer in BNB_OPTIMIZERS:  # one implementation: no foreach/fused flags
-        return kwargs
-    if training.optimizer.startswith("sgd"):
-        kwargs["momentum"] = 0.9 if training.optimizer == "sgd-momentum" else 0.0
-    impl = training.resolved_optimizer_impl
-    kwargs["foreach"] = impl == "foreach"
-    kwargs["fused"] = impl == "fused"
-    return kwargs
-
-
 def make_optimizer(params, training) -> torch.optim.Optimizer:
     """The torch.optim optimizer a TrainingConfig names.
 
@@ -74,8 +53,6 @@ def make_optimizer(params, training) -> torch.optim.Optimizer:
     return optimizer_class(training.optimizer)(params, **optimizer_kwargs(training))
 
 
-BNB_OPTIMIZERS = {"adamw-8bit": "AdamW8bit", "paged-adamw-8bit": "PagedAdamW8bit",
-                  "paged-adamw": "PagedAdamW"}  # bitsandbytes.optim class names
 
 
 def optimizer_class(name: str) -> type:
