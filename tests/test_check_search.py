@@ -99,9 +99,9 @@ SAMPLE = [("gpt2", {"per_device_train_batch_size": 32}, 1024),
           ("qwen2-0.5b", {"per_device_train_batch_size": 16, "bf16": True}, 2048),
           ("mistral-7b", {"per_device_train_batch_size": 2, "bf16": True, "gradient_checkpointing": True}, 4096)]
 
-QUICK = {("gpt2", "RTX-4090"), ("mistral-7b", "A100-40GB")}
-SLOW = pytest.mark.slow  # a few seconds each: a search estimates tens of new regimes cold
-CASES = [pytest.param(*row, gpu, marks=[] if (row[0], gpu) in QUICK else [SLOW])
+# slow lane: 12-15 s each on 2 CPUs (a search estimates tens of new regimes cold and replays the
+# allocator for each on device bytes); the quick lane keeps the two cases above
+CASES = [pytest.param(*row, gpu, marks=[pytest.mark.slow])
          for row in SAMPLE for gpu in ("RTX-4090", "A100-40GB", "H100-80GB")]
 
 

@@ -104,7 +104,7 @@ def test_grid_arrays(arrays):
         assert grid.shape == shape and (grid > 0).all()
         if grid.size:  # a second method: estimate() at the first point
             point = {n: np.broadcast_to(np.asarray(v), shape).flat[0] for n, v in arrays.items()}
-            fields = {n: v.item() for n, v in point.items()}
+            fields = {n: v.item() if hasattr(v, "item") else v for n, v in point.items()}  # [None]: object array
             model = SMALL.with_(**{k: v for k, v in fields.items() if k in ModelSpec.model_fields})
             training = STEP.with_(**{k: v for k, v in fields.items() if k in TrainingConfig.model_fields})
             assert grid.flat[0] == memcalc.estimate(model, training).peak_bytes
