@@ -105,7 +105,7 @@ def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     >>> check_pipeline_step(ModelSpec.preset("gpt2"), t)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.core.errors.NotModelledError: pipeline_parallel: the memory of pipeline stages is not modelled yet ...
+    memcalc.core.errors.NotModelledError: pipeline_parallel: pipeline stages are modelled and measured for the untied reference ...
     """
     if training.pipeline_parallel == 1:
         return
@@ -116,9 +116,9 @@ def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     if training.micro_batch % training.num_microbatches:
         raise SpecError("num_microbatches", f"{training.num_microbatches} micro-batches do not split "
                         f"micro_batch={training.micro_batch} evenly", "use a divisor of micro_batch")
-    raise NotModelledError("pipeline_parallel", "the memory of pipeline stages is not modelled yet (the "
-                           "schedules are: memcalc.parallel.pipeline)",
-                           "use pipeline_parallel=1 (data and tensor parallelism and FSDP are modelled)")
+    from memcalc.parallel.pipeline_peaks import check_pipeline_supported
+
+    check_pipeline_supported(model, training)
 
 
 MOE_OPTIONS = ("experts_implementation", "moe_routing")

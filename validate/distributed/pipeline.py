@@ -88,38 +88,49 @@ def run_rank(p: dict, rank: int) -> dict:
             optimizer = make_optimizer([q for m in modules for q in m.parameters()], training)
             ids = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
                                 generator=torch.Generator().manual_seed(1))
-            peaks, losses = [], []
+            peaks, losses, phases = [], [], []
             for step in range(p["steps"]):
                 tracker.reset_peak()
                 step_losses: list = []
                 sched.step(*([ids] if 0 in indices else []),
                            **({"target": ids, "losses": step_losses} if total - 1 in indices else {}))
+                walked = tracker.peak  # the schedule's forwards and backwards, and the merge
+                tracker.reset_peak()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                peaks.append(tracker.peak)
+                peaks.append(max(walked, tracker.peak))
+                phases.append({"backward": walked, "optimizer": tracker.peak})
                 if step == 0:
                     losses = [float(x) for x in step_losses]
         finally:
             gc.enable()
-    return {"rank": rank, "peak_bytes": max(peaks[1:]), "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
-            "losses": losses, "built_bytes": built, "stages": indices, "wall_s": round(time.perf_counter() - start, 3)}
+    steady = max(range(1, len(peaks)), key=peaks.__getitem__)
+    return {"rank": rank, "peak_bytes": peaks[steady], "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
+            "phases": phases[steady], "losses": losses, "built_bytes": built, "stages": indices,
+            "backend": "cpu-gloo", "implementation": f"reference:{spec.family}:pipeline-{p['schedule']}",
+            "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3)}
 
 
 def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
-    """The modules of one stage, taken from the whole model (its other modules are dropped)."""
+    """The modules of one stage, taken from the whole model; the class closes over these
+    modules only, so the model's other modules are freed with it (torchtitan builds each stage
+    on its own)."""
     import torch
     from torch import nn
+
+    llama = spec.family == "llama"
+    blocks = [full.blocks[i] for i in layers]
+    embed = (full.embed if llama else full.wte) if first else None
+    wpe = full.wpe if first and not llama else None
+    rotary = full.rotary if llama else None
+    norm = (full.norm if llama else full.ln_f) if last else None
+    lm_head = full.lm_head if last else None
 
     class Stage(nn.Module):
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList(full.blocks[i] for i in layers)
-            self.llama = spec.family == "llama"
-            self.embed = (full.embed if self.llama else full.wte) if first else None
-            self.wpe = full.wpe if first and not self.llama else None
-            self.rotary = full.rotary if self.llama else None
-            self.norm = (full.norm if self.llama else full.ln_f) if last else None
-            self.lm_head = full.lm_head if last else None
+            self.blocks = nn.ModuleList(blocks)
+            self.embed, self.wpe, self.rotary, self.norm, self.lm_head = embed, wpe, rotary, norm, lm_head
 
         def forward(self, x):
             if self.embed is not None:
