@@ -42,7 +42,8 @@ class ReferenceLlama(DecoderProgram):
         g, P, d, be = ops.g, spec.max_position_embeddings, spec.head_size, ops.buffer_elt
         cos = g.buffer("rotary.cos", size("P d", be, P=P, d=d), elt=be)
         sin = g.buffer("rotary.sin", size("P d", be, P=P, d=d), elt=be)
-        return {"cos": g.view("cos[:s]", cos, size("s d", be, d=d)), "sin": g.view("sin[:s]", sin, size("s d", be, d=d))}
+        return {"cos": g.view("cos[:s]", cos, size("s d", be, d=d)),
+                "sin": g.view("sin[:s]", sin, size("s d", be, d=d))}
 
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One reference LlamaBlock."""

@@ -21,8 +21,8 @@ the receive buffers' .grad still alive.
 ...                       implementation="reference", tie_embeddings=False)
 >>> t = TrainingConfig(micro_batch=4, seq_len=16, device="cpu", world_size=2, pipeline_parallel=2,
 ...                    pipeline_schedule="gpipe", num_microbatches=4)
->>> [p.phase for p in pipeline_peaks(spec, t)]
-['optimizer', 'backward']
+>>> [(p.peak_bytes, p.moment) for p in pipeline_peaks(spec, t)]  # measured: 1,265,128 and 732,424 B
+[(1265128, 'B 1 stage 0'), (732420, 'B 1 stage 1')]
 """
 from __future__ import annotations
 
@@ -69,6 +69,9 @@ def check_pipeline_supported(model: ModelSpec, training: TrainingConfig) -> None
         raise NotModelledError("pipeline_schedule", "InterleavedZeroBubble's split input/weight backward "
                                "(stage_backward_input keeps the graph for the weight pass) is not modelled",
                                "use gpipe, 1f1b, looped-bfs or interleaved-1f1b")
+    if training.precision not in ("fp32", "bf16"):
+        raise NotModelledError("precision", f"{training.precision} inside pipeline stages (autocast around each "
+                               "stage's forward) is not measured", "use precision fp32 or bf16")
     for name in ("lora", "max_grad_norm"):
         if getattr(training, name) is not None:
             raise NotModelledError(name, f"{name} with pipeline_parallel > 1 is not modelled", f"drop {name}")

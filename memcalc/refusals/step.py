@@ -98,14 +98,15 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
 
 def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     """pipeline_parallel > 1: what torch's schedules or the split cannot take is bad input
-    (memcalc.parallel.pipeline.check_pipeline); the rest is refused as not modelled yet.
+    (memcalc.parallel.pipeline.check_pipeline); what the stage model does not cover is refused by
+    name (memcalc.parallel.pipeline_peaks.check_pipeline_supported: here an HF program).
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=8, seq_len=64, world_size=4, pipeline_parallel=4, num_microbatches=8)
     >>> check_pipeline_step(ModelSpec.preset("gpt2"), t)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.core.errors.NotModelledError: pipeline_parallel: pipeline stages are modelled and measured for the untied reference ...
+    memcalc.core.errors.NotModelledError: pipeline_parallel: pipeline stages are modelled and measured for ...
     """
     if training.pipeline_parallel == 1:
         return

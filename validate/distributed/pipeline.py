@@ -38,6 +38,9 @@ def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, sch
         raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
                            "Llama only (a tied head would span the first and last stages)",
                            "use implementation='reference', tie_embeddings=False")
+    if training.precision not in ("fp32", "bf16"):
+        raise MemcalcError("precision", f"{training.precision} needs autocast around each stage's forward, "
+                           "which this harness does not run", "use precision fp32 or bf16")
     if training.device != "cpu" or training.micro_batch % microbatches:
         raise MemcalcError("micro_batch", f"{training.micro_batch} sequences on {training.device} do not "
                            f"split into {microbatches} micro-batches on CPU", "use device='cpu' and a multiple")
@@ -71,6 +74,8 @@ def run_rank(p: dict, rank: int) -> dict:
         try:
             torch.manual_seed(0)
             full = build_reference(spec, training)
+            if training.precision == "bf16":  # as validate.measure.step.build_trainee
+                full.to(torch.bfloat16)
             modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1) for i in indices]
             del full
             gc.collect()

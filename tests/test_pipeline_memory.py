@@ -1,0 +1,64 @@
+"""Pipeline stages' memory (memcalc.parallel.stages, memcalc.parallel.pipeline_peaks): schedule
+invariants and refusals. The per-rank peaks measured on gloo ranks (dist-ci topic 'pipeline',
+validate/results/dist-ci.jsonl) are held to their bound by tests/test_recorded_rows.py."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import memcalc
+from memcalc.core.errors import MemcalcError, NotModelledError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+
+def _spec(family: str = "gpt2", layers: int = 4) -> ModelSpec:
+    extra = {"intermediate_size": 64} if family == "llama" else {}
+    return ModelSpec.make(family=family, vocab_size=96, hidden_size=32, num_layers=layers, num_heads=2,
+                          implementation="reference", tie_embeddings=False, **extra)
+
+
+def _training(schedule: str, m: int, pp: int = 2, per_mb: int = 1, **extra) -> TrainingConfig:
+    return TrainingConfig(micro_batch=m * per_mb, seq_len=16, device="cpu", world_size=pp, pipeline_parallel=pp,
+                          pipeline_schedule=schedule, num_microbatches=m, **extra)
+
+
+@settings(max_examples=12, deadline=None)
+@given(family=st.sampled_from(["gpt2", "llama"]), m=st.sampled_from([2, 4, 6]), pp=st.sampled_from([2, 3]),
+       per_mb=st.sampled_from([1, 2]))
+def test_gpipe_holds_at_least_what_1f1b_holds(family, m, pp, per_mb):
+    """GPipe keeps every micro-batch in flight, 1F1B at most pp - rank of them: on every rank
+    GPipe's peak is at least 1F1B's, and the first rank's forward grows with m under GPipe only."""
+    if m < pp:
+        return
+    spec = _spec(family, 6)
+    gpipe = memcalc.estimate(spec, _training("gpipe", m, pp, per_mb)).rank_peak_bytes
+    one_f = memcalc.estimate(spec, _training("1f1b", m, pp, per_mb)).rank_peak_bytes
+    assert all(g >= f for g, f in zip(gpipe, one_f))
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(model=dict(implementation="hf")), "pipeline_parallel"),
+    (dict(model=dict(tie_embeddings=True)), "pipeline_parallel"),
+    (dict(training=dict(world_size=4)), "pipeline_parallel"),
+    (dict(training=dict(pipeline_schedule="interleaved-zero-bubble", pipeline_stages_per_rank=2)),
+     "pipeline_schedule"),
+    (dict(training=dict(checkpointing="per-layer")), "checkpointing"),
+])
+def test_what_is_not_modelled_is_refused_by_name(change, field):
+    """Refused with the field named (NotModelledError), never a silent number."""
+    spec = _spec().with_(**change.get("model", {}))
+    t = _training("1f1b", 4).with_(**change.get("training", {}))
+    with pytest.raises(NotModelledError) as err:
+        memcalc.estimate(spec, t)
+    assert err.value.field == field
+
+
+def test_bad_input_is_refused_by_name():
+    """More stages than layers, and micro-batches the schedule cannot take."""
+    with pytest.raises(MemcalcError) as err:
+        memcalc.estimate(_spec(layers=2), _training("1f1b", 4, pp=2, pipeline_stages_per_rank=1).with_(
+            pipeline_schedule="interleaved-1f1b", pipeline_stages_per_rank=2, world_size=2))
+    assert err.value.field == "pipeline_parallel"
+    with pytest.raises(MemcalcError) as err:
+        memcalc.estimate(_spec(), _training("1f1b", 1, pp=2))
+    assert err.value.field == "num_microbatches"
