@@ -29,10 +29,11 @@ from validate.distributed.launch import TIMEOUT_S, Launch, launch
 
 def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, schedule: str,
                      microbatches: int, stages_per_rank: int = 1, boundaries: list[int] | None = None,
-                     steps: int = 3, timeout_s: float = TIMEOUT_S) -> list[dict]:
+                     steps: int = 3, timeout_s: float = TIMEOUT_S, events: bool = False) -> list[dict]:
     """Run `steps` pipeline steps of training.micro_batch sequences (split into `microbatches`)
     on `stages` gloo ranks; per rank: peak_bytes (steady state, steps >= 2), first_step_peak_bytes,
-    losses (the last rank's per-micro-batch losses of the first step), in rank order."""
+    losses (the last rank's per-micro-batch losses of the first step), in rank order; with
+    `events`, each rank's allocation timeline (validate.distributed.tracker.DistTracker events)."""
     check_pipeline(spec.num_layers, stages, schedule, microbatches, stages_per_rank, boundaries)
     if spec.implementation != "reference" or spec.tie_embeddings:  # the reference models: GPT-2, Llama
         raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
@@ -45,7 +46,7 @@ def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, sch
         raise MemcalcError("micro_batch", f"{training.micro_batch} sequences on {training.device} do not "
                            f"split into {microbatches} micro-batches on CPU", "use device='cpu' and a multiple")
     payload = dict(spec=spec, training=training, stages=stages, schedule=schedule, microbatches=microbatches,
-                   stages_per_rank=stages_per_rank, boundaries=boundaries, steps=steps)
+                   stages_per_rank=stages_per_rank, boundaries=boundaries, steps=steps, events=events)
     job = Launch("validate.distributed.pipeline:run_rank", payload, stages, what=f"pipeline {schedule} x{stages}",
                  threads=max(1, (os.cpu_count() or 1) // stages))
     return launch(job, timeout_s)
@@ -66,7 +67,7 @@ def run_rank(p: dict, rank: int) -> dict:
     total = stages * v
     parts = stage_layers(spec.num_layers, total, p["boundaries"])
     indices = list(range(rank, total, stages))  # torch's stage_index_to_group_rank: stage % pp
-    tracker = DistTracker()
+    tracker = DistTracker(events=p.get("events", False))
     start = time.perf_counter()
     with tracker:
         gc.collect()
@@ -96,11 +97,13 @@ def run_rank(p: dict, rank: int) -> dict:
             peaks, losses, phases = [], [], []
             for step in range(p["steps"]):
                 tracker.reset_peak()
+                tracker.mark(f"step {step}")
                 step_losses: list = []
                 sched.step(*([ids] if 0 in indices else []),
                            **({"target": ids, "losses": step_losses} if total - 1 in indices else {}))
                 walked = tracker.peak  # the schedule's forwards and backwards, and the merge
                 tracker.reset_peak()
+                tracker.mark(f"optimizer {step}")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 peaks.append(max(walked, tracker.peak))
@@ -113,7 +116,8 @@ def run_rank(p: dict, rank: int) -> dict:
     return {"rank": rank, "peak_bytes": peaks[steady], "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
             "phases": phases[steady], "losses": losses, "built_bytes": built, "stages": indices,
             "backend": "cpu-gloo", "implementation": f"reference:{spec.family}:pipeline-{p['schedule']}",
-            "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3)}
+            "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3),
+            **({"events": [list(e[:5]) + [[list(x) for x in e[5]]] for e in tracker.events]} if p.get("events") else {})}
 
 
 def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
