@@ -117,7 +117,8 @@ def run_rank(p: dict, rank: int) -> dict:
             "phases": phases[steady], "losses": losses, "built_bytes": built, "stages": indices,
             "backend": "cpu-gloo", "implementation": f"reference:{spec.family}:pipeline-{p['schedule']}",
             "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3),
-            **({"events": [list(e[:5]) + [[list(x) for x in e[5]]] for e in tracker.events]} if p.get("events") else {})}
+            **({"events": [list(e[:5]) + [[list(x) for x in e[5]]] for e in tracker.events]}
+               if p.get("events") else {})}
 
 
 def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
