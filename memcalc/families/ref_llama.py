@@ -36,6 +36,8 @@ class ReferenceLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         return Embedded(x, ids, {"cos": cos, "sin": sin})
 
+    shared_stage_buffers = ("rotary.cos", "rotary.sin")
+
     def stage_context(self, ops: Ops, spec: ModelSpec, _regime: Regime) -> dict:
         """A later pipeline stage keeps the model's Rotary module (validate.distributed.pipeline):
         its cos/sin buffers, sliced to s in the stage's forward."""

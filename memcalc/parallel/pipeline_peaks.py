@@ -5,7 +5,9 @@ order (memcalc.parallel.pipeline.rank_actions) over their one-micro-batch profil
 At each action the rank holds, besides the action's own bytes (a forward's or backward's most
 over its start):
 - per stage: parameters, buffers, the optimizer states (steady state), the receive and gradient
-  receive buffers of every micro-batch, the batch's ids (first stage) or targets (last);
+  receive buffers of every micro-batch, the batch's ids (first stage) or targets (last); the
+  buffers of a model-level module every stage keeps (the reference Llama's rotary tables) once
+  per rank;
 - the saved tensors of each micro-batch in flight (forward run, backward not yet);
 - the .grad of the stage's parameters once its first backward of the step has run (set to None
   by zero_grad(set_to_none=True) after the previous optimizer.step);
@@ -117,6 +119,8 @@ def _rank_peak(profiles: list[StageProfile], mine: list[int], actions: list, m: 
     """Walk one rank's actions (module docstring)."""
     states = sum(profiles[i].states for i in mine)
     static = sum(profiles[i].base + (m - 1) * profiles[i].per_microbatch for i in mine) + states
+    shared = [x for i in mine for x in profiles[i].shared]
+    static -= sum(n for _, n in shared) - sum(dict(shared).values())  # each shared buffer once
     flight = {i: 0 for i in mine}
     done = {i: 0 for i in mine}
     sends = _SendRefs(schedule, profiles, mine, m, total)

@@ -82,6 +82,9 @@ class StageProfile:
     """The stage's output size in b, s (the next stage's receive buffer)."""
     output_elt: int
     """Its element size."""
+    shared: tuple[tuple[str, int], ...] = ()
+    """(label, bytes) of the buffers in `base` that the stages of one rank share
+    (DecoderProgram.shared_stage_buffers: the harness takes every stage of a rank from one model)."""
 
 
 def stage_graph(spec: ModelSpec, regime: Regime, layers: range, first: bool, last: bool,
@@ -179,7 +182,9 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
         + (size("b s", 8).eval(b, s) if first or last else 0), logits=logits,
         states=sum(st.size.eval(1, 1) for st in _optimizer_storages(g, regime)),
         param_sizes=tuple(v.size.eval(1, 1) for v in g.trainable_params),
-        output=out.size, output_elt=out.elt)
+        output=out.size, output_elt=out.elt,
+        shared=tuple((v.label, v.size.eval(b, s)) for v in g.buffers
+                     if v.label in program_for(spec).shared_stage_buffers))
 
 
 __all__ = ["StageProfile", "stage_graph", "stage_profile"]
