@@ -62,3 +62,24 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(MemcalcError) as err:
         memcalc.estimate(_spec(), _training("1f1b", 1, pp=2))
     assert err.value.field == "num_microbatches"
+
+
+def test_the_planner_keeps_the_pipeline_layouts_that_fit():
+    """plan_cluster's pipeline layouts (allocated basis) carry estimate()'s rank peaks, all within the
+    budget; a budget between two layouts' peaks keeps the smaller and drops the larger."""
+    from memcalc.queries.cluster import plan_cluster
+
+    spec, t = _spec(), TrainingConfig(micro_batch=1, seq_len=16, precision="fp32")
+    plans = [x for x in plan_cluster(spec, t, gpus="2xA100-80GB", global_batch=4, basis="allocated")
+             if x.pipeline_parallel == 2]
+    assert {x.pipeline_schedule for x in plans} == {"gpipe", "1f1b", "interleaved-1f1b"}
+    for x in plans:
+        again = t.with_(world_size=2, pipeline_parallel=2, pipeline_schedule=x.pipeline_schedule,
+                        num_microbatches=x.num_microbatches, micro_batch=4,
+                        pipeline_stages_per_rank=2 if x.pipeline_schedule == "interleaved-1f1b" else 1)
+        assert memcalc.estimate(spec, again).rank_peak_bytes == x.rank_peak_bytes
+    peaks = sorted({max(x.rank_peak_bytes) for x in plans})
+    budget = (peaks[0] + peaks[-1]) // 2
+    kept = [x for x in plan_cluster(spec, t, gpus="2xA100-80GB", global_batch=4, basis="allocated",
+                                    budget=budget) if x.pipeline_parallel == 2]
+    assert kept and all(max(x.rank_peak_bytes) <= budget for x in kept) and len(kept) < len(plans)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memcalc.core.errors import NotModelledError
+from memcalc.allocator.rules import device_constants
 from memcalc.core.poly import Poly
 from memcalc.engine.codegen import MomentSet
 from memcalc.engine.regime import Regime
@@ -83,8 +84,9 @@ class StageProfile:
     output_elt: int
     """Its element size."""
     shared: tuple[tuple[str, int], ...] = ()
-    """(label, bytes) of the buffers in `base` that the stages of one rank share
-    (DecoderProgram.shared_stage_buffers: the harness takes every stage of a rank from one model)."""
+    """(label, bytes) of what `base` holds that the stages of one rank share: the buffers of
+    DecoderProgram.shared_stage_buffers (the harness takes every stage of a rank from one model)
+    and the device's library allocations (the cuBLAS workspace, one per process)."""
 
 
 def stage_graph(spec: ModelSpec, regime: Regime, layers: range, first: bool, last: bool,
@@ -148,6 +150,8 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
     sim = StepSimulator(g, seed=seed)
     sim.setup()
     mem = sim.mem
+    for name, nbytes in device_constants(regime.device).items():  # the cuBLAS workspace, once per stage
+        mem.hold(Storage(Poly.const(nbytes), name, name))
     if seed is not None:
         mem.hold(seed)
     sim.hold_inputs()
@@ -184,7 +188,8 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
         param_sizes=tuple(v.size.eval(1, 1) for v in g.trainable_params),
         output=out.size, output_elt=out.elt,
         shared=tuple((v.label, v.size.eval(b, s)) for v in g.buffers
-                     if v.label in program_for(spec).shared_stage_buffers))
+                     if v.label in program_for(spec).shared_stage_buffers)
+        + tuple(device_constants(regime.device).items()))
 
 
 __all__ = ["StageProfile", "stage_graph", "stage_profile"]
