@@ -42,7 +42,7 @@ def test_gpipe_holds_at_least_what_1f1b_holds(family, m, pp, per_mb):
     (dict(training=dict(world_size=4)), "pipeline_parallel"),
     (dict(training=dict(pipeline_schedule="interleaved-zero-bubble", pipeline_stages_per_rank=2)),
      "pipeline_schedule"),
-    (dict(training=dict(checkpointing="per-layer")), "checkpointing"),
+    (dict(training=dict(checkpointing="sqrt")), "checkpointing"),
 ])
 def test_what_is_not_modelled_is_refused_by_name(change, field):
     """Refused with the field named (NotModelledError), never a silent number."""
@@ -75,7 +75,7 @@ def test_the_planner_keeps_the_pipeline_layouts_that_fit():
     assert {x.pipeline_schedule for x in plans} == {"gpipe", "1f1b", "interleaved-1f1b"}
     for x in plans:
         again = t.with_(world_size=2, pipeline_parallel=2, pipeline_schedule=x.pipeline_schedule,
-                        num_microbatches=x.num_microbatches, micro_batch=4,
+                        num_microbatches=x.num_microbatches, micro_batch=4, checkpointing=x.checkpointing,
                         pipeline_stages_per_rank=2 if x.pipeline_schedule == "interleaved-1f1b" else 1)
         assert memcalc.estimate(spec, again).rank_peak_bytes == x.rank_peak_bytes
     peaks = sorted({max(x.rank_peak_bytes) for x in plans})

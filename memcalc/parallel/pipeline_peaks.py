@@ -57,7 +57,8 @@ class RankPeak:
 
 def check_pipeline_supported(model: ModelSpec, training: TrainingConfig) -> None:
     """Refuse by name what the stage model does not cover (modelled: the reference GPT-2 and
-    Llama, untied, on pipeline ranks alone, full backward schedules, no checkpointing)."""
+    Llama, untied, on pipeline ranks alone, full backward schedules; the checkpointing modes:
+    memcalc.parallel.stages)."""
     if model.implementation != "reference" or model.tie_embeddings:
         raise NotModelledError("pipeline_parallel", "pipeline stages are modelled and measured for the untied "
                                "reference GPT-2 and Llama only (a tied head spans the first and last stages; the "

@@ -106,9 +106,14 @@ def stage_graph(spec: ModelSpec, regime: Regime, layers: range, first: bool, las
         x.requires_grad, x.leaf = True, True  # a leaf whose .grad the caller keeps
         context = program.stage_context(ops, spec, regime)
         _stage_causal_mask(g, spec, regime, len(layers))
+    per_layer = regime.checkpointing == "per-layer"  # selective: inside the blocks (attention_core)
     for layer in layers:
         g.layer_starts.append(len(g.nodes))
+        if per_layer:  # torch.utils.checkpoint around each block, non-reentrant
+            g.begin_region()
         x = program.block(ops, spec, regime, x, layer, context)
+        if per_layer:
+            g.end_region()
     g.layer_starts.append(len(g.nodes))
     if not last:
         g.keep.append(x)
@@ -140,9 +145,10 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
     docstring) and read its bytes at that shape; `recv` is the previous stage's output (bytes,
     element size), None on the first stage."""
     regime = Regime.of(training, spec)
-    if regime.checkpointing != "none":
-        raise NotModelledError("checkpointing", "activation checkpointing inside pipeline stages is not "
-                               "modelled", "use checkpointing='none' with pipeline_parallel > 1")
+    if regime.checkpointing not in ("none", "per-layer", "selective"):
+        raise NotModelledError("checkpointing", f"{regime.checkpointing} checkpointing inside pipeline stages "
+                               "(segments of several layers) is not modelled",
+                               "use none, per-layer or selective with pipeline_parallel > 1")
     recv_bytes = None if recv is None else recv[0]
     g, out = stage_graph(spec, regime, layers, first, last, None if recv is None else (Poly.const(recv[0]), recv[1]))
     b, s = training.micro_batch, training.seq_len

@@ -184,7 +184,8 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
     if basis == "allocated" or training.device == "cpu":  # no allocator replay of a pipeline rank
         from memcalc.queries.cluster_pipeline import pipeline_layouts
 
-        layouts += pipeline_layouts(model, training, cluster, limit, global_batch, chosen, utilisation, links)
+        layouts += pipeline_layouts(model, training, cluster, limit, global_batch, chosen, utilisation, links,
+                                    tuple(checkpointing))
     layouts.sort(key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
     if basis == "allocated" or training.device == "cpu":
         return layouts[:top] if top is not None else layouts

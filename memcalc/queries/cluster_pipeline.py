@@ -1,8 +1,9 @@
 """The pipeline layouts of the cluster planner (memcalc.queries.cluster): where the model's stages
 are modelled (memcalc.parallel.pipeline_peaks.check_pipeline_supported: the untied reference
-GPT-2 and Llama, pipeline ranks alone, no checkpointing, fp32 or pure bf16), p = N ranks each
+GPT-2 and Llama, pipeline ranks alone, fp32 or pure bf16), p = N ranks each
 run a stage of every micro-batch under GPipe, 1F1B or Interleaved1F1B (2 stages per rank), the
-global batch split into m micro-batches of every size that divides it.
+global batch split into m micro-batches of every size that divides it, with each of the planner's
+checkpointing modes a stage models (none, per-layer, selective).
 
 Memory is each rank's steady-state peak (memcalc.estimate, allocated basis: the caching
 allocator's replay of a pipeline rank is not modelled, so plan_cluster searches these on the
@@ -32,11 +33,13 @@ if TYPE_CHECKING:
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2))
 """(schedule, stages per rank) searched."""
+STAGE_CHECKPOINTING = ("none", "per-layer", "selective")
+"""The checkpointing modes a stage models (memcalc.parallel.stages)."""
 
 
 def pipeline_layouts(model: ModelSpec, training: TrainingConfig, cluster: Cluster, budget: int,
                      global_batch: int, precisions: tuple[str, ...], utilisation: float,
-                     links: Links) -> list[Layout]:
+                     links: Links, checkpointing: tuple[str, ...] = ("none",)) -> list[Layout]:
     """Every pipeline layout of N ranks whose every rank fits `budget` (module docstring); none
     where the model's stages are not modelled."""
     from memcalc.parallel.pipeline_peaks import check_pipeline_supported
@@ -48,12 +51,12 @@ def pipeline_layouts(model: ModelSpec, training: TrainingConfig, cluster: Cluste
         peak_tflops = cluster.gpu.tflops(precision)
         if peak_tflops is None or p < 2:
             continue
-        for schedule, v in SCHEDULES:
+        for (schedule, v), mode in ((x, c) for x in SCHEDULES for c in checkpointing if c in STAGE_CHECKPOINTING):
             for b in (k for k in range(1, global_batch + 1) if global_batch % k == 0):
                 m = global_batch // b
                 t = training.with_(world_size=p, pipeline_parallel=p, pipeline_schedule=schedule,
                                    num_microbatches=m, pipeline_stages_per_rank=v, precision=precision,
-                                   micro_batch=global_batch, grad_accum=1, checkpointing="none",
+                                   micro_batch=global_batch, grad_accum=1, checkpointing=mode,
                                    checkpoint_every=None)
                 try:
                     check_pipeline_supported(model, t)
@@ -74,15 +77,15 @@ def _layout(model: ModelSpec, t: TrainingConfig, ranks: list[int], budget: int, 
 
     del links  # no tensor- or data-parallel collectives; the sends are not in the time model
     p, v, m = t.pipeline_parallel, t.pipeline_stages_per_rank, t.num_microbatches
-    layers, head = layer_and_head_flops(model, t.micro_batch * t.seq_len, t.seq_len, "none")
+    layers, head = layer_and_head_flops(model, t.micro_batch * t.seq_len, t.seq_len, t.checkpointing)
     parts = stage_layers(model.num_layers, p * v, t.stage_boundaries)
     per_rank = [sum(len(parts[s]) for s in range(r, p * v, p)) for r in range(p)]
     busiest = max(layers * n // model.num_layers + (head if r == p - 1 else 0) for r, n in enumerate(per_rank))
     compute = busiest / flops_per_s
     step = StepTime(compute_s=compute, bubble_s=compute * bubble_fraction(t.pipeline_schedule, p, m, v),
                     tp_comm_s=0.0, dp_comm_s=0.0)
-    return Layout(1, 1, p, "none", t.precision, "none", b, 1, ranks, budget, step, busiest,
+    return Layout(1, 1, p, "none", t.precision, t.checkpointing, b, 1, ranks, budget, step, busiest,
                   pipeline_schedule=t.pipeline_schedule, num_microbatches=m)
 
 
-__all__ = ["pipeline_layouts", "SCHEDULES"]
+__all__ = ["pipeline_layouts", "SCHEDULES", "STAGE_CHECKPOINTING"]

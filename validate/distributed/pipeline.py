@@ -39,6 +39,9 @@ def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, sch
         raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
                            "Llama only (a tied head would span the first and last stages)",
                            "use implementation='reference', tie_embeddings=False")
+    if training.checkpointing not in ("none", "per-layer", "selective"):
+        raise MemcalcError("checkpointing", f"{training.checkpointing} is not split by stage here",
+                           "use none, per-layer or selective")
     if training.precision not in ("fp32", "bf16"):
         raise MemcalcError("precision", f"{training.precision} needs autocast around each stage's forward, "
                            "which this harness does not run", "use precision fp32 or bf16")
@@ -77,7 +80,8 @@ def run_rank(p: dict, rank: int) -> dict:
             full = build_reference(spec, training)
             if training.precision == "bf16":  # as validate.measure.step.build_trainee
                 full.to(torch.bfloat16)
-            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1) for i in indices]
+            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1, training.checkpointing)
+                       for i in indices]
             del full
             gc.collect()
             built = tracker.live
@@ -124,14 +128,16 @@ def run_rank(p: dict, rank: int) -> dict:
                if p.get("events") else {})}
 
 
-def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
+def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool, checkpointing: str = "none"):
     """The modules of one stage, taken from the whole model; the class closes over these
     modules only, so the model's other modules are freed with it (torchtitan builds each stage
     on its own)."""
     import torch
     from torch import nn
+    from torch.utils.checkpoint import checkpoint
 
     llama = spec.family == "llama"
+    per_layer = checkpointing == "per-layer"  # selective runs inside the blocks (AttentionCore)
     blocks = [full.blocks[i] for i in layers]
     embed = (full.embed if llama else full.wte) if first else None
     wpe = full.wpe if first and not llama else None
@@ -154,8 +160,12 @@ def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
             if self.rotary is not None:
                 s = x.size(1)
                 extra = (self.rotary.cos[:s], self.rotary.sin[:s])
-            for block in self.blocks:
-                x = block(x, *extra)
+            if per_layer and torch.is_grad_enabled():  # as ReferenceLM.run_blocks at segment size 1
+                for block in self.blocks:
+                    x = checkpoint(block, x, *extra, use_reentrant=False)
+            else:
+                for block in self.blocks:
+                    x = block(x, *extra)
             if self.norm is not None:
                 x = self.lm_head(self.norm(x))
             return x
