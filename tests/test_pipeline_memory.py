@@ -83,3 +83,34 @@ def test_the_planner_keeps_the_pipeline_layouts_that_fit():
     kept = [x for x in plan_cluster(spec, t, gpus="2xA100-80GB", global_batch=4, basis="allocated",
                                     budget=budget) if x.pipeline_parallel == 2]
     assert kept and all(max(x.rank_peak_bytes) <= budget for x in kept) and len(kept) < len(plans)
+
+
+@pytest.mark.slow
+def test_pipeline_layouts_the_planner_keeps_run_within_the_budget_on_gloo():
+    """An untied reference GPT-2 on 2 gloo ranks: with the budget between two pipeline layouts'
+    peaks, the largest layout the planner keeps runs within it (every rank measured) and the
+    smallest it drops goes over it."""
+    pytest.importorskip("torch.distributed")
+    from memcalc.queries.cluster import plan_cluster
+    from validate.distributed.measure import measure_distributed
+
+    spec = _spec()
+    t = TrainingConfig(micro_batch=1, seq_len=16, device="cpu", precision="fp32")
+    kw = dict(gpus="2xH100-80GB", global_batch=4, basis="allocated", checkpointing=("none", "per-layer"))
+
+    def key(x):
+        return x.pipeline_schedule, x.num_microbatches, x.checkpointing
+
+    every = [x for x in plan_cluster(spec, t, **kw) if x.pipeline_parallel == 2]
+    peaks = sorted({x.peak_bytes for x in every})
+    i = len(peaks) // 2
+    budget = (peaks[i - 1] + peaks[i]) // 2
+    fits = [x for x in plan_cluster(spec, t, budget=budget, **kw) if x.pipeline_parallel == 2]
+    said = {key(x) for x in fits}
+    over = min((x for x in every if key(x) not in said), key=lambda x: x.peak_bytes)
+    for x, inside in ((max(fits, key=lambda x: x.peak_bytes), True), (over, False)):
+        run = t.with_(world_size=2, pipeline_parallel=2, pipeline_schedule=x.pipeline_schedule,
+                      num_microbatches=x.num_microbatches, micro_batch=4, checkpointing=x.checkpointing,
+                      pipeline_stages_per_rank=2 if x.pipeline_schedule == "interleaved-1f1b" else 1)
+        measured = [r["peak_bytes"] for r in measure_distributed(spec, run)]
+        assert (max(measured) <= budget) == inside, (key(x), measured, budget)
