@@ -184,8 +184,12 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
     if basis == "allocated" or training.device == "cpu":  # no allocator replay of a pipeline rank
         from memcalc.queries.cluster_pipeline import pipeline_layouts
 
-        layouts += pipeline_layouts(model, training, cluster, limit, global_batch, chosen, utilisation, links,
-                                    tuple(checkpointing))
+        layouts += [Layout(1, 1, x.training.pipeline_parallel, "none", x.training.precision,
+                           x.training.checkpointing, x.sequences, 1, x.rank_peak_bytes, limit, x.step,
+                           x.flops_per_gpu, pipeline_schedule=x.training.pipeline_schedule,
+                           num_microbatches=x.training.num_microbatches)
+                    for x in pipeline_layouts(model, training, cluster.count, cluster.gpu, limit, global_batch,
+                                              chosen, utilisation, tuple(checkpointing))]
     layouts.sort(key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
     if basis == "allocated" or training.device == "cpu":
         return layouts[:top] if top is not None else layouts

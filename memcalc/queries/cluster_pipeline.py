@@ -21,15 +21,16 @@ the layers, the LM head on the last), times 1 + the schedule's bubble; the stage
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.core.errors import MemcalcError
+from memcalc.queries.step_time import StepTime
 
 if TYPE_CHECKING:
+    from memcalc.inputs.gpus import GPU
     from memcalc.inputs.specs import ModelSpec
     from memcalc.inputs.training import TrainingConfig
-    from memcalc.queries.cluster import Cluster, Layout
-    from memcalc.queries.step_time import Links
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2))
 """(schedule, stages per rank) searched."""
@@ -37,18 +38,31 @@ STAGE_CHECKPOINTING = ("none", "per-layer", "selective")
 """The checkpointing modes a stage models (memcalc.parallel.stages)."""
 
 
-def pipeline_layouts(model: ModelSpec, training: TrainingConfig, cluster: Cluster, budget: int,
+@dataclass(frozen=True)
+class PipelineFit:
+    """A pipeline layout that fits (memcalc.queries.cluster makes its Layout)."""
+
+    training: TrainingConfig
+    """The step: world_size = pipeline_parallel, the schedule, micro_batch = the global batch."""
+    sequences: int
+    """Sequences per micro-batch."""
+    rank_peak_bytes: list[int]
+    step: StepTime
+    flops_per_gpu: int
+
+
+def pipeline_layouts(model: ModelSpec, training: TrainingConfig, count: int, card: GPU, budget: int,
                      global_batch: int, precisions: tuple[str, ...], utilisation: float,
-                     links: Links, checkpointing: tuple[str, ...] = ("none",)) -> list[Layout]:
-    """Every pipeline layout of N ranks whose every rank fits `budget` (module docstring); none
-    where the model's stages are not modelled."""
+                     checkpointing: tuple[str, ...] = ("none",)) -> list[PipelineFit]:
+    """Every pipeline layout of `count` ranks of `card` whose every rank fits `budget` (module
+    docstring); none where the model's stages are not modelled."""
     from memcalc.parallel.pipeline_peaks import check_pipeline_supported
     from memcalc.queries.estimate import estimate
 
-    p = cluster.count
+    p = count
     out = []
     for precision in precisions:
-        peak_tflops = cluster.gpu.tflops(precision)
+        peak_tflops = card.tflops(precision)
         if peak_tflops is None or p < 2:
             continue
         for (schedule, v), mode in ((x, c) for x in SCHEDULES for c in checkpointing if c in STAGE_CHECKPOINTING):
@@ -64,18 +78,16 @@ def pipeline_layouts(model: ModelSpec, training: TrainingConfig, cluster: Cluste
                 except MemcalcError:
                     continue  # a layout the engine refuses (named by memcalc.estimate) is not searched
                 if max(ranks) <= budget:
-                    out.append(_layout(model, t, ranks, budget, b, peak_tflops * 1e12 * utilisation, links))
+                    out.append(_fit(model, t, ranks, b, peak_tflops * 1e12 * utilisation))
     return out
 
 
-def _layout(model: ModelSpec, t: TrainingConfig, ranks: list[int], budget: int, b: int, flops_per_s: float,
-            links: Links) -> Layout:
-    """The Layout of a pipeline step: the busiest rank's compute and the schedule's bubble."""
+def _fit(model: ModelSpec, t: TrainingConfig, ranks: list[int], b: int, flops_per_s: float) -> PipelineFit:
+    """A pipeline step's time: the busiest rank's compute and the schedule's bubble (no tensor- or
+    data-parallel collectives; the stage-to-stage sends are not in the time model)."""
     from memcalc.parallel.pipeline import stage_layers
-    from memcalc.queries.cluster import Layout
-    from memcalc.queries.step_time import StepTime, bubble_fraction, layer_and_head_flops
+    from memcalc.queries.step_time import bubble_fraction, layer_and_head_flops
 
-    del links  # no tensor- or data-parallel collectives; the sends are not in the time model
     p, v, m = t.pipeline_parallel, t.pipeline_stages_per_rank, t.num_microbatches
     layers, head = layer_and_head_flops(model, t.micro_batch * t.seq_len, t.seq_len, t.checkpointing)
     parts = stage_layers(model.num_layers, p * v, t.stage_boundaries)
@@ -84,8 +96,7 @@ def _layout(model: ModelSpec, t: TrainingConfig, ranks: list[int], budget: int, 
     compute = busiest / flops_per_s
     step = StepTime(compute_s=compute, bubble_s=compute * bubble_fraction(t.pipeline_schedule, p, m, v),
                     tp_comm_s=0.0, dp_comm_s=0.0)
-    return Layout(1, 1, p, "none", t.precision, t.checkpointing, b, 1, ranks, budget, step, busiest,
-                  pipeline_schedule=t.pipeline_schedule, num_microbatches=m)
+    return PipelineFit(t, b, ranks, step, busiest)
 
 
-__all__ = ["pipeline_layouts", "SCHEDULES", "STAGE_CHECKPOINTING"]
+__all__ = ["PipelineFit", "pipeline_layouts", "SCHEDULES", "STAGE_CHECKPOINTING"]
