@@ -254,7 +254,7 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
-    if training.pipeline_parallel > 1:
+    if isinstance(training, TrainingConfig) and training.pipeline_parallel > 1:  # (others: check_step)
         return _estimate_pipeline(model, training)
     cands = candidates(model, training)  # checks the (model, training) it simulates
     check_shape(model, training)  # and this shape
