@@ -11,8 +11,9 @@ each rank running its stage(s) under torch.distributed.pipelining's PipelineStag
     >>> [r["rank"] for r in ranks], all(r["peak_bytes"] > 0 for r in ranks)
     ([0, 1], True)
 
-The memory of a stage is not modelled yet (memcalc.parallel.pipeline): these are measurements a
-model can be checked against, with the first step's losses for checking the split itself.
+The engine's model of these ranks is memcalc.parallel.pipeline_peaks (dist-ci topic 'pipeline',
+through validate.distributed.measure.measure_distributed); the first step's losses check the split
+itself.
 """
 from __future__ import annotations
 
