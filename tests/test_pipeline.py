@@ -126,7 +126,7 @@ def test_split_computes_the_models_loss_on_gloo(schedule, v):
 
 
 def test_training_config_pipeline_fields():
-    """estimate() refuses bad pipeline input by name, and the rest as not modelled (one line)."""
+    """estimate() refuses bad pipeline input by name, and an HF program's stages as not modelled (one line)."""
     import memcalc
 
     gpt2 = memcalc.ModelSpec.preset("gpt2")

@@ -79,6 +79,9 @@ def run(args: argparse.Namespace, model: ModelSpec, training: TrainingConfig) ->
     return out
 
 
+_SCHEDULE_SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "i1f1b"}
+
+
 def print_layouts(layouts: list[Layout], total: int | None, args: argparse.Namespace) -> None:
     """The table of `memcalc plan --gpus`."""
     where = f"{args.gpus} (global batch {args.global_batch}, seq_len {args.seq_len}, basis {args.basis})"
@@ -93,7 +96,10 @@ def print_layouts(layouts: list[Layout], total: int | None, args: argparse.Names
           f"{'peak GiB':>9} {'headroom':>9} {'step s':>8} {'compute':>8} {'bubble':>7} {'tp comm':>8} {'dp comm':>8}")
     for i, x in enumerate(layouts, 1):
         st = x.step
-        print(f"{i:>3} {x.data_parallel:>4} {x.tensor_parallel:>3} {x.pipeline_parallel:>3} {x.sharding:<8} "
+        # a pipeline layout's column: its schedule and micro-batches (memcalc.queries.cluster_pipeline)
+        shard = x.sharding if x.pipeline_parallel == 1 else \
+            f"{_SCHEDULE_SHORT.get(x.pipeline_schedule, x.pipeline_schedule)} m{x.num_microbatches}"
+        print(f"{i:>3} {x.data_parallel:>4} {x.tensor_parallel:>3} {x.pipeline_parallel:>3} {shard:<8} "
               f"{x.checkpointing:<10} {x.micro_batch:>5} {x.grad_accum:>5} {x.peak_bytes / GIB:>9.2f} "
               f"{x.headroom_bytes / GIB:>9.2f} {st.total_s:>8.2f} {st.compute_s:>8.2f} {st.bubble_s:>7.2f} "
               f"{st.tp_comm_s:>8.2f} {st.dp_comm_s:>8.2f}")

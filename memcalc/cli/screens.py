@@ -33,6 +33,11 @@ def print_estimate(out: dict, device: str = "cuda") -> None:
         extra = f" {reserved / GIB:10.3f} GiB" if reserved is not None and device != "cpu" else ""
         print(f"    {name:<18} {nbytes / GIB:10.3f} GiB{extra}")
     print(f"  first step:          {out['first_step_peak_bytes'] / GIB:10.3f} GiB")
+    ranks = out.get("rank_peak_bytes") or []
+    if len(set(ranks)) > 1:  # ranks that differ (pipeline stages, ZeRO-1 partitions, FSDP2 padding)
+        more = f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else ""
+        shown = ", ".join(f"{n / GIB:.3f}" for n in ranks[:8]) + more
+        print(f"  per rank:            {shown} GiB")
     if "formula" in out:
         print(f"  {out['formula_of']} = {out['formula']}")
 

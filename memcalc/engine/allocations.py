@@ -21,7 +21,7 @@ repeat the second one's events with fresh handles for what each makes).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import replace, dataclass, field
 from typing import NamedTuple
 
 from memcalc.core.errors import NotModelledError
@@ -250,7 +250,7 @@ def _walks(model: ModelSpec, regime: Regime) -> tuple:
     temporaries. engine_sequence sizes them at its (micro_batch, seq_len)."""
     from memcalc.engine.simulation import _prepared
 
-    key = (model, regime)
+    key = (model, _walk_regime(regime))
     found = _WALKS.get(key)
     if found is not None:
         return found
@@ -268,6 +268,21 @@ def _walks(model: ModelSpec, regime: Regime) -> tuple:
     while len(_WALKS) > WALKS:
         del _WALKS[next(iter(_WALKS))]
     return found
+
+
+def _walk_regime(regime: Regime) -> Regime:
+    """The regime a walk is kept under: micro-steps >= 2 are alike (memcalc.tape.step walks two
+    and _events repeats the second), so every count past 2 shares one walk, except under the HF
+    Trainer, whose held batches read the count (memcalc.families.call_path.held_batches).
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> r = Regime.of(TrainingConfig(micro_batch=1, seq_len=8, grad_accum=64))
+    >>> _walk_regime(r) == _walk_regime(Regime.of(TrainingConfig(micro_batch=1, seq_len=8, grad_accum=3)))
+    True
+    """
+    if regime.grad_accum <= 2 or regime.hf_trainer:
+        return regime
+    return replace(regime, grad_accum=2)
 
 
 def _rank_optimizer(first: list[Event], steady: list[Event], shapes: list, regime: Regime, handle: int) -> None:

@@ -68,7 +68,14 @@ def cache_key(model: ModelSpec, training: TrainingConfig) -> tuple:
     >>> t = TrainingConfig(micro_batch=1, seq_len=8)
     >>> cache_key(ModelSpec.preset("gpt2"), t) == cache_key(ModelSpec.preset("gpt2"), t.with_(seq_len=64))
     True
+    >>> cache_key(ModelSpec.preset("gpt2"), t.with_(grad_accum=2)) == cache_key(ModelSpec.preset("gpt2"),
+    ...                                                                         t.with_(grad_accum=64))
+    True
     """
+    if training.grad_accum > 2 and not training.hf_trainer:
+        # micro-steps >= 2 are alike (memcalc.tape.step); only the HF Trainer's held batches
+        # (memcalc.families.call_path.held_batches) read the count itself
+        training = training.with_(grad_accum=2)
     return (model, regime_key(training), window_reached(model, training.seq_len), single_sequence(training, model),
             fused_rows_capped(training))
 

@@ -100,6 +100,15 @@ class DecoderProgram:
         """One decoder layer."""
         raise NotImplementedError
 
+    shared_stage_buffers: tuple[str, ...] = ()
+    """Buffers of a model-level module every pipeline stage keeps (the reference Llama's Rotary):
+    the stages one rank takes from one model share them (memcalc.parallel.pipeline_peaks)."""
+
+    def stage_context(self, _ops: Ops, _spec: ModelSpec, _regime: Regime) -> dict:
+        """What the blocks of a pipeline stage without the embedding read (memcalc.parallel.stages:
+        the rotary tables such a stage keeps); by default nothing."""
+        return {}
+
     def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """The norm before the LM head."""
         raise NotImplementedError

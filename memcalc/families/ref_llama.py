@@ -36,6 +36,17 @@ class ReferenceLlama(DecoderProgram):
                  backward=[Grad(0)], elt=embed.elt)
         return Embedded(x, ids, {"cos": cos, "sin": sin})
 
+    shared_stage_buffers = ("rotary.cos", "rotary.sin")
+
+    def stage_context(self, ops: Ops, spec: ModelSpec, _regime: Regime) -> dict:
+        """A later pipeline stage keeps the model's Rotary module (validate.distributed.pipeline):
+        its cos/sin buffers, sliced to s in the stage's forward."""
+        g, P, d, be = ops.g, spec.max_position_embeddings, spec.head_size, ops.buffer_elt
+        cos = g.buffer("rotary.cos", size("P d", be, P=P, d=d), elt=be)
+        sin = g.buffer("rotary.sin", size("P d", be, P=P, d=d), elt=be)
+        return {"cos": g.view("cos[:s]", cos, size("s d", be, d=d)),
+                "sin": g.view("sin[:s]", sin, size("s d", be, d=d))}
+
     def block(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, layer: int, context: dict) -> Value:
         """One reference LlamaBlock."""
         block_input = x  # the caller's loop variable holds it until the block returns

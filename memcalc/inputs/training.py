@@ -113,8 +113,8 @@ class TrainingConfig(FrozenModel):
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout work on s/tensor_parallel tokens."""
     pipeline_parallel: int = Field(default=1, gt=0)
-    """Pipeline stages (torch.distributed.pipelining); the schedules are modelled
-    (memcalc.parallel.pipeline), a stage's memory not yet: estimate() refuses pipeline_parallel > 1."""
+    """Pipeline stages (torch.distributed.pipelining): the schedules (memcalc.parallel.pipeline)
+    and each rank's stages (memcalc.parallel.stages, memcalc.parallel.pipeline_peaks)."""
     pipeline_schedule: PipelineSchedule = "1f1b"
     """With pipeline_parallel > 1: torch's schedule (GPipe, 1F1B, LoopedBFS, Interleaved1F1B,
     InterleavedZeroBubble)."""
@@ -167,6 +167,11 @@ class TrainingConfig(FrozenModel):
     @classmethod
     def _freeze(cls, v: object) -> object:
         return (v,) if isinstance(v, str) else tuple(v) if isinstance(v, list) else v
+
+    @field_validator("stage_boundaries", mode="before")
+    @classmethod
+    def _stage_boundaries(cls, v: object) -> object:
+        return tuple(v) if isinstance(v, list) else v  # a JSON row's list
 
     # ---- the call path: what the training loop passes to an HF model (memcalc.families.call_path)
     use_cache: bool = False
@@ -251,8 +256,8 @@ class TrainingConfig(FrozenModel):
 
     @property
     def data_parallel(self) -> int:
-        """Data-parallel degree: world_size / tensor_parallel."""
-        return self.world_size // self.tensor_parallel
+        """Data-parallel degree: world_size / (tensor_parallel x pipeline_parallel)."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
 
     @property
     def resolved_optimizer_impl(self) -> str:

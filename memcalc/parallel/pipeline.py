@@ -17,8 +17,8 @@ What this module holds, each rule read in torch 2.13's torch/distributed/pipelin
   count does not divide) or at explicit boundaries; the embedding on the first stage, the final
   norm, head and loss on the last (torchtitan's pipeline split of its decoder).
 
-The memory of a stage (its saved activations per micro-batch, send/recv buffers, gradients and
-optimizer states of its parameters) is not modelled yet: estimate() refuses pipeline_parallel > 1.
+The memory of a stage and of each rank's walk through its actions: memcalc.parallel.stages and
+memcalc.parallel.pipeline_peaks.
 
 >>> in_flight("1f1b", 4, 8), in_flight("gpipe", 4, 8)
 ([4, 3, 2, 1], [8, 8, 8, 8])

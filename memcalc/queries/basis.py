@@ -42,10 +42,14 @@ def budget_bytes(budget: int | float | str, basis: str) -> int:
 
 
 def fits_on(model: object, training: object, nbytes: int, basis: str,
-            budget: object = None) -> tuple[bool, int]:
+            budget: object = None, decide_only: bool = False) -> tuple[bool, int]:
     """(fits, peak on the basis) of the step within `nbytes` on `basis` (reserved or device): the
     replay under a device limit of nbytes (less the outside-allocator bytes on the device basis)
-    serves every request.
+    serves every request. With `decide_only` (the cluster planner, which drops what does not
+    fit) one replay under the limit decides: a limit never reached leaves the run unchanged, so
+    its peak is the unlimited run's, and the unlimited replay (needed only to say by how much a
+    step that does not fit is over) is skipped; a step that does not fit then reports the
+    allocated peak plus the outside bytes, a lower bound of its peak on the basis.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> ok, peak = fits_on(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=128), 80 << 30, "device")
@@ -62,6 +66,11 @@ def fits_on(model: object, training: object, nbytes: int, basis: str,
     limit = nbytes - outside
     if report.peak_bytes > limit:
         return False, report.peak_bytes + outside
+    if decide_only:
+        replay = reserved_for(model, training, device_limit=limit)
+        if replay.oom is None:
+            return True, max(replay.peak_reserved_bytes, report.peak_bytes) + outside
+        return False, report.peak_bytes + outside
     unlimited = report.reserved_peak_bytes
     if unlimited <= limit:  # the limit is never reached: the same run
         return True, unlimited + outside
@@ -72,9 +81,11 @@ def fits_on(model: object, training: object, nbytes: int, basis: str,
     return False, unlimited + outside
 
 
-def peak_on(model: object, training: object, budget: int | float | str, basis: str) -> tuple[bool, int, int]:
+def peak_on(model: object, training: object, budget: int | float | str, basis: str,
+            decide_only: bool = False) -> tuple[bool, int, int]:
     """(fits, peak on the basis, budget bytes on the basis) of one step; on device="cpu" the
-    allocated basis whatever `basis` says (no caching allocator, no device context).
+    allocated basis whatever `basis` says (no caching allocator, no device context);
+    `decide_only`: fits_on's.
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=1, seq_len=128)
@@ -91,5 +102,5 @@ def peak_on(model: object, training: object, budget: int | float | str, basis: s
         peak = estimate(model, training).peak_bytes
         return peak <= nbytes, peak, nbytes
     nbytes = budget_bytes(budget, basis)
-    ok, peak = fits_on(model, training, nbytes, basis, budget)
+    ok, peak = fits_on(model, training, nbytes, basis, budget, decide_only)
     return ok, peak, nbytes

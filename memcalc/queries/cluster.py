@@ -15,7 +15,8 @@ Memory is the engine's per-rank peak (memcalc.estimate's rank_peak_bytes) on the
 'allocated' (live tensor bytes plus the caching allocator's rounding, what memcalc predicts today).
 Only the layouts memcalc models and has measured on gloo ranks are searched: DDP, ZeRO-1, FSDP2
 zero2/zero3, tensor parallelism inside a node and FSDP2 across tensor-parallel groups
-(docs/distributed.md). Pipeline parallelism is not modelled yet, so pipeline_parallel is 1.
+(docs/distributed.md), and, on the allocated basis, pipeline layouts where the model's stages are
+modelled (memcalc.queries.cluster_pipeline: the reference GPT-2 and Llama on pipeline ranks alone).
 """
 from __future__ import annotations
 
@@ -95,6 +96,11 @@ class Layout:
     basis_peak_bytes: int | None = None
     """The step's peak on the reserved or device basis (memcalc.queries.basis.peak_on: the caching
     allocator replayed under the card's limit), None on the allocated basis."""
+    pipeline_schedule: str | None = None
+    """With pipeline_parallel > 1: the schedule (memcalc.queries.cluster_pipeline); micro_batch is
+    then the sequences of one of its micro-batches."""
+    num_microbatches: int | None = None
+    """With pipeline_parallel > 1: the micro-batches the schedule splits the global batch into."""
 
     @property
     def peak_bytes(self) -> int:
@@ -111,7 +117,8 @@ class Layout:
         out = {k: getattr(self, k) for k in ("data_parallel", "tensor_parallel", "pipeline_parallel",
                                              "sharding", "precision", "checkpointing", "micro_batch",
                                              "grad_accum", "rank_peak_bytes", "budget_bytes",
-                                             "peak_bytes", "headroom_bytes", "flops_per_gpu")}
+                                             "peak_bytes", "headroom_bytes", "flops_per_gpu",
+                                             "pipeline_schedule", "num_microbatches")}
         return {**out, "step": self.step.as_dict(), "step_seconds": self.step.total_s}
 
 
@@ -174,6 +181,15 @@ def plan_cluster(model: ModelSpec, training: TrainingConfig, gpus: str, global_b
                                        micro_batch=1, grad_accum=1)
                     layouts += _fitting(model, t, cluster, limit, global_batch // dp,
                                         peak_tflops * 1e12 * utilisation, links, global_batch)
+    if basis == "allocated" or training.device == "cpu":  # no allocator replay of a pipeline rank
+        from memcalc.queries.cluster_pipeline import pipeline_layouts
+
+        layouts += [Layout(1, 1, x.training.pipeline_parallel, "none", x.training.precision,
+                           x.training.checkpointing, x.sequences, 1, x.rank_peak_bytes, limit, x.step,
+                           x.flops_per_gpu, pipeline_schedule=x.training.pipeline_schedule,
+                           num_microbatches=x.training.num_microbatches)
+                    for x in pipeline_layouts(model, training, cluster.count, cluster.gpu, limit, global_batch,
+                                              chosen, utilisation, tuple(checkpointing))]
     layouts.sort(key=lambda x: (x.step.total_s, -x.micro_batch, -x.headroom_bytes))
     if basis == "allocated" or training.device == "cpu":
         return layouts[:top] if top is not None else layouts
@@ -193,7 +209,7 @@ def _confirmed_on_basis(model: ModelSpec, training: TrainingConfig, cluster: Clu
         t = training.with_(world_size=cluster.count, tensor_parallel=x.tensor_parallel, sharding=x.sharding,
                            precision=x.precision, checkpointing=x.checkpointing, checkpoint_every=None,
                            micro_batch=x.micro_batch, grad_accum=x.grad_accum)
-        ok, peak, nbytes = peak_on(model, t, where, basis)
+        ok, peak, nbytes = peak_on(model, t, where, basis, decide_only=True)
         if ok:
             out.append(replace(x, basis_peak_bytes=peak, budget_bytes=nbytes))
             if top is not None and len(out) == top:

@@ -84,7 +84,7 @@ class MemoryReport:
         self.model, self.training = model, training
         self.rank_peak_bytes = rank_peak_bytes
         """Per-rank steady-state peaks (one entry per rank; equal without data parallelism)."""
-        self._candidates = candidates.steady
+        self._candidates = candidates.steady if candidates is not None else []
         self._known = known  # name -> function computing it once
 
     def _get(self, name: str):
@@ -254,6 +254,8 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
     >>> round(r.peak_gib, 1) > 5
     True
     """
+    if isinstance(training, TrainingConfig) and training.pipeline_parallel > 1:  # (others: check_step)
+        return _estimate_pipeline(model, training)
     cands = candidates(model, training)  # checks the (model, training) it simulates
     check_shape(model, training)  # and this shape
     b, s = training.micro_batch, training.seq_len
@@ -270,6 +272,33 @@ def estimate(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
         first_step_peak_bytes=lambda: max(cands.first_set.rounded_totals(b, s)),
         phases=lambda: {p: max((steady[i] for i in idx), default=0) for p, idx in by_phase.items()},
         components=lambda: _components(moment, b, s, steady[top]))
+
+
+def _estimate_pipeline(model: ModelSpec, training: TrainingConfig) -> MemoryReport:
+    """Pipeline ranks (memcalc.parallel.pipeline_peaks), checked as every step is
+    (memcalc.refusals.step); the peak is the largest rank's. No symbolic form: `expr` is empty
+    and the components are left out (only the peak and the phase are walked).
+
+    >>> t = TrainingConfig(micro_batch=4, seq_len=16, device="cpu", world_size=2, pipeline_parallel=2,
+    ...                    pipeline_schedule="1f1b", num_microbatches=4)
+    >>> spec = ModelSpec.make(family="llama", vocab_size=96, hidden_size=32, num_layers=4, num_heads=2,
+    ...                       intermediate_size=64, implementation="reference", tie_embeddings=False)
+    >>> r = estimate(spec, t)
+    >>> len(r.rank_peak_bytes), r.peak_bytes == max(r.rank_peak_bytes)
+    (2, True)
+    """
+    from memcalc.parallel.pipeline_peaks import pipeline_peaks
+    from memcalc.refusals.step import check_step
+
+    check_step(model, training)
+    check_shape(model, training)
+    ranks = pipeline_peaks(model, training)
+    top = max(ranks, key=lambda r: r.peak_bytes)
+    phases = {p: max(r.phases.get(p, 0) for r in ranks) for p in ("forward", "backward", "optimizer")}
+    return MemoryReport(top.peak_bytes, top.phase, top.moment, model, training, None,
+                        [r.peak_bytes for r in ranks for _ in range(training.world_size // training.pipeline_parallel)],
+                        first_step_peak_bytes=max(r.first_step_peak_bytes for r in ranks),
+                        phases=phases, components={})
 
 
 def allocator_granularity(training: TrainingConfig) -> int:

@@ -98,14 +98,15 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
 
 def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     """pipeline_parallel > 1: what torch's schedules or the split cannot take is bad input
-    (memcalc.parallel.pipeline.check_pipeline); the rest is refused as not modelled yet.
+    (memcalc.parallel.pipeline.check_pipeline); what the stage model does not cover is refused by
+    name (memcalc.parallel.pipeline_peaks.check_pipeline_supported: here an HF program).
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=8, seq_len=64, world_size=4, pipeline_parallel=4, num_microbatches=8)
     >>> check_pipeline_step(ModelSpec.preset("gpt2"), t)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memcalc.core.errors.NotModelledError: pipeline_parallel: the memory of pipeline stages is not modelled yet ...
+    memcalc.core.errors.NotModelledError: pipeline_parallel: pipeline stages are modelled and measured for ...
     """
     if training.pipeline_parallel == 1:
         return
@@ -116,9 +117,9 @@ def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     if training.micro_batch % training.num_microbatches:
         raise SpecError("num_microbatches", f"{training.num_microbatches} micro-batches do not split "
                         f"micro_batch={training.micro_batch} evenly", "use a divisor of micro_batch")
-    raise NotModelledError("pipeline_parallel", "the memory of pipeline stages is not modelled yet (the "
-                           "schedules are: memcalc.parallel.pipeline)",
-                           "use pipeline_parallel=1 (data and tensor parallelism and FSDP are modelled)")
+    from memcalc.parallel.pipeline_peaks import check_pipeline_supported
+
+    check_pipeline_supported(model, training)
 
 
 MOE_OPTIONS = ("experts_implementation", "moe_routing")

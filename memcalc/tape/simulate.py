@@ -51,9 +51,13 @@ class StepSimulator:
     """
 
     def __init__(self, graph: Graph, fsdp: "Fsdp | None" = None, record: bool | dict = False,
-                 memory: "Memory | None" = None) -> None:
+                 memory: "Memory | None" = None, seed: Storage | None = None) -> None:
         self.g = graph
         self.fsdp = fsdp
+        self.seed = seed
+        """The gradient backward starts from, when it outlives the step's backward: a pipeline
+        stage's gradient receive buffer (memcalc.parallel.stages), held by its caller; None: a
+        fresh gradient of the loss, freed once its node has run."""
         # `memory`: another Memory to walk the step through (memcalc.engine.allocations records events)
         self.mem = memory if memory is not None else (
             Memory(graph.granularity) if record is False else RecordingMemory(record, graph.granularity))
@@ -176,7 +180,7 @@ class StepSimulator:
         grads: dict[int, Storage] = {}
         self._pending = dict(self._consumers)
         loss = self.g.keep[0]
-        seed = Storage(loss.size, "activation_grads", "grad of loss")
+        seed = self.seed if self.seed is not None else Storage(loss.size, "activation_grads", "grad of loss")
         mem.hold(seed)
         grads[id(loss)] = seed
         mem.mark("loss grad")

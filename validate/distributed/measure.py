@@ -114,6 +114,12 @@ def measure_distributed(spec: ModelSpec, training: TrainingConfig, world_size: i
     `timeout_s`. `test_hooks`: fail_rank, hang_rank (validate.distributed.launch.Launch), fsdp_root_reshard
     (DistJob).
     """
+    if training.pipeline_parallel > 1:  # PipelineStage schedules (validate.distributed.pipeline)
+        from validate.distributed.pipeline import measure_pipeline
+
+        return measure_pipeline(spec, training, training.pipeline_parallel, training.pipeline_schedule,
+                                training.num_microbatches, training.pipeline_stages_per_rank,
+                                training.stage_boundaries, steps=steps, timeout_s=timeout_s)
     ws, sh = resolve_parallelism(training, world_size, sharding)
     check_runnable(spec, training)
     check_distributed(spec, training, ws, sh)

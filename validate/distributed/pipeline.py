@@ -11,8 +11,9 @@ each rank running its stage(s) under torch.distributed.pipelining's PipelineStag
     >>> [r["rank"] for r in ranks], all(r["peak_bytes"] > 0 for r in ranks)
     ([0, 1], True)
 
-The memory of a stage is not modelled yet (memcalc.parallel.pipeline): these are measurements a
-model can be checked against, with the first step's losses for checking the split itself.
+The engine's model of these ranks is memcalc.parallel.pipeline_peaks (dist-ci topic 'pipeline',
+through validate.distributed.measure.measure_distributed); the first step's losses check the split
+itself.
 """
 from __future__ import annotations
 
@@ -29,20 +30,27 @@ from validate.distributed.launch import TIMEOUT_S, Launch, launch
 
 def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, schedule: str,
                      microbatches: int, stages_per_rank: int = 1, boundaries: list[int] | None = None,
-                     steps: int = 3, timeout_s: float = TIMEOUT_S) -> list[dict]:
+                     steps: int = 3, timeout_s: float = TIMEOUT_S, events: bool = False) -> list[dict]:
     """Run `steps` pipeline steps of training.micro_batch sequences (split into `microbatches`)
     on `stages` gloo ranks; per rank: peak_bytes (steady state, steps >= 2), first_step_peak_bytes,
-    losses (the last rank's per-micro-batch losses of the first step), in rank order."""
+    losses (the last rank's per-micro-batch losses of the first step), in rank order; with
+    `events`, each rank's allocation timeline (validate.distributed.tracker.DistTracker events)."""
     check_pipeline(spec.num_layers, stages, schedule, microbatches, stages_per_rank, boundaries)
     if spec.implementation != "reference" or spec.tie_embeddings:  # the reference models: GPT-2, Llama
         raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
                            "Llama only (a tied head would span the first and last stages)",
                            "use implementation='reference', tie_embeddings=False")
+    if training.checkpointing not in ("none", "per-layer", "selective"):
+        raise MemcalcError("checkpointing", f"{training.checkpointing} is not split by stage here",
+                           "use none, per-layer or selective")
+    if training.precision not in ("fp32", "bf16"):
+        raise MemcalcError("precision", f"{training.precision} needs autocast around each stage's forward, "
+                           "which this harness does not run", "use precision fp32 or bf16")
     if training.device != "cpu" or training.micro_batch % microbatches:
         raise MemcalcError("micro_batch", f"{training.micro_batch} sequences on {training.device} do not "
                            f"split into {microbatches} micro-batches on CPU", "use device='cpu' and a multiple")
     payload = dict(spec=spec, training=training, stages=stages, schedule=schedule, microbatches=microbatches,
-                   stages_per_rank=stages_per_rank, boundaries=boundaries, steps=steps)
+                   stages_per_rank=stages_per_rank, boundaries=boundaries, steps=steps, events=events)
     job = Launch("validate.distributed.pipeline:run_rank", payload, stages, what=f"pipeline {schedule} x{stages}",
                  threads=max(1, (os.cpu_count() or 1) // stages))
     return launch(job, timeout_s)
@@ -63,7 +71,7 @@ def run_rank(p: dict, rank: int) -> dict:
     total = stages * v
     parts = stage_layers(spec.num_layers, total, p["boundaries"])
     indices = list(range(rank, total, stages))  # torch's stage_index_to_group_rank: stage % pp
-    tracker = DistTracker()
+    tracker = DistTracker(events=p.get("events", False))
     start = time.perf_counter()
     with tracker:
         gc.collect()
@@ -71,7 +79,10 @@ def run_rank(p: dict, rank: int) -> dict:
         try:
             torch.manual_seed(0)
             full = build_reference(spec, training)
-            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1) for i in indices]
+            if training.precision == "bf16":  # as validate.measure.step.build_trainee
+                full.to(torch.bfloat16)
+            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1, training.checkpointing)
+                       for i in indices]
             del full
             gc.collect()
             built = tracker.live
@@ -86,40 +97,60 @@ def run_rank(p: dict, rank: int) -> dict:
             sched = cls(pipeline_stages if p["schedule"] in MULTI else pipeline_stages[0], p["microbatches"],
                         loss_fn=loss_fn)
             optimizer = make_optimizer([q for m in modules for q in m.parameters()], training)
+            # the batch on the first stage's rank, the targets on the last's (the same ids here);
+            # a middle rank holds neither
             ids = torch.randint(0, vocab, (training.micro_batch, training.seq_len),
-                                generator=torch.Generator().manual_seed(1))
-            peaks, losses = [], []
+                                generator=torch.Generator().manual_seed(1)) \
+                if 0 in indices or total - 1 in indices else None
+            peaks, losses, phases = [], [], []
             for step in range(p["steps"]):
                 tracker.reset_peak()
+                tracker.mark(f"step {step}")
                 step_losses: list = []
                 sched.step(*([ids] if 0 in indices else []),
                            **({"target": ids, "losses": step_losses} if total - 1 in indices else {}))
+                walked = tracker.peak  # the schedule's forwards and backwards, and the merge
+                tracker.reset_peak()
+                tracker.mark(f"optimizer {step}")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                peaks.append(tracker.peak)
+                peaks.append(max(walked, tracker.peak))
+                phases.append({"backward": walked, "optimizer": tracker.peak})
                 if step == 0:
                     losses = [float(x) for x in step_losses]
         finally:
             gc.enable()
-    return {"rank": rank, "peak_bytes": max(peaks[1:]), "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
-            "losses": losses, "built_bytes": built, "stages": indices, "wall_s": round(time.perf_counter() - start, 3)}
+    steady = max(range(1, len(peaks)), key=peaks.__getitem__)
+    return {"rank": rank, "peak_bytes": peaks[steady], "first_step_peak_bytes": peaks[0], "step_peaks": peaks,
+            "phases": phases[steady], "losses": losses, "built_bytes": built, "stages": indices,
+            "backend": "cpu-gloo", "implementation": f"reference:{spec.family}:pipeline-{p['schedule']}",
+            "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3),
+            **({"events": [list(e[:5]) + [[list(x) for x in e[5]]] for e in tracker.events]}
+               if p.get("events") else {})}
 
 
-def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
-    """The modules of one stage, taken from the whole model (its other modules are dropped)."""
+def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool, checkpointing: str = "none"):
+    """The modules of one stage, taken from the whole model; the class closes over these
+    modules only, so the model's other modules are freed with it (torchtitan builds each stage
+    on its own)."""
     import torch
     from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    llama = spec.family == "llama"
+    per_layer = checkpointing == "per-layer"  # selective runs inside the blocks (AttentionCore)
+    blocks = [full.blocks[i] for i in layers]
+    embed = (full.embed if llama else full.wte) if first else None
+    wpe = full.wpe if first and not llama else None
+    rotary = full.rotary if llama else None
+    norm = (full.norm if llama else full.ln_f) if last else None
+    lm_head = full.lm_head if last else None
 
     class Stage(nn.Module):
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList(full.blocks[i] for i in layers)
-            self.llama = spec.family == "llama"
-            self.embed = (full.embed if self.llama else full.wte) if first else None
-            self.wpe = full.wpe if first and not self.llama else None
-            self.rotary = full.rotary if self.llama else None
-            self.norm = (full.norm if self.llama else full.ln_f) if last else None
-            self.lm_head = full.lm_head if last else None
+            self.blocks = nn.ModuleList(blocks)
+            self.embed, self.wpe, self.rotary, self.norm, self.lm_head = embed, wpe, rotary, norm, lm_head
 
         def forward(self, x):
             if self.embed is not None:
@@ -130,8 +161,12 @@ def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool):
             if self.rotary is not None:
                 s = x.size(1)
                 extra = (self.rotary.cos[:s], self.rotary.sin[:s])
-            for block in self.blocks:
-                x = block(x, *extra)
+            if per_layer and torch.is_grad_enabled():  # as ReferenceLM.run_blocks at segment size 1
+                for block in self.blocks:
+                    x = checkpoint(block, x, *extra, use_reentrant=False)
+            else:
+                for block in self.blocks:
+                    x = block(x, *extra)
             if self.norm is not None:
                 x = self.lm_head(self.norm(x))
             return x

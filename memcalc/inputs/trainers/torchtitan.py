@@ -9,7 +9,8 @@ dtype (bfloat16: pure bf16), mixed_precision_param (bfloat16 on one device or DD
 torchtitan distributed/utils.py maybe_enable_amp); optimizer name (AdamW, Adam), implementation,
 weight_decay; activation_checkpoint.mode (none; full: every TransformerBlock wrapped, memcalc's
 per-layer); parallelism.data_parallel_replicate_degree (DDP ranks, torchtitan's replicate).
-Refused by name: pipeline parallelism (pipeline_parallel_degree > 1: not modelled yet), FSDP
+Refused by name: pipeline parallelism (pipeline_parallel_degree > 1: the stages of torchtitan's
+own model, with FSDP/TP, are not modelled), FSDP
 (data_parallel_shard_degree > 1: torchtitan shards the embeddings and [norm, output] as groups
 of their own and keeps the output group unsharded after forward, infra/parallelize.py apply_fsdp;
 memcalc's FSDP2 layout is decoder layers + root), tensor parallelism (torchtitan's plan also
@@ -164,7 +165,8 @@ def _check_keys(cfg: dict) -> None:
 
 
 def _refuse_parallelism(degrees: dict) -> None:
-    why = {"pipeline_parallel_degree": "pipeline parallelism is not modelled yet",
+    why = {"pipeline_parallel_degree": "pipeline parallelism is modelled for the reference models only, not "
+           "torchtitan's stages combined with FSDP/TP",
            "tensor_parallel_degree": "torchtitan's TP plan also shards the embeddings and the output (sequence-"
                                      "parallel norms, loss parallel); memcalc's TP keeps them whole",
            "context_parallel_degree": "context parallelism is not modelled",
