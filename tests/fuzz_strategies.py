@@ -198,7 +198,7 @@ def runnable(model, training) -> bool:
     fixed_positions = model.family == "gpt2" or model.implementation == "reference"
     return (not (fixed_positions and training.seq_len > model.max_position_embeddings)
             and model.num_heads % t == 0 and model.kv_heads % t == 0 and model.ffn_size % t == 0
-            and model.num_layers <= 128 and training.world_size // t <= 2048)
+            and model.num_layers <= 1024 and training.world_size // t <= 2048)  # memcalc.core.limits
 
 
 def sane_report(model, training):
