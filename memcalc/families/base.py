@@ -56,12 +56,29 @@ class DecoderProgram:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
         from memcalc.families.call_path import batch_inputs, cache_layers
 
+        if regime.trl == "grpo" and regime.trl_phase == "scoring":  # memcalc.families.trl_grpo
+            from memcalc.families.trl_grpo import declare_params, scoring_phase
+
+            declare_params(self, ops, spec, regime, run_layers)
+            scoring_phase(self, ops, spec, regime, run_layers)
+            self._order(ops)
+            return
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
+        if regime.trl == "grpo":  # the buffered generation batch, then _compute_loss's labels
+            from memcalc.families.trl_grpo import buffered_inputs, reference_params
+
+            buffered_inputs(ops, regime, "")
+            reference_params(self, ops, spec, regime, run_layers)
         if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
             from memcalc.families.trl_dpo import dpo_batch
 
             dpo_labels = dpo_batch(ops, regime)
         emb = self.embed(ops, spec, regime)
+        if regime.trl == "grpo":
+            from memcalc.families.trl_grpo import score_labels
+
+            mask = next(v for v in ops.g.inputs if v.label == "attention_mask")
+            grpo_labels = score_labels(ops, regime, emb.ids, mask)
         cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
@@ -75,8 +92,13 @@ class DecoderProgram:
             from memcalc.families.trl_dpo import dpo_loss_step, sft_loss_step
 
             ops.scope_end(emb.held_until_return)  # the fused forward's backbone locals
-            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
-                if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
+            if regime.trl == "grpo":
+                from memcalc.families.trl_grpo import grpo_step
+
+                held = grpo_step(ops, spec, regime, x, head, grpo_labels) + [grpo_labels]
+            else:
+                held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
+                    if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
             ops.scope_end(held + ops.weight_casts)  # until compute_loss (and autocast) ends
         else:
             logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
@@ -84,10 +106,13 @@ class DecoderProgram:
             self.auxiliary_loss(ops, spec, emb.context)
             ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                           + emb.held_until_return + emb.context.get("cache", []))
-        # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
-        # peft registers lora_A / lora_B after base_layer in the wrapping lora.Linear
-        # a DPO reference copy's parameters (memcalc.families.trl_dpo) come after the policy's,
-        # in their own registration order
+        self._order(ops)
+
+    def _order(self, ops: Ops) -> None:
+        """torch's parameter order: a LoRA adapter sorts with its base linear, after it (created
+        later; a stable sort): peft registers lora_A / lora_B after base_layer in the wrapping
+        lora.Linear; a DPO or GRPO reference copy's parameters (memcalc.families.trl_dpo) come
+        after the policy's, in their own registration order."""
         ops.g.order_params(lambda label: (label.startswith("ref_model."), self.registration_rank(
             adapter_base(label.removeprefix("ref_model.")))))
 

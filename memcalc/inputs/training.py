@@ -28,7 +28,8 @@ Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
 PipelineSchedule = Literal["gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zero-bubble"]
-TRLTrainer = Literal["none", "dpo", "sft"]
+TRLTrainer = Literal["none", "dpo", "sft", "grpo"]
+TRLPhase = Literal["step", "scoring"]
 DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
@@ -220,6 +221,22 @@ class TrainingConfig(FrozenModel):
     forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
     weights with the adapters disabled); precomputed: precompute_ref_log_probs, read from the
     batch (two fp32 values per pair), no reference model held."""
+    grpo_completion_len: int = 0
+    """trl='grpo' only: max_completion_length, C, the completion tokens at the end of each
+    seq_len row (prompt = seq_len - C): generate's new tokens and the scored tail."""
+    grpo_reference: bool = False
+    """trl='grpo' only: beta != 0, a no-grad reference pass before the step (a frozen copy of the
+    model; with LoRA the adapters disabled) whose (b, C) fp32 log-probs the step holds."""
+    grpo_old_logps: bool = False
+    """trl='grpo' only: num_iterations > 1, the old policy's no-grad log-prob pass and its
+    (b, C) fp32 result held by the step."""
+    disable_dropout: bool = False
+    """Every nn.Dropout set to p=0 before training (TRL's disable_dropout; trl='dpo' implies it)."""
+    trl_phase: TRLPhase = "step"
+    """trl='grpo' only: the part of a GRPOTrainer step this estimate is (memcalc.queries.grpo runs
+    both): step (the training forward, backward and optimizer step on prompt + completion) or
+    scoring (the no-grad reference / old-policy passes after generation, with the last step's
+    buffered inputs). generate's own phase is not modelled yet (docs/trl.md)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -353,6 +370,14 @@ def _check_trl(training: TrainingConfig) -> None:
     """Cross-field checks of the TRL fields."""
     if training.trl != "dpo" and training.dpo_reference != "model":
         raise ValueError("dpo_reference is only used with trl='dpo'")
+    grpo_set = training.grpo_completion_len or training.grpo_reference or training.grpo_old_logps \
+        or training.trl_phase != "step"
+    if training.trl != "grpo" and grpo_set:
+        raise ValueError("grpo_completion_len, grpo_reference, grpo_old_logps and trl_phase are only "
+                         "used with trl='grpo'")
+    if training.trl == "grpo" and not 0 < training.grpo_completion_len < training.seq_len:
+        raise ValueError(f"trl='grpo' needs 0 < grpo_completion_len < seq_len (seq_len is prompt + "
+                         f"completion); got {training.grpo_completion_len} and {training.seq_len}")
     if training.trl == "none":
         return
     if not training.hf_trainer:
