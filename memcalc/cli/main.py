@@ -255,10 +255,12 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
     json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
-    p.add_argument("--trainer", choices=("hf", "dpo", "sft"), default="hf",
+    p.add_argument("--trainer", choices=("hf", "dpo", "sft", "grpo"), default="hf",
                    help="what runs the --trainer-args: the HF Trainer (TrainingArguments), "
-                   "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs) or "
-                   "trl.SFTTrainer (an SFTConfig's JSON, no packing)")
+                   "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs), "
+                   "trl.SFTTrainer (an SFTConfig's JSON, no packing) or trl.GRPOTrainer (a "
+                   "GRPOConfig's JSON; --seq-len is prompt + max_completion_length; the training "
+                   "step and the scoring passes, not generate's phase)")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
     from memcalc.cli.launch_configs import add_launch_config_args

@@ -65,10 +65,9 @@ class DecoderProgram:
             return
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
         if regime.trl == "grpo":  # the buffered generation batch, then _compute_loss's labels
-            from memcalc.families.trl_grpo import buffered_inputs, reference_params
+            from memcalc.families.trl_grpo import buffered_inputs
 
             buffered_inputs(ops, regime, "")
-            reference_params(self, ops, spec, regime, run_layers)
         if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
             from memcalc.families.trl_dpo import dpo_batch
 
@@ -78,7 +77,7 @@ class DecoderProgram:
             from memcalc.families.trl_grpo import score_labels
 
             mask = next(v for v in ops.g.inputs if v.label == "attention_mask")
-            grpo_labels = score_labels(ops, regime, emb.ids, mask)
+            grpo_labels = score_labels(ops, emb.ids, mask)
         cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
@@ -106,6 +105,11 @@ class DecoderProgram:
             self.auxiliary_loss(ops, spec, emb.context)
             ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                           + emb.held_until_return + emb.context.get("cache", []))
+        if regime.trl == "grpo":  # the reference copy, held though not run (after the policy's:
+            # a tied head is the first parameter created, memcalc.families.base.tied_head)
+            from memcalc.families.trl_grpo import reference_params
+
+            reference_params(self, ops, spec, regime, run_layers)
         self._order(ops)
 
     def _order(self, ops: Ops) -> None:

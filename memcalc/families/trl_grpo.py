@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from memcalc.core.poly import Poly
 from memcalc.families.sizes import size
-from memcalc.families.trl_dpo import POLICY_OUTPUTS, ReferenceOps, _rows, fused_log_probs
+from memcalc.families.trl_dpo import ReferenceOps, _rows, fused_log_probs
 from memcalc.tape.graph import Alias, Grad, Value
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def buffered_inputs(ops: Ops, regime: Regime, tag: str) -> list[Value]:
     return out
 
 
-def score_labels(ops: Ops, regime: Regime, ids: Value, mask: Value) -> Value:
+def score_labels(ops: Ops, ids: Value, mask: Value) -> Value:
     """_get_per_token_logps_and_entropies: labels = input_ids.masked_fill(attention_mask == 0, -100)
     ((b, s) bool, then (b, s) int64), then labels[:, :-C] = -100 in place (no new storage)."""
     g = ops.g
@@ -202,7 +202,7 @@ def scoring_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_l
     num_items = g.op("num_items_in_batch", [new[3]], size("", 8), requires_grad=False, elt=8)
     ids = g.input("input_ids", size("b s", 8))  # prompt_completion_ids = torch.cat(...)
     mask = g.input("attention_mask", size("b s", 8))
-    labels = score_labels(ops, regime, ids, mask)
+    labels = score_labels(ops, ids, mask)
     kept = []
     if regime.grpo_old_logps:
         kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=False))
@@ -218,7 +218,8 @@ def declare_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_
     follow them), the reference copy's in the step's (ReferenceOps). The forward is built under
     no_grad, then its ops and batch tensors are dropped."""
     g = ops.g
-    nodes, inputs, starts = len(g.nodes), len(g.inputs), list(g.layer_starts)
+    nodes, inputs, leaves, starts = len(g.nodes), len(g.inputs), len(g.leaves), list(g.layer_starts)
+    regime = replace(regime, checkpointing="none", checkpoint_every=None)  # no_grad: TRL turns it off
     g.no_grad = True
     try:
         emb = program.embed(ops, spec, regime)
@@ -230,7 +231,7 @@ def declare_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_
     finally:
         g.no_grad = False
         g.shared_inputs = g.shared_buffers = False
-    del g.nodes[nodes:], g.inputs[inputs:]
+    del g.nodes[nodes:], g.inputs[inputs:], g.leaves[leaves:]
     g.layer_starts[:] = starts
     ops.weight_casts.clear()
 

@@ -133,9 +133,11 @@ def grpo_fields(grpo: dict, seq_len: int, micro_batch: int) -> dict:
     ...
     memcalc.core.errors.NotModelledError: trainer_args.use_vllm: True is not modelled (vLLM ...
     """
+    # GRPOConfig.__post_init__ fills these in: one step's batch, one step per generation
+    same = {"generation_batch_size": (None, micro_batch), "steps_per_generation": (None, 1)}
     for name, why in REFUSED_UNLESS_DEFAULT.items():
         value = grpo.get(name, DEFAULTS[name])
-        if not _is_default(name, value):
+        if value not in same.get(name, ()) and not _is_default(name, value):
             raise NotModelledError(f"trainer_args.{name}", f"{value!r} is not modelled ({why})",
                                    f"set {name} to {DEFAULTS[name]!r}")
     loss = grpo.get("loss_type", DEFAULTS["loss_type"])

@@ -1,0 +1,51 @@
+"""A trl.GRPOTrainer step's phases (memcalc.families.trl_grpo): each phase's peak and the one that
+decides. Two phases are modelled: scoring (the no-grad old-policy and reference log-prob passes
+after generation, with the last step's buffered inputs) and step (the training forward, backward
+and optimizer step). generate's own phase (prefill and decode with a DynamicCache) is not modelled
+yet: the validator measures it (validate.run.trl_run.measure_grpo), memcalc does not predict it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memcalc.core.errors import SpecError
+from memcalc.inputs.specs import ModelSpec
+from memcalc.inputs.training import TrainingConfig
+
+
+@dataclass(frozen=True)
+class GRPOPhases:
+    """Allocated peaks (bytes) of a GRPO step's modelled phases."""
+
+    scoring: int
+    """The no-grad passes of _generate_and_score_completions (with neither an old policy nor a
+    reference: the buffered inputs and the new prompt and completion tensors only)."""
+    step: int
+    """The training step: forward, backward and optimizer step on prompt + completion."""
+
+    @property
+    def deciding(self) -> str:
+        """The phase with the larger peak ('step' on a tie)."""
+        return "scoring" if self.scoring > self.step else "step"
+
+    @property
+    def peak_bytes(self) -> int:
+        """The larger of the two (generation not included: not modelled yet)."""
+        return max(self.scoring, self.step)
+
+
+def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
+    """Each modelled phase's peak of a trl='grpo' step.
+
+    >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "num_generations": 2,
+    ...     "max_completion_length": 16, "use_cpu": True, "beta": 0.04}, seq_len=48, trainer="grpo")
+    >>> p = grpo_phases(ModelSpec.preset("gpt2").with_(num_layers=2), t)
+    >>> p.deciding, p.step > p.scoring
+    ('step', True)
+    """
+    from memcalc import estimate
+
+    if training.trl != "grpo":
+        raise SpecError("trl", f"{training.trl!r}: grpo_phases reads a GRPO step", "pass trl='grpo'")
+    return GRPOPhases(scoring=estimate(model, training.with_(trl_phase="scoring")).peak_bytes,
+                      step=estimate(model, training.with_(trl_phase="step")).peak_bytes)
