@@ -143,7 +143,9 @@ def peft_config(training, model):
 def grpo_tokenizer(vocab_size: int):
     """word_tokenizer's words, with <eos> at id vocab_size, outside the model's vocabulary: generate
     never samples it, so every completion runs to max_completion_length (GRPO's completion lengths
-    then do not vary with the seed, and completion_mask is all ones: an unpadded batch)."""
+    then do not vary with the seed, and completion_mask is all ones: an unpadded batch). The
+    model's own generation_config.eos_token_id (an id inside the vocabulary, which GRPOTrainer
+    adds to the stop ids) is cleared by measure_grpo."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -180,6 +182,7 @@ def measure_grpo(spec, training, grpo_args: dict, prompt_len: int, hf_config: di
 
         # beta != 0 without peft: GRPOTrainer loads the reference from the policy's path
         # (create_model_from_path, in eval mode); here the same weights, copied
+        model.generation_config.eos_token_id = None  # validate.models.hf's 0 is <pad>, a sampled id
         loader = module.create_model_from_path
         module.create_model_from_path = lambda *_args, **_kwargs: copy.deepcopy(model).eval()
         try:
