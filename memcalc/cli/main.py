@@ -310,8 +310,16 @@ def cmd_check(args: argparse.Namespace) -> dict:
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes, "basis": args.basis,
            "headroom_bytes": v.headroom_bytes,
            "changes": [c.as_dict() for c in v.changes]}
+    if training.trl == "grpo":  # each modelled phase's peak and the one that decides
+        from memcalc.queries.grpo import grpo_phases
+
+        phases = grpo_phases(model, training)
+        out["grpo_phases"] = {"scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
     if not args.json:
         _print_check(v, args.gpu or args.budget, args.basis)
+        if training.trl == "grpo":
+            print(f"GRPO phases (allocated): scoring {phases.scoring / GIB:.2f} GiB, step "
+                  f"{phases.step / GIB:.2f} GiB: {phases.deciding} decides (generation: not modelled yet)")
     if not v.fits:
         if args.json:
             print(json.dumps(out, indent=2, sort_keys=True))
