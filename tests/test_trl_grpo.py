@@ -67,7 +67,7 @@ def test_refused_by_name(fields, name):
 @given(st.sampled_from(["gpt2", "qwen2-0.5b"]), st.sampled_from([2, 4]), st.integers(4, 40),
        st.integers(2, 24), st.booleans())
 def test_grpo_phase_invariants(preset, generations, completion, prompt, lora):
-    """A reference pass never lowers either phase; its copy doubles the weights the step holds,
+    """A reference pass never lowers any phase; its copy doubles the weights the step holds,
     LoRA's (adapters off) holds none; the step's peak is never below its scoring phase's
     buffered tensors' (the step holds the same batch and the gradients)."""
     from memcalc.inputs.lora import LoRA
@@ -82,7 +82,22 @@ def test_grpo_phase_invariants(preset, generations, completion, prompt, lora):
     if lora:
         t = t.with_(lora=LoRA(rank=4, targets="all-linear"))
     plain, ref = grpo_phases(model, t), grpo_phases(model, t.with_(grpo_reference=True))
-    assert ref.step >= plain.step and ref.scoring >= plain.scoring
+    assert ref.step >= plain.step and ref.scoring >= plain.scoring and ref.generation >= plain.generation
+    assert plain.peak_bytes == max(plain.generation, plain.scoring, plain.step)
     weights = memcalc.estimate(model, t).components["weights"]
     held = memcalc.estimate(model, t.with_(grpo_reference=True)).components["weights"]
     assert held == (weights if lora else 2 * weights)
+
+
+def test_generation_grows_with_the_completions():
+    """The decode floor's cache grows with max_completion_length: past the prefill, longer
+    completions raise the generation phase (the prompt and the batch fixed)."""
+    model = ModelSpec.preset("gpt2").with_(num_layers=2, hidden_size=64, num_heads=4, vocab_size=500)
+    args = {**CPU, "bf16": False, "gradient_checkpointing": False}
+    peaks = []
+    for completion in (16, 200, 400):
+        t = TrainingConfig.from_trainer_args({**args, "max_completion_length": completion},
+                                             seq_len=8 + completion, trainer="grpo")
+        peaks.append(grpo_phases(model, t))
+    assert not peaks[0].generation_is_floor and peaks[2].generation_is_floor
+    assert peaks[0].generation < peaks[1].generation < peaks[2].generation

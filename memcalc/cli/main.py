@@ -314,12 +314,15 @@ def cmd_check(args: argparse.Namespace) -> dict:
         from memcalc.queries.grpo import grpo_phases
 
         phases = grpo_phases(model, training)
-        out["grpo_phases"] = {"scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
+        out["grpo_phases"] = {"generation": phases.generation, "generation_is_floor": phases.generation_is_floor,
+                              "scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
     if not args.json:
         _print_check(v, args.gpu or args.budget, args.basis)
         if training.trl == "grpo":
-            print(f"GRPO phases (allocated): scoring {phases.scoring / GIB:.2f} GiB, step "
-                  f"{phases.step / GIB:.2f} GiB: {phases.deciding} decides (generation: not modelled yet)")
+            floor = " (a floor: the last decode step without its per-token activations)" \
+                if phases.generation_is_floor else " (the prefill)"
+            print(f"GRPO phases (allocated): generation {phases.generation / GIB:.2f} GiB{floor}, scoring "
+                  f"{phases.scoring / GIB:.2f} GiB, step {phases.step / GIB:.2f} GiB: {phases.deciding} decides")
     if not v.fits:
         if args.json:
             print(json.dumps(out, indent=2, sort_keys=True))

@@ -129,6 +129,10 @@ class Regime:
     """TrainingConfig.grpo_old_logps: an old-policy log-prob pass (num_iterations > 1)."""
     trl_phase: str = "step"
     """TrainingConfig.trl_phase: the part of a GRPO step the program builds."""
+    positions_batched: bool = False
+    """The caller passes (b, s) position_ids (transformers' generate: attention_mask.cumsum - 1),
+    so position embeddings (GPT-2's wpe) and rotary tables are per row, not (1, s): set by
+    memcalc.families.trl_grpo's generation phase only."""
     fused_rows_capped: bool = False
     """trl: the fused LM head's b*(s-1) rows exceed one 4096-row token chunk (a shape condition,
     memcalc.families.trl_dpo.rows_capped; memcalc.engine.run.candidates caches per value)."""

@@ -56,11 +56,14 @@ class DecoderProgram:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
         from memcalc.families.call_path import batch_inputs, cache_layers
 
-        if regime.trl == "grpo" and regime.trl_phase == "scoring":  # memcalc.families.trl_grpo
-            from memcalc.families.trl_grpo import declare_params, scoring_phase
+        if regime.trl == "grpo" and regime.trl_phase != "step":  # memcalc.families.trl_grpo
+            from memcalc.families.trl_grpo import declare_params, generation_phase, scoring_phase
 
-            declare_params(self, ops, spec, regime, run_layers)
-            scoring_phase(self, ops, spec, regime, run_layers)
+            if regime.trl_phase == "generation":
+                generation_phase(self, ops, spec, regime, run_layers)
+            else:
+                declare_params(self, ops, spec, regime, run_layers)
+                scoring_phase(self, ops, spec, regime, run_layers)
             self._order(ops)
             return
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)

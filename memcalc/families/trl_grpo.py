@@ -43,7 +43,10 @@ def completion(regime: Regime, elt: int) -> Poly:
 
 
 def prompt(regime: Regime, elt: int) -> Poly:
-    """Bytes of a (b, P) tensor, P = s - C."""
+    """Bytes of a (b, P) tensor: P = s - C, or P = s in the generation phase's program (its
+    seq_len is the prompt length)."""
+    if regime.trl_phase == "generation":
+        return size("b s", elt)
     return size("b s", elt) - completion(regime, elt)
 
 
@@ -202,13 +205,14 @@ def scoring_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_l
     num_items = g.op("num_items_in_batch", [new[3]], size("", 8), requires_grad=False, elt=8)
     ids = g.input("input_ids", size("b s", 8))  # prompt_completion_ids = torch.cat(...)
     mask = g.input("attention_mask", size("b s", 8))
-    labels = score_labels(ops, ids, mask)
     kept = []
-    if regime.grpo_old_logps:
-        kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=False))
-    if regime.grpo_reference:
-        kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=True))
-    ops.scope_end([labels])
+    if regime.grpo_old_logps or regime.grpo_reference:  # labels exist inside the passes only
+        labels = score_labels(ops, ids, mask)
+        if regime.grpo_old_logps:
+            kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=False))
+        if regime.grpo_reference:
+            kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=True))
+        ops.scope_end([labels])
     g.keep.extend(held + new + [num_items] + kept)
 
 
@@ -243,3 +247,88 @@ def reference_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
         return
     ref_regime = replace(regime, checkpointing="none", checkpoint_every=None)
     declare_params(program, ReferenceOps(ops.g, ref_regime, None), spec, ref_regime, run_layers)
+
+
+def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_layers: Callable) -> None:
+    """_generate_single_turn (grpo_trainer.py) and transformers' generate (_sample), s = P: the
+    last step's buffered inputs; the b (P,) prompt tensors (torch.tensor of each token list) and
+    their left-padded (b, P) ids and mask; generate's unfinished_sequences (b,) and position_ids
+    (cumsum - 1, masked_fill: (b, P) int64); the prefill (prepare_inputs_for_generation's
+    input_ids clone, the model's forward under no_grad with a DynamicCache, outside autocast: the
+    Trainer's autocast wraps compute_loss only), the last position's logits (logits_to_keep=1),
+    their fp32 copy, softmax and the sampled token; then the last decode step's cache (decode_floor)."""
+    g = ops.g
+    declare_params(program, ops, spec, regime, run_layers)
+    reference_params(program, ops, spec, regime, run_layers)  # a reference copy is held throughout
+    buffered_inputs(ops, regime, "last step's ")
+    g.op("prompt_tensors (b tensors of (P,) int64)", [], size("b s", 8), requires_grad=False, elt=8)
+    g.input("input_ids", size("b s", 8))  # pad(prompt_tensors): the padded ids and mask
+    g.input("attention_mask", size("b s", 8))
+    g.op("unfinished_sequences", [], size("b", 8), requires_grad=False, elt=8)
+    # position_ids (cumsum - 1, masked_fill: (b, P) int64): the program's own position_ids op
+    # under positions_batched stands for it through the prefill; decode_floor holds it after
+    gen = replace(regime, use_cache=True, checkpointing="none", checkpoint_every=None, autocast=False,
+                  compute_elt=regime.param_elt, positions_batched=True)
+    gen_ops = ReferenceOps(g, gen, {v.label: v for v in g.params})
+    g.shared_inputs = g.shared_buffers = g.no_grad = True
+    starts = list(g.layer_starts)
+    try:
+        clone = g.op("input_ids.clone (model_inputs)", [], size("b s", 8), requires_grad=False, elt=8)
+        emb = program.embed(gen_ops, spec, gen)
+        from memcalc.families.call_path import cache_layers
+
+        cache_layers(gen_ops, spec, gen, emb.context)
+        x = run_layers(gen_ops, spec.num_layers, set(),
+                       lambda x, layer: program.block(gen_ops, spec, gen, x, layer, emb.context), emb.x)
+        x = program.final_norm(gen_ops, spec, x)
+        gen_ops.scope_end(emb.held_until_norm)
+        head = program.tied_head(ops) if spec.tie_embeddings else \
+            gen_ops.param(program.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
+        last = g.view("hidden[:, -1:]", x, size("b h", x.elt, h=spec.hidden_size))
+        logits = gen_ops.linear(last, head, None, size("b", 1), spec.vocab_size, "lm_head")
+        gen_ops.scope_end([x, clone] + emb.held_until_return)
+        cache = emb.context.get("cache", [])
+        sample(ops, spec, logits)
+    finally:
+        g.shared_inputs = g.shared_buffers = g.no_grad = False
+        g.layer_starts[:] = starts
+    decode_floor(ops, spec, regime, cache)
+
+
+def sample(ops: Ops, spec: ModelSpec, logits: Value) -> list[Value]:
+    """_sample after a forward: next_token_logits = logits[:, -1].to(float32, copy=True) (b, V),
+    `del outputs` (the logits), probs = softmax (b, V) fp32, multinomial (b, 1) int64, the
+    unfinished-sequence arithmetic on (b,) int64, input_ids = cat (b, P + 1) int64. Returns the
+    (b, V) tensors, which stay alive into the next step (loop locals)."""
+    g = ops.g
+    bv = size("b", 4 * spec.vocab_size)
+    scores = g.op("next_token_logits .to(float32, copy)", [logits], bv, requires_grad=False)
+    ops.scope_end([logits])
+    probs = g.op("softmax", [scores], bv, requires_grad=False)
+    token = g.op("multinomial", [probs], size("b", 8), requires_grad=False, elt=8)
+    ops.scope_end([token])
+    return [scores, probs]
+
+
+def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value]) -> None:
+    """The last decode step (T = P + C - 1 tokens in the cache) at its last layer's
+    DynamicLayer.update: every layer's keys and values at T tokens, the layer's old (T - 1)
+    values beside the new, input_ids and the attention mask at T (int64), and the previous
+    step's (b, V) fp32 logits and probabilities. A floor: the decode step's own per-token
+    activations (b x hidden-sized) are not in it (docs/trl.md)."""
+    g = ops.g
+    kv_heads = spec.num_kv_heads or spec.num_heads
+    d = spec.head_dim or spec.hidden_size // spec.num_heads
+    elt = regime.param_elt  # generate runs in the model's dtype
+    C = regime.grpo_completion_len
+    per_token = size("b", kv_heads * d * elt)
+    layer = size("b s", kv_heads * d * elt) + per_token * (C - 1)  # (b, kv, T, d), T = s + C - 1
+    ops.scope_end(prefill_cache)
+    kept = [g.op("position_ids (b, P)", [], size("b s", 8), requires_grad=False, elt=8),
+            g.op(f"cache keys and values at T ({2 * spec.num_layers})", [], layer * (2 * spec.num_layers),
+                 requires_grad=False, elt=elt),
+            g.op("the last layer's old values (T - 1)", [], layer - per_token, requires_grad=False, elt=elt),
+            g.op("input_ids and attention_mask at T", [], (size("b s", 8) + size("b", 8 * (C - 1))) * 2,
+                 requires_grad=False, elt=8),
+            g.op("last step's logits and probs", [], size("b", 8 * spec.vocab_size), requires_grad=False)]
+    g.keep.extend(kept)

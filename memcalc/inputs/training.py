@@ -29,7 +29,7 @@ MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
 PipelineSchedule = Literal["gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zero-bubble"]
 TRLTrainer = Literal["none", "dpo", "sft", "grpo"]
-TRLPhase = Literal["step", "scoring"]
+TRLPhase = Literal["step", "scoring", "generation"]
 DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
@@ -234,9 +234,10 @@ class TrainingConfig(FrozenModel):
     """Every nn.Dropout set to p=0 before training (TRL's disable_dropout; trl='dpo' implies it)."""
     trl_phase: TRLPhase = "step"
     """trl='grpo' only: the part of a GRPOTrainer step this estimate is (memcalc.queries.grpo runs
-    both): step (the training forward, backward and optimizer step on prompt + completion) or
+    the three): step (the training forward, backward and optimizer step on prompt + completion),
     scoring (the no-grad reference / old-policy passes after generation, with the last step's
-    buffered inputs). generate's own phase is not modelled yet (docs/trl.md)."""
+    buffered inputs) or generation (generate's prefill, and a floor of its last decode step;
+    seq_len is then the prompt length, not prompt + completion)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -375,7 +376,10 @@ def _check_trl(training: TrainingConfig) -> None:
     if training.trl != "grpo" and grpo_set:
         raise ValueError("grpo_completion_len, grpo_reference, grpo_old_logps and trl_phase are only "
                          "used with trl='grpo'")
-    if training.trl == "grpo" and not 0 < training.grpo_completion_len < training.seq_len:
+    if training.trl == "grpo" and training.trl_phase == "generation":
+        if training.grpo_completion_len <= 0:
+            raise ValueError("trl='grpo' needs grpo_completion_len > 0")
+    elif training.trl == "grpo" and not 0 < training.grpo_completion_len < training.seq_len:
         raise ValueError(f"trl='grpo' needs 0 < grpo_completion_len < seq_len (seq_len is prompt + "
                          f"completion); got {training.grpo_completion_len} and {training.seq_len}")
     if training.trl == "none":

@@ -17,6 +17,12 @@ from memcalc.inputs.training import TrainingConfig
 class GRPOPhases:
     """Allocated peaks (bytes) of a GRPO step's modelled phases."""
 
+    generation: int
+    """generate: the prefill, or a floor of the last decode step when that is larger
+    (`generation_is_floor`)."""
+    generation_is_floor: bool
+    """The last decode step's floor is above the prefill's peak: the generation figure then
+    leaves out the decode step's own per-token activations (b x hidden-sized tensors)."""
     scoring: int
     """The no-grad passes of _generate_and_score_completions (with neither an old policy nor a
     reference: the buffered inputs and the new prompt and completion tensors only)."""
@@ -25,13 +31,14 @@ class GRPOPhases:
 
     @property
     def deciding(self) -> str:
-        """The phase with the larger peak ('step' on a tie)."""
-        return "scoring" if self.scoring > self.step else "step"
+        """The phase with the largest peak (the later one on a tie)."""
+        peaks = {"generation": self.generation, "scoring": self.scoring, "step": self.step}
+        return max(reversed(peaks), key=peaks.get)
 
     @property
     def peak_bytes(self) -> int:
-        """The larger of the two (generation not included: not modelled yet)."""
-        return max(self.scoring, self.step)
+        """The step's peak: the largest phase's."""
+        return max(self.generation, self.scoring, self.step)
 
 
 def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
@@ -40,12 +47,21 @@ def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
     >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "num_generations": 2,
     ...     "max_completion_length": 16, "use_cpu": True, "beta": 0.04}, seq_len=48, trainer="grpo")
     >>> p = grpo_phases(ModelSpec.preset("gpt2").with_(num_layers=2), t)
-    >>> p.deciding, p.step > p.scoring
-    ('step', True)
+    >>> p.deciding, p.step > p.scoring > 0, p.generation > 0
+    ('step', True, True)
     """
     from memcalc import estimate
 
     if training.trl != "grpo":
         raise SpecError("trl", f"{training.trl!r}: grpo_phases reads a GRPO step", "pass trl='grpo'")
-    return GRPOPhases(scoring=estimate(model, training.with_(trl_phase="scoring")).peak_bytes,
+    from memcalc.engine.run import candidates
+
+    prompt = training.seq_len - training.grpo_completion_len
+    gen_config = training.with_(trl_phase="generation", seq_len=prompt)
+    forward = [m for m in candidates(model, gen_config).steady if m.phase == "forward"]
+    top = max(forward, key=lambda m: m.total.eval(training.micro_batch, prompt))
+    # the no-grad programs' peak is their forward phase (memcalc.families.trl_grpo: no backward)
+    return GRPOPhases(generation=estimate(model, gen_config).phases["forward"],
+                      generation_is_floor=top.label == "last step's logits and probs",
+                      scoring=estimate(model, training.with_(trl_phase="scoring")).phases["forward"],
                       step=estimate(model, training.with_(trl_phase="step")).peak_bytes)

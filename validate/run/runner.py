@@ -133,18 +133,19 @@ def _predict(case: Case, measured=None, steps: int = 3):
 
 
 def grpo_phases(case: Case, measured) -> dict:
-    """A GRPO row's phases besides the step: scoring (measured and predicted:
-    memcalc.queries.grpo's scoring program) and generation (measured; not modelled yet)."""
+    """A GRPO row's phases besides the step, measured and predicted (the forward phase of
+    memcalc.families.trl_grpo's scoring and generation programs: their ops run under no_grad)."""
     from memcalc import estimate
 
     out = {}
-    for phase in ("scoring", "generation"):
+    t = case.training
+    configs = {"scoring": t.with_(trl_phase="scoring"),
+               "generation": t.with_(trl_phase="generation", seq_len=t.seq_len - t.grpo_completion_len)}
+    for phase, config in configs.items():
         value = measured.phases.get(phase)
-        entry = {"measured": value}
-        if phase == "scoring":
-            predicted = estimate(case.spec, case.training.with_(trl_phase="scoring")).peak_bytes
-            entry.update(predicted=predicted, error_pct=round(100 * (predicted - value) / value, 6))
-        out[phase] = entry
+        predicted = estimate(case.spec, config).phases["forward"]
+        out[phase] = {"measured": value, "predicted": predicted,
+                      "error_pct": round(100 * (predicted - value) / value, 6)}
     return out
 
 
