@@ -184,7 +184,7 @@ def score_pass(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, labels: 
             head = program.tied_head(ops) if shared is not None else pass_ops.created[0]
         outputs = GRPO_OUTPUTS if shared is not None else ("log_probs",)
         out = fused_log_probs(pass_ops, spec, x, head, labels, outputs)
-        pass_ops.scope_end([x] + emb.held_until_return)
+        pass_ops.scope_end([x] + emb.held_until_return + pass_ops.weight_casts)  # autocast's cache
         kept = keep_completion(pass_ops, regime, out[1], "log_probs")
         pass_ops.scope_end(out)
     finally:
@@ -223,6 +223,7 @@ def declare_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_
     no_grad, then its ops and batch tensors are dropped."""
     g = ops.g
     nodes, inputs, leaves, starts = len(g.nodes), len(g.inputs), len(g.leaves), list(g.layer_starts)
+    casts = set(g.cached_casts)  # autocast's weight casts of the dropped ops are not cached
     regime = replace(regime, checkpointing="none", checkpoint_every=None)  # no_grad: TRL turns it off
     g.no_grad = True
     try:
@@ -237,6 +238,7 @@ def declare_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_
         g.shared_inputs = g.shared_buffers = False
     del g.nodes[nodes:], g.inputs[inputs:], g.leaves[leaves:]
     g.layer_starts[:] = starts
+    g.cached_casts = casts
     ops.weight_casts.clear()
 
 
@@ -254,8 +256,9 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     last step's buffered inputs; the b (P,) prompt tensors (torch.tensor of each token list) and
     their left-padded (b, P) ids and mask; generate's unfinished_sequences (b,) and position_ids
     (cumsum - 1, masked_fill: (b, P) int64); the prefill (prepare_inputs_for_generation's
-    input_ids clone, the model's forward under no_grad with a DynamicCache, outside autocast: the
-    Trainer's autocast wraps compute_loss only), the last position's logits (logits_to_keep=1),
+    input_ids clone, the model's forward under no_grad with a DynamicCache, under autocast with a
+    mixed precision: accelerate's prepare_model wraps model.forward in it, measured on grpo03), the
+    last position's logits (logits_to_keep=1),
     their fp32 copy, softmax and the sampled token; then the last decode step's cache (decode_floor)."""
     g = ops.g
     declare_params(program, ops, spec, regime, run_layers)
@@ -267,8 +270,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     g.op("unfinished_sequences", [], size("b", 8), requires_grad=False, elt=8)
     # position_ids (cumsum - 1, masked_fill: (b, P) int64): the program's own position_ids op
     # under positions_batched stands for it through the prefill; decode_floor holds it after
-    gen = replace(regime, use_cache=True, checkpointing="none", checkpoint_every=None, autocast=False,
-                  compute_elt=regime.param_elt, positions_batched=True)
+    gen = replace(regime, use_cache=True, checkpointing="none", checkpoint_every=None, positions_batched=True)
     gen_ops = ReferenceOps(g, gen, {v.label: v for v in g.params})
     g.shared_inputs = g.shared_buffers = g.no_grad = True
     starts = list(g.layer_starts)
@@ -286,7 +288,8 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
             gen_ops.param(program.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
         last = g.view("hidden[:, -1:]", x, size("b h", x.elt, h=spec.hidden_size))
         logits = gen_ops.linear(last, head, None, size("b", 1), spec.vocab_size, "lm_head")
-        gen_ops.scope_end([x, clone] + emb.held_until_return)
+        gen_ops.scope_end([x, clone] + emb.held_until_return + gen_ops.weight_casts)  # autocast's
+        # cached weight casts until the forward (accelerate's autocast wrapper) returns
         cache = emb.context.get("cache", [])
         sample(ops, spec, logits)
     finally:
@@ -319,7 +322,7 @@ def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[
     g = ops.g
     kv_heads = spec.num_kv_heads or spec.num_heads
     d = spec.head_dim or spec.hidden_size // spec.num_heads
-    elt = regime.param_elt  # generate runs in the model's dtype
+    elt = regime.param_elt  # the cache's dtype: the keys' and values' (see docstring)
     C = regime.grpo_completion_len
     per_token = size("b", kv_heads * d * elt)
     layer = size("b s", kv_heads * d * elt) + per_token * (C - 1)  # (b, kv, T, d), T = s + C - 1
