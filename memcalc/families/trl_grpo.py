@@ -264,10 +264,11 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     declare_params(program, ops, spec, regime, run_layers)
     reference_params(program, ops, spec, regime, run_layers)  # a reference copy is held throughout
     buffered_inputs(ops, regime, "last step's ")
-    g.op("prompt_tensors (b tensors of (P,) int64)", [], size("b s", 8), requires_grad=False, elt=8)
+    g.keep.append(g.op("prompt_tensors (b tensors of (P,) int64)", [], size("b s", 8), requires_grad=False,
+                       elt=8))  # locals of _generate_single_turn, alive through generate
     g.input("input_ids", size("b s", 8))  # pad(prompt_tensors): the padded ids and mask
     g.input("attention_mask", size("b s", 8))
-    g.op("unfinished_sequences", [], size("b", 8), requires_grad=False, elt=8)
+    g.keep.append(g.op("unfinished_sequences", [], size("b", 8), requires_grad=False, elt=8))
     # position_ids (cumsum - 1, masked_fill: (b, P) int64): the program's own position_ids op
     # under positions_batched stands for it through the prefill; decode_floor holds it after
     gen = replace(regime, use_cache=True, checkpointing="none", checkpoint_every=None, positions_batched=True)
@@ -288,7 +289,8 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
             gen_ops.param(program.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
         last = g.view("hidden[:, -1:]", x, size("b h", x.elt, h=spec.hidden_size))
         logits = gen_ops.linear(last, head, None, size("b", 1), spec.vocab_size, "lm_head")
-        gen_ops.scope_end([x, clone] + emb.held_until_return + gen_ops.weight_casts)  # autocast's
+        gen_ops.scope_end([x, clone, emb.context.get("position_ids")] + emb.held_until_return
+                          + gen_ops.weight_casts)  # position_ids: generate's, passed in; autocast's
         # cached weight casts until the forward (accelerate's autocast wrapper) returns
         cache = emb.context.get("cache", [])
         sample(ops, spec, logits)
