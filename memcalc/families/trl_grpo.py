@@ -276,6 +276,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     g.shared_inputs = g.shared_buffers = g.no_grad = True
     starts = list(g.layer_starts)
     try:
+        prefill_start = len(g.nodes)
         clone = g.op("input_ids.clone (model_inputs)", [], size("b s", 8), requires_grad=False, elt=8)
         emb = program.embed(gen_ops, spec, gen)
         from memcalc.families.call_path import cache_layers
@@ -297,7 +298,46 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     finally:
         g.shared_inputs = g.shared_buffers = g.no_grad = False
         g.layer_starts[:] = starts
-    decode_floor(ops, spec, regime, cache)
+    decode_floor(ops, spec, regime, cache, one_token_live(g, prefill_start, cache))
+
+
+def one_token_live(g, start: int, cache: list[Value]) -> Poly:
+    """What a decode step (one token) holds besides the cache at its last layer's cache update,
+    from the prefill's own ops: the storages the prefill holds at its last 'cache cat v' (every
+    tensor made from `start` on and used at or after it, the cache copies left out), each at
+    s = 1 (a decode step runs the same ops on one token: GPT-2's two embedding outputs, the
+    layer's input and norm, its q/k/v projections, autocast's weight casts, the input ids' and
+    position ids' clones). 0 when the program keeps no cache."""
+    cats = [i for i in range(start, len(g.nodes)) if g.nodes[i].name == "cache cat v"]
+    if not cats:
+        return Poly.const(0)
+    at = cats[-1]
+    skip = {id(v.storage) for v in cache}
+    last_use: dict[int, int] = {}
+    for i in range(start, len(g.nodes)):
+        for v in g.nodes[i].inputs:
+            last_use[id(v.storage)] = i
+    total, seen = Poly.const(0), set()
+    for i in range(start, at + 1):
+        for v in g.nodes[i].outputs:
+            key = id(v.storage)
+            if key in seen or key in skip or last_use.get(key, i) < at:
+                continue
+            seen.add(key)
+            total = total + at_one_token(v.storage.size)
+    return total
+
+
+def at_one_token(size_: Poly) -> Poly:
+    """A size in b and s at s = 1 (a polynomial in b).
+
+    >>> at_one_token(size("b s h", 4, h=64) + size("b", 8))
+    Poly(264*b)
+    """
+    out = Poly.const(0)
+    for (b_pow, _s_pow), coeff in size_.terms.items():
+        out = out + Poly.mono(coeff, b_pow, 0)
+    return out
 
 
 def sample(ops: Ops, spec: ModelSpec, logits: Value) -> list[Value]:
@@ -315,12 +355,12 @@ def sample(ops: Ops, spec: ModelSpec, logits: Value) -> list[Value]:
     return [scores, probs]
 
 
-def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value]) -> None:
+def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value], one_token: Poly) -> None:
     """The last decode step (T = P + C - 1 tokens in the cache) at its last layer's
     DynamicLayer.update: every layer's keys and values at T tokens, the layer's old (T - 1)
-    values beside the new, input_ids and the attention mask at T (int64), and the previous
-    step's (b, V) fp32 logits and probabilities. A floor: the decode step's own per-token
-    activations (b x hidden-sized) are not in it (docs/trl.md)."""
+    values beside the new, input_ids and the attention mask at T (int64), the previous step's
+    (b, V) fp32 logits and probabilities, and the step's own one-token tensors (one_token_live).
+    Measured (grpo02, GPT-2-like, T = 79): the peak is this moment, at the last layer's cat."""
     g = ops.g
     kv_heads = spec.num_kv_heads or spec.num_heads
     d = spec.head_dim or spec.hidden_size // spec.num_heads
@@ -335,5 +375,6 @@ def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[
             g.op("the last layer's old values (T - 1)", [], layer - per_token, requires_grad=False, elt=elt),
             g.op("input_ids and attention_mask at T", [], (size("b s", 8) + size("b", 8 * (C - 1))) * 2,
                  requires_grad=False, elt=8),
-            g.op("last step's logits and probs", [], size("b", 8 * spec.vocab_size), requires_grad=False)]
+            g.op("last step's logits and probs", [], size("b", 8 * spec.vocab_size), requires_grad=False),
+            g.op("the decode step's one-token tensors", [], one_token, requires_grad=False)]
     g.keep.extend(kept)
