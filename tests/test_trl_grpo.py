@@ -90,7 +90,7 @@ def test_grpo_phase_invariants(preset, generations, completion, prompt, lora):
 
 
 def test_generation_grows_with_the_completions():
-    """The decode floor's cache grows with max_completion_length: past the prefill, longer
+    """The last decode step's cache grows with max_completion_length: past the prefill, longer
     completions raise the generation phase (the prompt and the batch fixed)."""
     model = ModelSpec.preset("gpt2").with_(num_layers=2, hidden_size=64, num_heads=4, vocab_size=500)
     args = {**CPU, "bf16": False, "gradient_checkpointing": False}
@@ -99,5 +99,5 @@ def test_generation_grows_with_the_completions():
         t = TrainingConfig.from_trainer_args({**args, "max_completion_length": completion},
                                              seq_len=8 + completion, trainer="grpo")
         peaks.append(grpo_phases(model, t))
-    assert not peaks[0].generation_is_floor and peaks[2].generation_is_floor
+    assert not peaks[0].decode_decides and peaks[2].decode_decides
     assert peaks[0].generation < peaks[1].generation < peaks[2].generation

@@ -259,8 +259,8 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
                    help="what runs the --trainer-args: the HF Trainer (TrainingArguments), "
                    "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs), "
                    "trl.SFTTrainer (an SFTConfig's JSON, no packing) or trl.GRPOTrainer (a "
-                   "GRPOConfig's JSON; --seq-len is prompt + max_completion_length; the training "
-                   "step and the scoring passes, not generate's phase)")
+                   "GRPOConfig's JSON; --seq-len is prompt + max_completion_length; the verdict is "
+                   "the training step's, the generation and scoring phases are printed beside it)")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
     from memcalc.cli.launch_configs import add_launch_config_args
@@ -314,13 +314,12 @@ def cmd_check(args: argparse.Namespace) -> dict:
         from memcalc.queries.grpo import grpo_phases
 
         phases = grpo_phases(model, training)
-        out["grpo_phases"] = {"generation": phases.generation, "generation_is_floor": phases.generation_is_floor,
+        out["grpo_phases"] = {"generation": phases.generation, "decode_decides": phases.decode_decides,
                               "scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
     if not args.json:
         _print_check(v, args.gpu or args.budget, args.basis)
         if training.trl == "grpo":
-            floor = " (a floor: the last decode step without its per-token activations)" \
-                if phases.generation_is_floor else " (the prefill)"
+            floor = " (its last decode step)" if phases.decode_decides else " (the prefill)"
             print(f"GRPO phases (allocated): generation {phases.generation / GIB:.2f} GiB{floor}, scoring "
                   f"{phases.scoring / GIB:.2f} GiB, step {phases.step / GIB:.2f} GiB: {phases.deciding} decides")
     if not v.fits:

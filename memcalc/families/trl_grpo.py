@@ -259,7 +259,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     input_ids clone, the model's forward under no_grad with a DynamicCache, under autocast with a
     mixed precision: accelerate's prepare_model wraps model.forward in it, measured on grpo03), the
     last position's logits (logits_to_keep=1),
-    their fp32 copy, softmax and the sampled token; then the last decode step's cache (decode_floor)."""
+    their fp32 copy, softmax and the sampled token; then the last decode step's cache (last_decode_step)."""
     g = ops.g
     declare_params(program, ops, spec, regime, run_layers)
     reference_params(program, ops, spec, regime, run_layers)  # a reference copy is held throughout
@@ -270,7 +270,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     g.input("attention_mask", size("b s", 8))
     g.keep.append(g.op("unfinished_sequences", [], size("b", 8), requires_grad=False, elt=8))
     # position_ids (cumsum - 1, masked_fill: (b, P) int64): the program's own position_ids op
-    # under positions_batched stands for it through the prefill; decode_floor holds it after
+    # under positions_batched stands for it through the prefill; last_decode_step holds it after
     gen = replace(regime, use_cache=True, checkpointing="none", checkpoint_every=None, positions_batched=True)
     gen_ops = ReferenceOps(g, gen, {v.label: v for v in g.params})
     g.shared_inputs = g.shared_buffers = g.no_grad = True
@@ -298,7 +298,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     finally:
         g.shared_inputs = g.shared_buffers = g.no_grad = False
         g.layer_starts[:] = starts
-    decode_floor(ops, spec, regime, cache, one_token_live(g, prefill_start, cache))
+    last_decode_step(ops, spec, regime, cache, one_token_live(g, prefill_start, cache))
 
 
 def one_token_live(g, start: int, cache: list[Value]) -> Poly:
@@ -355,7 +355,7 @@ def sample(ops: Ops, spec: ModelSpec, logits: Value) -> list[Value]:
     return [scores, probs]
 
 
-def decode_floor(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value], one_token: Poly) -> None:
+def last_decode_step(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value], one_token: Poly) -> None:
     """The last decode step (T = P + C - 1 tokens in the cache) at its last layer's
     DynamicLayer.update: every layer's keys and values at T tokens, the layer's old (T - 1)
     values beside the new, input_ids and the attention mask at T (int64), the previous step's

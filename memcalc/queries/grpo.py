@@ -1,8 +1,8 @@
 """A trl.GRPOTrainer step's phases (memcalc.families.trl_grpo): each phase's peak and the one that
-decides. Two phases are modelled: scoring (the no-grad old-policy and reference log-prob passes
-after generation, with the last step's buffered inputs) and step (the training forward, backward
-and optimizer step). generate's own phase (prefill and decode with a DynamicCache) is not modelled
-yet: the validator measures it (validate.run.trl_run.measure_grpo), memcalc does not predict it.
+decides: generation (generate's prefill and its last decode step, with a DynamicCache), scoring
+(the no-grad old-policy and reference log-prob passes after generation, with the last step's
+buffered inputs) and step (the training forward, backward and optimizer step). Each is measured on
+its own by the validator (validate.run.trl_run.measure_grpo).
 """
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ class GRPOPhases:
     """Allocated peaks (bytes) of a GRPO step's modelled phases."""
 
     generation: int
-    """generate: the prefill, or a floor of the last decode step when that is larger
-    (`generation_is_floor`)."""
-    generation_is_floor: bool
-    """The last decode step's floor is above the prefill's peak: the generation figure then
-    leaves out the decode step's own per-token activations (b x hidden-sized tensors)."""
+    """generate: the larger of the prefill's peak and the last decode step's (`decode_decides`)."""
+    decode_decides: bool
+    """The last decode step (its cache at prompt + completion - 1 tokens) sets the generation
+    phase's peak, not the prefill."""
     scoring: int
     """The no-grad passes of _generate_and_score_completions (with neither an old policy nor a
     reference: the buffered inputs and the new prompt and completion tensors only)."""
@@ -62,6 +61,6 @@ def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
     top = max(forward, key=lambda m: m.total.eval(training.micro_batch, prompt))
     # the no-grad programs' peak is their forward phase (memcalc.families.trl_grpo: no backward)
     return GRPOPhases(generation=estimate(model, gen_config).phases["forward"],
-                      generation_is_floor=top.label == "the decode step's one-token tensors",
+                      decode_decides=top.label == "the decode step's one-token tensors",
                       scoring=estimate(model, training.with_(trl_phase="scoring")).phases["forward"],
                       step=estimate(model, training.with_(trl_phase="step")).peak_bytes)
