@@ -357,24 +357,36 @@ def sample(ops: Ops, spec: ModelSpec, logits: Value) -> list[Value]:
 
 def last_decode_step(ops: Ops, spec: ModelSpec, regime: Regime, prefill_cache: list[Value], one_token: Poly) -> None:
     """The last decode step (T = P + C - 1 tokens in the cache) at its last layer's
-    DynamicLayer.update: every layer's keys and values at T tokens, the layer's old (T - 1)
-    values beside the new, input_ids and the attention mask at T (int64), the previous step's
-    (b, V) fp32 logits and probabilities, and the step's own one-token tensors (one_token_live).
-    Measured (grpo02, GPT-2-like, T = 79): the peak is this moment, at the last layer's cat."""
+    DynamicLayer.update: every layer's keys and values at T tokens (the prefill's cache copies,
+    each grown by C - 1 tokens in its own dtype: under autocast the keys leave the rotary
+    embedding in fp32, the values in bf16), the last layer's keys then values concatenated
+    beside their old (T - 1) tensors (measured, grpo04: the fp32 keys' cat is the peak),
+    input_ids and the attention mask at T (int64), the previous step's (b, V) fp32 logits and
+    probabilities, and the step's own one-token tensors (one_token_live).
+    Measured (grpo02, GPT-2-like, T = 79; grpo04, Llama-like, T = 175): the phase's peak."""
     g = ops.g
-    kv_heads = spec.num_kv_heads or spec.num_heads
-    d = spec.head_dim or spec.hidden_size // spec.num_heads
-    elt = regime.param_elt  # the cache's dtype: the keys' and values' (see docstring)
     C = regime.grpo_completion_len
-    per_token = size("b", kv_heads * d * elt)
-    layer = size("b s", kv_heads * d * elt) + per_token * (C - 1)  # (b, kv, T, d), T = s + C - 1
+    grown = [v for v in prefill_cache if any(s_pow for (_b, s_pow) in v.size.terms)]  # per-token
     ops.scope_end(prefill_cache)
+
+    def at(v: Value, tokens: int) -> Poly:  # a cache copy at P + tokens tokens
+        return v.size + at_one_token(v.size) * tokens
+
     kept = [g.op("position_ids (b, P)", [], size("b s", 8), requires_grad=False, elt=8),
-            g.op(f"cache keys and values at T ({2 * spec.num_layers})", [], layer * (2 * spec.num_layers),
-                 requires_grad=False, elt=elt),
-            g.op("the last layer's old values (T - 1)", [], layer - per_token, requires_grad=False, elt=elt),
             g.op("input_ids and attention_mask at T", [], (size("b s", 8) + size("b", 8 * (C - 1))) * 2,
                  requires_grad=False, elt=8),
             g.op("last step's logits and probs", [], size("b", 8 * spec.vocab_size), requires_grad=False),
             g.op("the decode step's one-token tensors", [], one_token, requires_grad=False)]
+    if len(grown) >= 2:  # the last layer's keys, then values: torch.cat beside the old tensor
+        *done, k_last, v_last = grown
+        earlier = Poly.const(0)
+        for v in done:
+            earlier = earlier + at(v, C - 1)
+        kept.append(g.op(f"cache at T, all but the last layer ({len(done)})", [], earlier, requires_grad=False))
+        v_old = g.op("the last layer's values (T - 1)", [], at(v_last, C - 2), requires_grad=False)
+        k_old = g.op("the last layer's keys (T - 1)", [], at(k_last, C - 2), requires_grad=False)
+        kept.append(g.op("cat: the last layer's keys at T", [k_old], at(k_last, C - 1), requires_grad=False))
+        ops.scope_end([k_old])
+        kept.append(g.op("cat: the last layer's values at T", [v_old], at(v_last, C - 1), requires_grad=False))
+        ops.scope_end([v_old])
     g.keep.extend(kept)

@@ -61,6 +61,6 @@ def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
     top = max(forward, key=lambda m: m.total.eval(training.micro_batch, prompt))
     # the no-grad programs' peak is their forward phase (memcalc.families.trl_grpo: no backward)
     return GRPOPhases(generation=estimate(model, gen_config).phases["forward"],
-                      decode_decides=top.label == "the decode step's one-token tensors",
+                      decode_decides=top.label.startswith("cat: the last layer's"),
                       scoring=estimate(model, training.with_(trl_phase="scoring")).phases["forward"],
                       step=estimate(model, training.with_(trl_phase="step")).peak_bytes)
