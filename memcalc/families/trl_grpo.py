@@ -31,6 +31,7 @@ from memcalc.tape.graph import Alias, Grad, Value
 if TYPE_CHECKING:
     from memcalc.engine.regime import Regime
     from memcalc.inputs.specs import ModelSpec
+    from memcalc.tape.graph import Graph
     from memcalc.tape.ops import Ops
 
 GRPO_OUTPUTS = ("log_probs", "entropy")
@@ -301,7 +302,7 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     last_decode_step(ops, spec, regime, cache, one_token_live(g, prefill_start, cache))
 
 
-def one_token_live(g, start: int, cache: list[Value]) -> Poly:
+def one_token_live(g: Graph, start: int, cache: list[Value]) -> Poly:
     """What a decode step (one token) holds besides the cache at its last layer's cache update,
     from the prefill's own ops: the storages the prefill holds at its last 'cache cat v' (every
     tensor made from `start` on and used at or after it, the cache copies left out), each at
