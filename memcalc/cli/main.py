@@ -322,6 +322,9 @@ def cmd_check(args: argparse.Namespace) -> dict:
             floor = " (its last decode step)" if phases.decode_decides else " (the prefill)"
             print(f"GRPO phases (allocated): generation {phases.generation / GIB:.2f} GiB{floor}, scoring "
                   f"{phases.scoring / GIB:.2f} GiB, step {phases.step / GIB:.2f} GiB: {phases.deciding} decides")
+            if phases.deciding != "step":
+                print(f"warning: the {phases.deciding} phase holds more than the step; the verdict and the "
+                      "changes above are the step's (check the phase against the budget)")
     if not v.fits:
         if args.json:
             print(json.dumps(out, indent=2, sort_keys=True))
