@@ -67,10 +67,11 @@ class DecoderProgram:
             self._order(ops)
             return
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
-        if regime.trl == "grpo":  # the buffered generation batch, then _compute_loss's labels
-            from memcalc.families.trl_grpo import buffered_inputs
+        if regime.trl == "grpo":  # the buffered generation batch, then _compute_loss's cat and labels
+            from memcalc.families.trl_grpo import buffered_inputs, compute_loss_inputs
 
             buffered_inputs(ops, regime, "")
+            grpo_cat = compute_loss_inputs(ops)
         if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
             from memcalc.families.trl_dpo import dpo_batch
 
@@ -79,8 +80,7 @@ class DecoderProgram:
         if regime.trl == "grpo":
             from memcalc.families.trl_grpo import score_labels
 
-            mask = next(v for v in ops.g.inputs if v.label == "attention_mask")
-            grpo_labels = score_labels(ops, emb.ids, mask)
+            grpo_labels = score_labels(ops, emb.ids, grpo_cat[1])
         cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
@@ -88,6 +88,10 @@ class DecoderProgram:
                                        ops.sp_enter(emb.x), emb.context.get("position_ids")))
         x = self.final_norm(ops, spec, trunk)
         ops.scope_end(emb.held_until_norm)
+        if regime.trl == "grpo":
+            from memcalc.families.trl_grpo import hide_inputs
+
+            hide_inputs(ops, grpo_cat)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
         if regime.trl != "none":  # TRL's fused LM head (and DPO's reference forward and loss)
@@ -97,7 +101,7 @@ class DecoderProgram:
             if regime.trl == "grpo":
                 from memcalc.families.trl_grpo import grpo_step
 
-                held = grpo_step(ops, spec, regime, x, head, grpo_labels) + [grpo_labels]
+                held = grpo_step(ops, spec, regime, x, head, grpo_labels) + [grpo_labels] + grpo_cat
             else:
                 held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
                     if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)

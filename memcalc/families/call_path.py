@@ -36,7 +36,7 @@ def batch_inputs(ops: Ops, regime: Regime) -> None:
     """The batch tensors besides input_ids, alive for the whole step: a (b, s) int64
     attention_mask, a (b, s) int64 labels tensor, the int64 num_items_in_batch scalar."""
     g = ops.g
-    if regime.attention_mask != "none":
+    if regime.attention_mask != "none" and regime.trl != "grpo":  # GRPO's: _compute_loss's cat
         g.input("attention_mask", size("b s", 8))
     if regime.labels == "separate":
         g.input("labels", size("b s", 8))

@@ -68,6 +68,28 @@ def buffered_inputs(ops: Ops, regime: Regime, tag: str) -> list[Value]:
     return out
 
 
+def compute_loss_inputs(ops: Ops) -> list[Value]:
+    """_compute_loss's input_ids = cat([prompt_ids, completion_ids]) and attention_mask = cat of
+    the masks: (b, s) int64 locals (freed when it returns; the embedding saves the ids for its
+    backward), shown to the program's embedding as the batch tensors of those names until
+    `hide_inputs`."""
+    g = ops.g
+    out = []
+    for name in ("input_ids", "attention_mask"):
+        v = g.op(f"{name} = torch.cat", [], size("b s", 8), requires_grad=False, elt=8)
+        v.label = name
+        out.append(v)
+    g.inputs.extend(out)
+    g.shared_inputs = True
+    return out
+
+
+def hide_inputs(ops: Ops, made: list[Value]) -> None:
+    """End compute_loss_inputs' showing: they are ops' outputs with their own lifetimes."""
+    ops.g.shared_inputs = False
+    ops.g.inputs[:] = [v for v in ops.g.inputs if all(v is not m for m in made)]
+
+
 def score_labels(ops: Ops, ids: Value, mask: Value) -> Value:
     """_get_per_token_logps_and_entropies: labels = input_ids.masked_fill(attention_mask == 0, -100)
     ((b, s) bool, then (b, s) int64), then labels[:, :-C] = -100 in place (no new storage)."""
