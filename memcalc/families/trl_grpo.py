@@ -217,26 +217,33 @@ def score_pass(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, labels: 
 
 
 def scoring_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_layers: Callable) -> None:
-    """_generate_and_score_completions after generate: the last step's buffered inputs, the new
-    prompt and completion tensors (pad of the token lists: (b, P) and (b, C) int64 ids and masks),
-    their cat (b, s) ids and mask, labels, then the old policy's and the reference's passes."""
+    """_generate_and_score_completions after generate, then _prepare_inputs: the last step's
+    buffered inputs; the new prompt and completion tensors (pad of the token lists: (b, P) and
+    (b, C) int64 ids and masks) and num_items_in_batch; their cat (b, s) ids and mask (locals,
+    freed at its return), labels, the old policy's and the reference's passes; the advantages
+    (b,) fp32; then shuffle_sequence_dict's permuted copy of every batch tensor beside the
+    originals, the originals freed, and the last step's buffered inputs replaced."""
     g = ops.g
     held = buffered_inputs(ops, regime, "last step's ")
     new = [g.op(name, [], sz, requires_grad=False, elt=8) for name, sz in (
         ("prompt_ids", prompt(regime, 8)), ("prompt_mask", prompt(regime, 8)),
         ("completion_ids", completion(regime, 8)), ("completion_mask", completion(regime, 8)))]
     num_items = g.op("num_items_in_batch", [new[3]], size("", 8), requires_grad=False, elt=8)
-    ids = g.input("input_ids", size("b s", 8))  # prompt_completion_ids = torch.cat(...)
-    mask = g.input("attention_mask", size("b s", 8))
+    made = compute_loss_inputs(ops)  # prompt_completion_ids, attention_mask = torch.cat(...)
     kept = []
     if regime.grpo_old_logps or regime.grpo_reference:  # labels exist inside the passes only
-        labels = score_labels(ops, ids, mask)
+        labels = score_labels(ops, *made)
         if regime.grpo_old_logps:
             kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=False))
         if regime.grpo_reference:
             kept.append(score_pass(program, ops, spec, regime, labels, run_layers, reference=True))
         ops.scope_end([labels])
-    g.keep.extend(held + new + [num_items] + kept)
+    hide_inputs(ops, made)
+    ops.scope_end(made)
+    batch = new + [g.op("advantages", [], size("b", 4), requires_grad=False)] + kept
+    shuffled = [g.op(f"{v.label}[permutation]", [v], v.size, requires_grad=False, elt=v.elt) for v in batch]
+    ops.scope_end(batch + held)  # the originals, then (_buffered_inputs replaced) the last step's
+    g.keep.extend(shuffled + [num_items])
 
 
 def declare_params(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, run_layers: Callable) -> None:

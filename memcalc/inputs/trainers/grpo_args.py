@@ -73,8 +73,8 @@ REFUSED_UNLESS_DEFAULT = {
 _HOST = "host-side data, tokenizer or logging; the device sees the same tensors"
 _VLLM = "read only with use_vllm (refused)"
 _SCALAR = "a number the loss multiplies or clips by; no tensor changes size"
-_REWARD = ("reward arithmetic on (generation batch,) tensors of a few values, freed before the "
-           "scoring passes")
+_REWARD = ("reward arithmetic on (b,)-sized tensors after the no-grad passes: a few bytes a row, "
+           "not modelled (docs/trl.md: the scoring phase without a pass, ~50 B a row short)")
 INERT: dict[str, str] = {
     "trust_remote_code": _HOST, "shuffle_dataset": _HOST, "chat_template_kwargs": _HOST,
     "log_completions": _HOST, "log_multimodal": _HOST, "num_completions_to_print": _HOST,
