@@ -315,12 +315,15 @@ def cmd_check(args: argparse.Namespace) -> dict:
 
         phases = grpo_phases(model, training)
         out["grpo_phases"] = {"generation": phases.generation, "decode_decides": phases.decode_decides,
+                              "generation_refused": phases.generation_refused,
                               "scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
     if not args.json:
         _print_check(v, args.gpu or args.budget, args.basis)
         if training.trl == "grpo":
             floor = " (its last decode step)" if phases.decode_decides else " (the prefill)"
-            print(f"GRPO phases (allocated): generation {phases.generation / GIB:.2f} GiB{floor}, scoring "
+            gen = f"{phases.generation / GIB:.2f} GiB{floor}" if phases.generation is not None else \
+                f"not modelled ({phases.generation_refused})"
+            print(f"GRPO phases (allocated): generation {gen}, scoring "
                   f"{phases.scoring / GIB:.2f} GiB, step {phases.step / GIB:.2f} GiB: {phases.deciding} decides")
             if phases.deciding != "step":
                 print(f"warning: the {phases.deciding} phase holds more than the step; the verdict and the "

@@ -290,6 +290,12 @@ def generation_phase(program: Any, ops: Ops, spec: ModelSpec, regime: Regime, ru
     mixed precision: accelerate's prepare_model wraps model.forward in it, measured on grpo03), the
     last position's logits (logits_to_keep=1),
     their fp32 copy, softmax and the sampled token; then the last decode step's cache (last_decode_step)."""
+    from memcalc.core.errors import NotModelledError
+
+    if spec.sliding_window is not None:
+        raise NotModelledError("sliding_window", f"{spec.sliding_window}: generate's sliding-window "
+                               "cache layers keep the last window tokens only, not modelled in GRPO's "
+                               "generation phase", "read the step and scoring phases only")
     g = ops.g
     declare_params(program, ops, spec, regime, run_layers)
     reference_params(program, ops, spec, regime, run_layers)  # a reference copy is held throughout

@@ -17,27 +17,29 @@ from memcalc.inputs.training import TrainingConfig
 class GRPOPhases:
     """Allocated peaks (bytes) of a GRPO step's modelled phases."""
 
-    generation: int
-    """generate: the larger of the prefill's peak and the last decode step's (`decode_decides`)."""
+    generation: int | None
+    """generate: the larger of the prefill's peak and the last decode step's (`decode_decides`);
+    None where the generation phase is refused (`generation_refused` says why)."""
     decode_decides: bool
     """The last decode step (its cache at prompt + completion - 1 tokens) sets the generation
     phase's peak, not the prefill."""
-    scoring: int
+    generation_refused: str = ""
+    scoring: int = 0
     """The no-grad passes of _generate_and_score_completions (with neither an old policy nor a
     reference: the buffered inputs and the new prompt and completion tensors only)."""
-    step: int
+    step: int = 0
     """The training step: forward, backward and optimizer step on prompt + completion."""
 
     @property
     def deciding(self) -> str:
         """The phase with the largest peak (the later one on a tie)."""
-        peaks = {"generation": self.generation, "scoring": self.scoring, "step": self.step}
+        peaks = {"generation": self.generation or 0, "scoring": self.scoring, "step": self.step}
         return max(reversed(peaks), key=peaks.get)
 
     @property
     def peak_bytes(self) -> int:
         """The step's peak: the largest phase's."""
-        return max(self.generation, self.scoring, self.step)
+        return max(self.generation or 0, self.scoring, self.step)
 
 
 def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
@@ -53,14 +55,20 @@ def grpo_phases(model: ModelSpec, training: TrainingConfig) -> GRPOPhases:
 
     if training.trl != "grpo":
         raise SpecError("trl", f"{training.trl!r}: grpo_phases reads a GRPO step", "pass trl='grpo'")
+    from memcalc.core.errors import NotModelledError
     from memcalc.engine.run import candidates
 
     prompt = training.seq_len - training.grpo_completion_len
     gen_config = training.with_(trl_phase="generation", seq_len=prompt)
-    forward = [m for m in candidates(model, gen_config).steady if m.phase == "forward"]
-    top = max(forward, key=lambda m: m.total.eval(training.micro_batch, prompt))
     # the no-grad programs' peak is their forward phase (memcalc.families.trl_grpo: no backward)
+    scoring = estimate(model, training.with_(trl_phase="scoring")).phases["forward"]
+    step = estimate(model, training.with_(trl_phase="step")).peak_bytes
+    try:
+        forward = [m for m in candidates(model, gen_config).steady if m.phase == "forward"]
+    except NotModelledError as err:
+        return GRPOPhases(generation=None, decode_decides=False, generation_refused=str(err),
+                          scoring=scoring, step=step)
+    top = max(forward, key=lambda m: m.total.eval(training.micro_batch, prompt))
     return GRPOPhases(generation=estimate(model, gen_config).phases["forward"],
                       decode_decides=top.label.startswith("cat: the last layer's"),
-                      scoring=estimate(model, training.with_(trl_phase="scoring")).phases["forward"],
-                      step=estimate(model, training.with_(trl_phase="step")).peak_bytes)
+                      scoring=scoring, step=step)
