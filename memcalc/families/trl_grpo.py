@@ -114,7 +114,8 @@ def grpo_step(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, head: Value, 
     dr_grpo, token-level ratios): the fused head, the kept (b, C) log-probs and entropies, the
     clipped-ratio loss and the metrics. Returns what stays alive until _compute_loss returns."""
     g = ops.g
-    out = fused_log_probs(ops, spec, x, head, labels, GRPO_OUTPUTS)
+    graph_kept: list[Value] = []  # the entropy's graph (no gradient reaches it): its saved ~mask
+    out = fused_log_probs(ops, spec, x, head, labels, GRPO_OUTPUTS, graph_kept)
     ops.scope_end([x])  # backbone_outputs.last_hidden_state, until the fused forward returns
     logps = keep_completion(ops, regime, out[1], "log_probs")
     entropies = keep_completion(ops, regime, out[2], "entropy")
@@ -125,7 +126,7 @@ def grpo_step(ops: Ops, spec: ModelSpec, regime: Regime, x: Value, head: Value, 
     old = logps if not regime.grpo_old_logps else next(v for v in g.inputs if v.label == "old_per_token_logps")
     ratio = g.op("per_token_logps - old", [logps, old], bc, backward=[Grad(0)])
     coef_1 = g.op("coef_1 = exp", [ratio], bc, backward=[Grad(0)], save_output=True)
-    local = [ratio, coef_1, entropies, logps]
+    local = [ratio, coef_1, entropies, logps] + graph_kept
     kl = None
     if regime.grpo_reference:  # exp(ref - logps) - (ref - logps) - 1, then * coef_1 (bias correction)
         ref = next(v for v in g.inputs if v.label == "ref_per_token_logps")
