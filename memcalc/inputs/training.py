@@ -214,8 +214,9 @@ class TrainingConfig(FrozenModel):
     rows, twice per_device_train_batch_size; TRL's fused LM head computes per-token
     log-probabilities in tiles instead of the logits; a no-grad reference forward between the
     policy's forward and its backward; the sigmoid DPO loss), or sft (trl.SFTTrainer without
-    packing: the same fused head on the collator's labels, the NLL of its log-probabilities).
-    Needs hf_trainer."""
+    packing: the same fused head on the collator's labels, the NLL of its log-probabilities), or
+    grpo (trl.GRPOTrainer: micro_batch counts completions, seq_len is prompt + completion; one
+    phase of its step at a time, trl_phase; memcalc.families.trl_grpo). Needs hf_trainer."""
     dpo_reference: DPOReference = "model"
     """trl='dpo' only: where the reference log-probabilities come from. model: a reference
     forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
@@ -318,7 +319,10 @@ class TrainingConfig(FrozenModel):
         `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
         collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
         `trainer='dpo'` reads a trl.DPOConfig (memcalc.inputs.trainers.dpo_args): micro_batch is
-        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones'.
+        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones';
+        `trainer='sft'` an SFTConfig; `trainer='grpo'` a GRPOConfig
+        (memcalc.inputs.trainers.grpo_args: seq_len is prompt + max_completion_length, the step
+        phase; memcalc.queries.grpo.grpo_phases gives all three).
 
         >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
         ...     "gradient_checkpointing": True}, seq_len=2048)
