@@ -101,3 +101,28 @@ def test_generation_grows_with_the_completions():
         peaks.append(grpo_phases(model, t))
     assert not peaks[0].decode_decides and peaks[2].decode_decides
     assert peaks[0].generation < peaks[1].generation < peaks[2].generation
+
+
+def test_check_names_each_phase_and_refuses_vllm(tmp_path, capsys):
+    """memcalc check --trainer grpo prints each phase's peak and the one that decides (the
+    phases' own programs, a second route to grpo_phases' figures); vLLM gets one line and exit 2."""
+    import json
+
+    from memcalc.cli import main
+
+    config = tmp_path / "grpo.json"
+    config.write_text(json.dumps({**CPU, "beta": 0.04, "bf16": False, "gradient_checkpointing": False}))
+    args = ["check", "--trainer", "grpo", "--trainer-args", str(config), "--model", "gpt2", "--num-layers",
+            "2", "--seq-len", "64", "--budget", "80GB", "--device", "cpu", "--json"]
+    assert main(args) == 0  # fits
+    phases = json.loads(capsys.readouterr().out)["grpo_phases"]
+    model = ModelSpec.preset("gpt2").with_(num_layers=2)
+    t = TrainingConfig.from_trainer_args({**CPU, "beta": 0.04, "bf16": False, "gradient_checkpointing": False},
+                                         seq_len=64, trainer="grpo")
+    expected = grpo_phases(model, t)
+    assert (phases["generation"], phases["scoring"], phases["step"], phases["deciding"]) == \
+        (expected.generation, expected.scoring, expected.step, expected.deciding)
+    config.write_text(json.dumps({**CPU, "use_vllm": True}))
+    with pytest.raises(SystemExit) as err:
+        main(args)
+    assert err.value.code == 2 and "use_vllm" in capsys.readouterr().err
