@@ -77,7 +77,7 @@ def test_unknown_field_and_trainer_refused():
         TrainingConfig.from_trainer_args({"bettaa": 0.1}, seq_len=64, trainer="dpo")
     assert err.value.field == "trainer_args.bettaa"
     with pytest.raises(UnknownNameError):
-        TrainingConfig.from_trainer_args({}, seq_len=64, trainer="grpo")
+        TrainingConfig.from_trainer_args({}, seq_len=64, trainer="ppo")
 
 
 def test_cuda_refused_until_measured():
@@ -154,7 +154,7 @@ def test_dpo_step_invariants(preset, pairs, seq_len, precision, checkpointing):
 
 
 def test_trainer_names_stay_distinct():
-    assert set(trainer_args.TRAINERS) == {"hf", "dpo", "sft"}
+    assert set(trainer_args.TRAINERS) == {"hf", "dpo", "sft", "grpo"}
 
 
 def test_every_sftconfig_field_is_accounted_for():

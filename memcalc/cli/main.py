@@ -255,10 +255,12 @@ def _check_parser(sub: argparse._SubParsersAction, model_flags: bool = True) -> 
     json_arg(p)
     p.add_argument("--trainer-args", help="TrainingArguments JSON (to_json_string()); "
                    "default: transformers' defaults")
-    p.add_argument("--trainer", choices=("hf", "dpo", "sft"), default="hf",
+    p.add_argument("--trainer", choices=("hf", "dpo", "sft", "grpo"), default="hf",
                    help="what runs the --trainer-args: the HF Trainer (TrainingArguments), "
-                   "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs) or "
-                   "trl.SFTTrainer (an SFTConfig's JSON, no packing)")
+                   "trl.DPOTrainer (a DPOConfig's JSON; per_device_train_batch_size pairs), "
+                   "trl.SFTTrainer (an SFTConfig's JSON, no packing) or trl.GRPOTrainer (a "
+                   "GRPOConfig's JSON; --seq-len is prompt + max_completion_length; the verdict is "
+                   "the training step's, the generation and scoring phases are printed beside it)")
     p.add_argument("--axolotl", help="axolotl config.yml (instead of --trainer-args; gives --seq-len)")
     p.add_argument("--deepspeed", help="DeepSpeed config JSON (overrides the args' deepspeed)")
     from memcalc.cli.launch_configs import add_launch_config_args
@@ -308,8 +310,24 @@ def cmd_check(args: argparse.Namespace) -> dict:
     out = {"fits": v.fits, "peak_bytes": v.peak_bytes, "budget_bytes": v.budget_bytes, "basis": args.basis,
            "headroom_bytes": v.headroom_bytes,
            "changes": [c.as_dict() for c in v.changes]}
+    if training.trl == "grpo":  # each modelled phase's peak and the one that decides
+        from memcalc.queries.grpo import grpo_phases
+
+        phases = grpo_phases(model, training)
+        out["grpo_phases"] = {"generation": phases.generation, "decode_decides": phases.decode_decides,
+                              "generation_refused": phases.generation_refused,
+                              "scoring": phases.scoring, "step": phases.step, "deciding": phases.deciding}
     if not args.json:
         _print_check(v, args.gpu or args.budget, args.basis)
+        if training.trl == "grpo":
+            floor = " (its last decode step)" if phases.decode_decides else " (the prefill)"
+            gen = f"{phases.generation / GIB:.2f} GiB{floor}" if phases.generation is not None else \
+                f"not modelled ({phases.generation_refused})"
+            print(f"GRPO phases (allocated): generation {gen}, scoring "
+                  f"{phases.scoring / GIB:.2f} GiB, step {phases.step / GIB:.2f} GiB: {phases.deciding} decides")
+            if phases.deciding != "step":
+                print(f"warning: the {phases.deciding} phase holds more than the step; the verdict and the "
+                      "changes above are the step's (check the phase against the budget)")
     if not v.fits:
         if args.json:
             print(json.dumps(out, indent=2, sort_keys=True))

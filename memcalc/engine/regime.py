@@ -121,6 +121,18 @@ class Regime:
     """TrainingConfig.trl: the TRL trainer whose step this is (memcalc.families.trl_dpo)."""
     dpo_reference: str = "model"
     """TrainingConfig.dpo_reference: a reference forward each step, or precomputed."""
+    grpo_completion_len: int = 0
+    """TrainingConfig.grpo_completion_len: C, the completion tokens of a GRPO row."""
+    grpo_reference: bool = False
+    """TrainingConfig.grpo_reference: a reference log-prob pass (beta != 0)."""
+    grpo_old_logps: bool = False
+    """TrainingConfig.grpo_old_logps: an old-policy log-prob pass (num_iterations > 1)."""
+    trl_phase: str = "step"
+    """TrainingConfig.trl_phase: the part of a GRPO step the program builds."""
+    positions_batched: bool = False
+    """The caller passes (b, s) position_ids (transformers' generate: attention_mask.cumsum - 1),
+    so position embeddings (GPT-2's wpe) and rotary tables are per row, not (1, s): set by
+    memcalc.families.trl_grpo's generation phase only."""
     fused_rows_capped: bool = False
     """trl: the fused LM head's b*(s-1) rows exceed one 4096-row token chunk (a shape condition,
     memcalc.families.trl_dpo.rows_capped; memcalc.engine.run.candidates caches per value)."""
@@ -166,7 +178,10 @@ class Regime:
                    bnb_compute_elt=compute_element_size(precision) if quantized else 0,
                    experts_implementation=training.experts_implementation,
                    moe_routing=training.moe_routing, trl=training.trl,
-                   dpo_reference=training.dpo_reference)
+                   dpo_reference=training.dpo_reference,
+                   grpo_completion_len=training.grpo_completion_len,
+                   grpo_reference=training.grpo_reference, grpo_old_logps=training.grpo_old_logps,
+                   trl_phase=training.trl_phase)
 
     @property
     def fsdp(self) -> bool:

@@ -42,7 +42,8 @@ def candidates(model: ModelSpec, training: TrainingConfig) -> Candidates:
     traced = getattr(model, "traced_candidates", None)
     if traced is not None:  # a program traced from the user's nn.Module (memcalc.traced)
         return traced(training)
-    if getattr(training, "trl", "none") == "dpo":  # DPOTrainer's disable_dropout=True: every p = 0
+    if getattr(training, "trl", "none") == "dpo" or getattr(training, "disable_dropout", False):
+        # DPOTrainer's disable_dropout=True (GRPOTrainer's when set): every p = 0
         from memcalc.families.trl_dpo import without_dropout
 
         model = without_dropout(model)

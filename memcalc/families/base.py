@@ -56,12 +56,31 @@ class DecoderProgram:
         """ids -> embed -> layers -> final norm -> head -> loss, then torch's parameter order."""
         from memcalc.families.call_path import batch_inputs, cache_layers
 
+        if regime.trl == "grpo" and regime.trl_phase != "step":  # memcalc.families.trl_grpo
+            from memcalc.families.trl_grpo import declare_params, generation_phase, scoring_phase
+
+            if regime.trl_phase == "generation":
+                generation_phase(self, ops, spec, regime, run_layers)
+            else:
+                declare_params(self, ops, spec, regime, run_layers)
+                scoring_phase(self, ops, spec, regime, run_layers)
+            self._order(ops)
+            return
         batch_inputs(ops, regime)  # attention_mask, labels, num_items_in_batch (HF call path)
+        if regime.trl == "grpo":  # the buffered generation batch, then _compute_loss's cat and labels
+            from memcalc.families.trl_grpo import buffered_inputs, compute_loss_inputs
+
+            buffered_inputs(ops, regime, "")
+            grpo_cat = compute_loss_inputs(ops)
         if regime.trl == "dpo":  # TRL's preference batch and labels (memcalc.families.trl_dpo)
             from memcalc.families.trl_dpo import dpo_batch
 
             dpo_labels = dpo_batch(ops, regime)
         emb = self.embed(ops, spec, regime)
+        if regime.trl == "grpo":
+            from memcalc.families.trl_grpo import score_labels
+
+            grpo_labels = score_labels(ops, emb.ids, grpo_cat[1])
         cache_layers(ops, spec, regime, emb.context)  # use_cache: the DynamicCache's own tensors
         segments = regime.segment_starts(spec.num_layers)
         trunk = ops.sp_exit(run_layers(ops, spec.num_layers, segments,
@@ -69,14 +88,23 @@ class DecoderProgram:
                                        ops.sp_enter(emb.x), emb.context.get("position_ids")))
         x = self.final_norm(ops, spec, trunk)
         ops.scope_end(emb.held_until_norm)
+        if regime.trl == "grpo":
+            from memcalc.families.trl_grpo import hide_inputs
+
+            hide_inputs(ops, grpo_cat)
         head = self.tied_head(ops) if spec.tie_embeddings else \
             ops.param(self.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
         if regime.trl != "none":  # TRL's fused LM head (and DPO's reference forward and loss)
             from memcalc.families.trl_dpo import dpo_loss_step, sft_loss_step
 
             ops.scope_end(emb.held_until_return)  # the fused forward's backbone locals
-            held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
-                if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
+            if regime.trl == "grpo":
+                from memcalc.families.trl_grpo import grpo_step
+
+                held = grpo_step(ops, spec, regime, x, head, grpo_labels) + [grpo_labels] + grpo_cat
+            else:
+                held = dpo_loss_step(self, ops, spec, regime, x, head, dpo_labels, run_layers) \
+                    if regime.trl == "dpo" else sft_loss_step(ops, spec, x, head)
             ops.scope_end(held + ops.weight_casts)  # until compute_loss (and autocast) ends
         else:
             logits = self.head_output(ops, spec, ops.linear(x, head, None, TOKENS, spec.vocab_size, "lm_head"))
@@ -84,10 +112,18 @@ class DecoderProgram:
             self.auxiliary_loss(ops, spec, emb.context)
             ops.scope_end([logits, x if self.keeps_norm_output else trunk] + ops.weight_casts
                           + emb.held_until_return + emb.context.get("cache", []))
-        # a LoRA adapter sorts with its base linear, after it (created later; a stable sort):
-        # peft registers lora_A / lora_B after base_layer in the wrapping lora.Linear
-        # a DPO reference copy's parameters (memcalc.families.trl_dpo) come after the policy's,
-        # in their own registration order
+        if regime.trl == "grpo":  # the reference copy, held though not run (after the policy's:
+            # a tied head is the first parameter created, memcalc.families.base.tied_head)
+            from memcalc.families.trl_grpo import reference_params
+
+            reference_params(self, ops, spec, regime, run_layers)
+        self._order(ops)
+
+    def _order(self, ops: Ops) -> None:
+        """torch's parameter order: a LoRA adapter sorts with its base linear, after it (created
+        later; a stable sort): peft registers lora_A / lora_B after base_layer in the wrapping
+        lora.Linear; a DPO or GRPO reference copy's parameters (memcalc.families.trl_dpo) come
+        after the policy's, in their own registration order."""
         ops.g.order_params(lambda label: (label.startswith("ref_model."), self.registration_rank(
             adapter_base(label.removeprefix("ref_model.")))))
 

@@ -36,7 +36,7 @@ def batch_inputs(ops: Ops, regime: Regime) -> None:
     """The batch tensors besides input_ids, alive for the whole step: a (b, s) int64
     attention_mask, a (b, s) int64 labels tensor, the int64 num_items_in_batch scalar."""
     g = ops.g
-    if regime.attention_mask != "none":
+    if regime.attention_mask != "none" and regime.trl != "grpo":  # GRPO's: _compute_loss's cat
         g.input("attention_mask", size("b s", 8))
     if regime.labels == "separate":
         g.input("labels", size("b s", 8))
@@ -65,6 +65,8 @@ def trainer_inputs(ops: Ops, regime: Regime) -> None:
     loss scalars (trainer.py _tr_loss, tr_loss_step)."""
     g = ops.g
     per_batch = 1 + (regime.attention_mask != "none") + (regime.labels == "separate")
+    if regime.trl == "grpo":  # GRPOTrainer's identity collator: the batches are lists of strings
+        per_batch = 0
     for i in range(held_batches(regime) * per_batch):
         g.input(f"held batch tensor {i}", size("b s", 8))
     if regime.trl != "none":  # the preference collator's other tensors, in each held batch

@@ -65,7 +65,8 @@ class HFGemma(HFLlama):
         raw = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
         x = ops.scale(raw, "* embed_scale")
-        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
+                   requires_grad=False, elt=8)  # generate passes (b, s) position_ids
         masks = build_masks(ops, spec, regime, x.elt)
         if spec.family == "gemma3":  # a table per kind in config.layer_types
             kinds = sorted({"sliding" if spec.layer_is_sliding(i) else "full" for i in range(spec.num_layers)})

@@ -69,13 +69,14 @@ class HFGPT2(DecoderProgram):
         ids = g.input("input_ids", size("b s", 8))
         wte = ops.param("transformer.wte.weight", V * h, V)
         wpe = ops.param("transformer.wpe.weight", P * h, P)
-        pos_ids = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        rows = "b s" if regime.positions_batched else "s"  # generate passes (b, s) position_ids
+        pos_ids = g.op("position_ids", [], size(rows, 8), requires_grad=False, elt=8)
         tok = g.op("wte embedding", [wte, ids], size("b s h", wte.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=wte.elt)
         input_require_grads(ops, tok)  # get_input_embeddings() is wte
-        pos = g.op("wpe embedding", [wpe, pos_ids], size("s h", wpe.elt, h=h), saves=[pos_ids],
+        pos = g.op("wpe embedding", [wpe, pos_ids], size(rows + " h", wpe.elt, h=h), saves=[pos_ids],
                    backward=[Grad(0)], elt=wpe.elt)
-        x = ops.add_broadcast(tok, pos, size("s h", wpe.elt, h=h))
+        x = ops.add_broadcast(tok, pos, size(rows + " h", wpe.elt, h=h))
         mask = causal_mask(ops, regime, tok.elt)  # create_causal_mask (call_path)
         x = ops.dropout(x, spec.embd_dropout)
         # GPT2Model passes position_ids to every GPT2Block (modeling_gpt2.py, transformers 5.24),

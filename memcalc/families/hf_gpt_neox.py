@@ -47,7 +47,8 @@ class HFGPTNeoX(DecoderProgram):
         embed = ops.param("gpt_neox.embed_in.weight", V * h, V)
         emb = g.op("embedding", [embed, ids], size("b s h", embed.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=embed.elt)
-        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
+                   requires_grad=False, elt=8)  # generate passes (b, s) position_ids
         mask = causal_mask(ops, regime, emb.elt)  # create_causal_mask (call_path)
         x = ops.dropout(emb, spec.embd_dropout)
         rotary_buffers(ops, rotary_width(spec), "gpt_neox.rotary_emb.")  # GPTNeoXRotaryEmbedding's

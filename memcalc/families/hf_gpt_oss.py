@@ -46,12 +46,14 @@ def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
     [512, 512]
     """
     g = ops.g
-    pos = g.op("position_ids.float()", [], size("s", 4), requires_grad=False)
-    freqs = g.op("freqs", [pos], size("s d", 4, d=d // 2), requires_grad=False)
+    rows = "b s" if ops.regime.positions_batched else "s"  # generate's (b, s) position_ids
+    pos = g.op("position_ids.float()", [], size(rows, 4), requires_grad=False)
+    freqs = g.op("freqs", [pos], size(rows + " d", 4, d=d // 2), requires_grad=False)
     tables = []
     for name in ("cos", "sin"):
-        t = g.op(name, [freqs], size("s d", 4, d=d // 2), requires_grad=False)
-        tables.append(g.op(f"{name}*attention_scaling", [t], size("s d", 4, d=d // 2), requires_grad=False))
+        t = g.op(name, [freqs], size(rows + " d", 4, d=d // 2), requires_grad=False)
+        tables.append(g.op(f"{name}*attention_scaling", [t], size(rows + " d", 4, d=d // 2),
+                           requires_grad=False))
     out = [ops.to(t, elt, f"{name}.to(dtype)") for t, name in zip(tables, ("cos", "sin"))]
     ops.scope_end([freqs] + tables)  # the fp32 locals until the function returns
     return out
@@ -271,13 +273,14 @@ class HFGptOss(HFLlama):
         """
         return spec.sliding_window_pattern
 
-    def embed(self, ops: Ops, spec: ModelSpec, _regime: Regime) -> Embedded:
+    def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; both masks (create_causal_mask and
         create_sliding_window_causal_mask: eager's additive (b, 1, s, s) masks of the
         embeddings' dtype); the (s, d/2) rotary tables."""
         g = ops.g
         ids, x = token_embedding(ops, spec)
-        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
+                   requires_grad=False, elt=8)  # generate passes (b, s) position_ids
         masks = {kind: g.op(f"{kind} causal mask", [], size("b s s", x.elt), requires_grad=False, elt=x.elt)
                  for kind in ("full", "sliding")}
         rotary_buffers(ops, spec.head_size)  # GptOssRotaryEmbedding's inv_freq tables (yarn init)

@@ -160,7 +160,8 @@ class HFLlama(DecoderProgram):
         g = ops.g
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
-        pos = g.op("position_ids", [], size("s", 8), requires_grad=False, elt=8)
+        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
+                   requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
             masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
             if spec.family == "qwen2_moe":  # and a window-0 one no layer reads (call_path)

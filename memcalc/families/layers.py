@@ -124,15 +124,17 @@ def rotary_buffers(ops: Ops, d: int, prefix: str = "model.rotary_emb.") -> list[
 
 
 def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
-    """LlamaRotaryEmbedding.forward: freqs (1,s,d/2), emb=cat (1,s,d), cos/sin *scaling, .to(x.dtype)."""
+    """LlamaRotaryEmbedding.forward: freqs (1,s,d/2), emb=cat (1,s,d), cos/sin *scaling, .to(x.dtype);
+    per row, (b, s, ...), when the caller passes (b, s) position_ids (Regime.positions_batched)."""
     g = ops.g
-    pos = g.op("position_ids.float()", [], size("s", 4), requires_grad=False)
-    freqs = g.op("freqs", [pos], size("s d", 4, d=d // 2), requires_grad=False)
-    emb = g.op("emb=cat", [freqs], size("s d", 4, d=d), requires_grad=False)
+    rows = "b s" if ops.regime.positions_batched else "s"
+    pos = g.op("position_ids.float()", [], size(rows, 4), requires_grad=False)
+    freqs = g.op("freqs", [pos], size(rows + " d", 4, d=d // 2), requires_grad=False)
+    emb = g.op("emb=cat", [freqs], size(rows + " d", 4, d=d), requires_grad=False)
     out = []
     for name in ("cos", "sin"):
-        t = g.op(name, [emb], size("s d", 4, d=d), requires_grad=False)
-        t = g.op(f"{name}*scaling", [t], size("s d", 4, d=d), requires_grad=False)
+        t = g.op(name, [emb], size(rows + " d", 4, d=d), requires_grad=False)
+        t = g.op(f"{name}*scaling", [t], size(rows + " d", 4, d=d), requires_grad=False)
         out.append(ops.to(t, elt, f"{name}.to(dtype)"))
     return out
 

@@ -96,10 +96,13 @@ def dpo_batch_tensors(regime: Regime) -> list[tuple[str, Poly, int]]:
 
 
 def fused_log_probs(ops: Ops, spec: ModelSpec, x: Value, head: Value, labels: Value,
-                    outputs: tuple[str, ...]) -> list[Value]:
+                    outputs: tuple[str, ...], no_grad_kept: list | None = None) -> list[Value]:
     """add_fused_lm_head's _fused_forward after the backbone (CPU: compact=False, every row
     scored): mask, the reshaped hidden rows and clamped targets, ChunkedLogProbFunction, then
-    each output viewed to (b, s-1) and masked_fill'ed. Returns [mask, log_probs, *others]."""
+    each output viewed to (b, s-1) and masked_fill'ed. Returns [mask, log_probs, *others].
+    With `no_grad_kept` (GRPO: no gradient ever reaches the entropy), the entropy's masked_fill
+    is built without a gradient and its saved `~mask` is appended there, for the caller to hold
+    as long as the entropy's graph lives (autograd frees it with the output)."""
     g, regime = ops.g, ops.regime
     h, V = spec.hidden_size, spec.vocab_size
     vc = min(V, VOCAB_CHUNK)
@@ -136,9 +139,12 @@ def fused_log_probs(ops: Ops, spec: ModelSpec, x: Value, head: Value, labels: Va
     for name, value in zip(outputs, raw):
         shaped = g.view(f"{name}.view", value)
         inverted = g.op("~mask", [mask], _rows(1), requires_grad=False, elt=1)
+        grads = ("log_probs",) if no_grad_kept is not None else ("log_probs", "entropy")
         result.append(g.op(f"{name}.masked_fill", [shaped, inverted], value.size,
                            saves=[inverted], backward=[Grad(0)], elt=value.elt,
-                           requires_grad=value.requires_grad and name in ("log_probs", "entropy")))
+                           requires_grad=value.requires_grad and name in grads))
+        if no_grad_kept is not None and name not in grads:
+            no_grad_kept.append(inverted)
     return result
 
 

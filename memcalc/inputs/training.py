@@ -28,7 +28,8 @@ Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
 ExpertsImplementation = Literal["grouped_mm", "eager"]
 PipelineSchedule = Literal["gpipe", "1f1b", "looped-bfs", "interleaved-1f1b", "interleaved-zero-bubble"]
-TRLTrainer = Literal["none", "dpo", "sft"]
+TRLTrainer = Literal["none", "dpo", "sft", "grpo"]
+TRLPhase = Literal["step", "scoring", "generation"]
 DPOReference = Literal["model", "precomputed"]
 
 # Every enumeration comes from its Literal type: a new option is one line above plus its rules.
@@ -218,13 +219,31 @@ class TrainingConfig(FrozenModel):
     rows, twice per_device_train_batch_size; TRL's fused LM head computes per-token
     log-probabilities in tiles instead of the logits; a no-grad reference forward between the
     policy's forward and its backward; the sigmoid DPO loss), or sft (trl.SFTTrainer without
-    packing: the same fused head on the collator's labels, the NLL of its log-probabilities).
-    Needs hf_trainer."""
+    packing: the same fused head on the collator's labels, the NLL of its log-probabilities), or
+    grpo (trl.GRPOTrainer: micro_batch counts completions, seq_len is prompt + completion; one
+    phase of its step at a time, trl_phase; memcalc.families.trl_grpo). Needs hf_trainer."""
     dpo_reference: DPOReference = "model"
     """trl='dpo' only: where the reference log-probabilities come from. model: a reference
     forward each step (full fine-tuning: a second, frozen copy of the model; with LoRA: the same
     weights with the adapters disabled); precomputed: precompute_ref_log_probs, read from the
     batch (two fp32 values per pair), no reference model held."""
+    grpo_completion_len: int = 0
+    """trl='grpo' only: max_completion_length, C, the completion tokens at the end of each
+    seq_len row (prompt = seq_len - C): generate's new tokens and the scored tail."""
+    grpo_reference: bool = False
+    """trl='grpo' only: beta != 0, a no-grad reference pass before the step (a frozen copy of the
+    model; with LoRA the adapters disabled) whose (b, C) fp32 log-probs the step holds."""
+    grpo_old_logps: bool = False
+    """trl='grpo' only: num_iterations > 1, the old policy's no-grad log-prob pass and its
+    (b, C) fp32 result held by the step."""
+    disable_dropout: bool = False
+    """Every nn.Dropout set to p=0 before training (TRL's disable_dropout; trl='dpo' implies it)."""
+    trl_phase: TRLPhase = "step"
+    """trl='grpo' only: the part of a GRPOTrainer step this estimate is (memcalc.queries.grpo runs
+    the three): step (the training forward, backward and optimizer step on prompt + completion),
+    scoring (the no-grad reference / old-policy passes after generation, with the last step's
+    buffered inputs) or generation (generate's prefill, and a floor of its last decode step;
+    seq_len is then the prompt length, not prompt + completion)."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -305,7 +324,10 @@ class TrainingConfig(FrozenModel):
         `device` defaults to cpu under use_cpu, else cuda; `attention_mask` says what the data
         collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
         `trainer='dpo'` reads a trl.DPOConfig (memcalc.inputs.trainers.dpo_args): micro_batch is
-        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones'.
+        then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones';
+        `trainer='sft'` an SFTConfig; `trainer='grpo'` a GRPOConfig
+        (memcalc.inputs.trainers.grpo_args: seq_len is prompt + max_completion_length, the step
+        phase; memcalc.queries.grpo.grpo_phases gives all three).
 
         >>> t = TrainingConfig.from_trainer_args({"per_device_train_batch_size": 4, "bf16": True,
         ...     "gradient_checkpointing": True}, seq_len=2048)
@@ -358,6 +380,17 @@ def _check_trl(training: TrainingConfig) -> None:
     """Cross-field checks of the TRL fields."""
     if training.trl != "dpo" and training.dpo_reference != "model":
         raise ValueError("dpo_reference is only used with trl='dpo'")
+    grpo_set = training.grpo_completion_len or training.grpo_reference or training.grpo_old_logps \
+        or training.trl_phase != "step"
+    if training.trl != "grpo" and grpo_set:
+        raise ValueError("grpo_completion_len, grpo_reference, grpo_old_logps and trl_phase are only "
+                         "used with trl='grpo'")
+    if training.trl == "grpo" and training.trl_phase == "generation":
+        if training.grpo_completion_len <= 0:
+            raise ValueError("trl='grpo' needs grpo_completion_len > 0")
+    elif training.trl == "grpo" and not 0 < training.grpo_completion_len < training.seq_len:
+        raise ValueError(f"trl='grpo' needs 0 < grpo_completion_len < seq_len (seq_len is prompt + "
+                         f"completion); got {training.grpo_completion_len} and {training.seq_len}")
     if training.trl == "none":
         return
     if not training.hf_trainer:

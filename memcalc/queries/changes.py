@@ -57,8 +57,9 @@ def options(training: TrainingConfig) -> list[Option]:
                   f"checkpointing {mode}{_CKPT[mode]}") for mode in modes if mode != training.checkpointing]
     out += _optimizer_options(training)
     out += _precision_options(training)
-    if training.trl != "none":  # DPO's own; LoRA under SFTTrainer is not measured
-        return out + (_dpo_options(training) if training.trl == "dpo" else [])
+    if training.trl != "none":  # DPO's and GRPO's own; LoRA under SFTTrainer is not measured
+        own = {"dpo": _dpo_options, "grpo": _grpo_options}.get(training.trl)
+        return out + (own(training) if own is not None else [])
     if training.lora is None and not training.freeze:
         # peft's adapters are measured without the HF Trainer's own tensors (refusals.finetune)
         off = {"hf_trainer": False} if training.hf_trainer else {}
@@ -155,6 +156,34 @@ def cost_key(costs: list[int]) -> tuple[int, ...]:
     """
     return tuple(sorted(costs, reverse=True))
 
+
+
+def _grpo_options(training: TrainingConfig) -> list[Option]:
+    """trl.GRPOTrainer's own: no reference model (beta=0, TRL's default: no copy, no reference
+    pass), completions of half the length (max_completion_length; the prompt kept), and LoRA as
+    its peft_config (the reference, with beta, is then the base with adapters disabled). Fewer
+    generations at the same prompts is the searched micro-batch (rows are completions).
+
+    >>> from memcalc.inputs.training import TrainingConfig
+    >>> t = TrainingConfig(micro_batch=8, seq_len=96, hf_trainer=True, trl="grpo", grpo_completion_len=64,
+    ...                    grpo_reference=True)
+    >>> [(o.dimension, o.fields.get("seq_len")) for o in _grpo_options(t)]
+    [('reference', None), ('completions', 64), ('adapters', None)]
+    """
+    out = []
+    if training.grpo_reference:
+        out.append(Option("reference", {"grpo_reference": False}, TRAINING,
+                          "beta=0: no KL term, so no reference model or reference pass (TRL's default)"))
+    half = training.grpo_completion_len // 2
+    if half:
+        out.append(Option("completions", {"grpo_completion_len": half,
+                                          "seq_len": training.seq_len - half}, TRAINING,
+                          f"max_completion_length {half} (half): shorter completions, the same prompts"))
+    if training.lora is None and not training.freeze:
+        out.append(Option("adapters", {"lora": ADAPTER}, TRAINING,
+                          f"LoRA {ADAPTER_TEXT} as GRPOTrainer's peft_config, base frozen (a reference, "
+                          "with beta: the base with adapters disabled)"))
+    return out
 
 
 def _dpo_options(training: TrainingConfig) -> list[Option]:

@@ -180,6 +180,9 @@ class Graph:
         self.shared_buffers = False
         """While set, buffer() returns the buffer of that label if there is one (the same
         module run again)."""
+        self.no_grad = False
+        """While set, new ops require no grad and save nothing, whatever their inputs
+        (torch.no_grad(): memcalc.families.trl_grpo's scoring and generation passes)."""
         self.layer_starts: list[int] = []
         """Index of the first node of each decoder layer, and after the last layer the index
         past it (memcalc.families.base.run_layers; memcalc.engine.depth reads the repeats from it)."""
@@ -226,7 +229,7 @@ class Graph:
         """An op producing one new tensor of `size` bytes (`elt` bytes per element); with
         `save_output` autograd also saves the result (softmax, tanh, log_softmax). The same as
         op_multi with one size, written out (most ops have one output)."""
-        rg = requires_grad
+        rg = False if self.no_grad else requires_grad
         if rg is None:  # any input requires grad
             rg = False
             for v in inputs:
@@ -252,6 +255,7 @@ class Graph:
         """An op producing several new tensors; autograd saves `saves` and the outputs at the
         indices `save_outputs`, when any input requires grad."""
         rg = any(v.requires_grad for v in inputs) if requires_grad is None else requires_grad
+        rg = rg and not self.no_grad
         elts = elts or [4] * len(sizes)
         outs = [Value(Storage(sz, category, f"{name}.out{i}", self._count_of(sz)), sz, rg, label=name, elt=e)
                 for i, (sz, e) in enumerate(zip(sizes, elts))]
@@ -268,17 +272,18 @@ class Graph:
     def view(self, name: str, x: Value, size: Poly | None = None,
              backward: Sequence[BackwardStep] | None = None) -> Value:
         """A view of x (no allocation); its backward passes the gradient through."""
-        out = Value(x.storage, x.size if size is None else size, x.requires_grad, False, name, None, x.elt)
+        rg = x.requires_grad and not self.no_grad
+        out = Value(x.storage, x.size if size is None else size, rg, False, name, None, x.elt)
         bwd = [Alias(0)] if backward is None else backward
-        self.nodes.append(Node(name, [x], [out], [], bwd if x.requires_grad else [], self.region))
+        self.nodes.append(Node(name, [x], [out], [], bwd if rg else [], self.region))
         return out
 
     def views(self, name: str, x: Value, sizes: list[Poly],
               backward: Sequence[BackwardStep] = ()) -> list[Value]:
         """Several views of x at once (split/chunk); `backward` runs once for all of them."""
-        outs = [Value(x.storage, sz, x.requires_grad, label=f"{name}.{i}", elt=x.elt)
-                for i, sz in enumerate(sizes)]
-        self.nodes.append(Node(name, [x], outs, [], list(backward) if x.requires_grad else [],
+        rg = x.requires_grad and not self.no_grad
+        outs = [Value(x.storage, sz, rg, label=f"{name}.{i}", elt=x.elt) for i, sz in enumerate(sizes)]
+        self.nodes.append(Node(name, [x], outs, [], list(backward) if rg else [],
                                self.region))
         return outs
 

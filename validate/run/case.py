@@ -42,7 +42,9 @@ def _training_fields(training: TrainingConfig) -> dict:
     from memcalc.inputs.training import PIPELINE_DEFAULTS
 
     fields = training.model_dump(mode="json")
-    later = {"allocator": "", "trl": "none", "dpo_reference": "model"}  # fields added after rows were recorded
+    later = {"allocator": "", "trl": "none", "dpo_reference": "model", "grpo_completion_len": 0,
+             "grpo_reference": False, "grpo_old_logps": False, "disable_dropout": False,
+             "trl_phase": "step"}  # fields added after rows were recorded
     for name, default in {**CALL_PATH_DEFAULTS, **PIPELINE_DEFAULTS, **later}.items():
         if fields.get(name) == default:
             del fields[name]

@@ -163,6 +163,8 @@ def trainer_case(args, spec: ModelSpec, hf_config: dict | None) -> Case:
     if lora is not None:
         training = training.with_(lora=lora)
     prompt = args.prompt_len if args.prompt_len is not None else given["seq_len"] // 4
+    if kind == "grpo":  # seq_len is prompt + max_completion_length
+        prompt = training.seq_len - training.grpo_completion_len
     if not 0 < prompt < given["seq_len"]:
         raise SpecError("prompt_len", f"{prompt} leaves no prompt or no completion in {given['seq_len']} "
                         "tokens", "pass --prompt-len between 1 and --seq-len - 1")

@@ -61,6 +61,8 @@ def run_case(case: Case, backend: str = "cpu", steps: int = 3,
         return error_row(case, err, backend, time.perf_counter() - start)
     report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
     row = result_row(case, report, measured, why)
+    if case.trl is not None and case.trl["kind"] == "grpo" and with_prediction:
+        row["grpo_phases"] = grpo_phases(case, measured)
     if recorded is not None:
         row.update(_reserved(case, recorded, steps))
     elif reserved:
@@ -100,7 +102,8 @@ def _measure(case: Case, backend: str, steps: int):
     if case.trl is not None:  # through trl.DPOTrainer or trl.SFTTrainer
         from validate.run import trl_run
 
-        measure_trl = trl_run.measure_dpo if case.trl["kind"] == "dpo" else trl_run.measure_sft
+        measure_trl = {"dpo": trl_run.measure_dpo, "sft": trl_run.measure_sft,
+                       "grpo": trl_run.measure_grpo}[case.trl["kind"]]
         return measure_trl(case.spec, case.training, case.trainer_args, case.trl["prompt_len"],
                            case.hf_config, steps)
     if case.trainer_args is not None:  # through transformers.Trainer
@@ -127,6 +130,23 @@ def _predict(case: Case, measured=None, steps: int = 3):
         return predict(case.spec, case.training)
     except Exception as err:
         return None, f"memcalc.estimate raised {type(err).__name__}: {err}"
+
+
+def grpo_phases(case: Case, measured) -> dict:
+    """A GRPO row's phases besides the step, measured and predicted (the forward phase of
+    memcalc.families.trl_grpo's scoring and generation programs: their ops run under no_grad)."""
+    from memcalc import estimate
+
+    out = {}
+    t = case.training
+    configs = {"scoring": t.with_(trl_phase="scoring"),
+               "generation": t.with_(trl_phase="generation", seq_len=t.seq_len - t.grpo_completion_len)}
+    for phase, config in configs.items():
+        value = measured.phases.get(phase)
+        predicted = estimate(case.spec, config).phases["forward"]
+        out[phase] = {"measured": value, "predicted": predicted,
+                      "error_pct": round(100 * (predicted - value) / value, 6)}
+    return out
 
 
 __all__ = ["run_cases", "run_case"]

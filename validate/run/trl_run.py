@@ -97,8 +97,9 @@ def _measure(spec, training, fields: dict, hf_config, steps: int, seed: int, mak
 
     transformers.logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as out_dir:
-        args = {**fields, **FORCED, "output_dir": out_dir, "max_steps": steps, "seed": seed,
-                "dataset_num_proc": None}
+        args = {**fields, **FORCED, "output_dir": out_dir, "max_steps": steps, "seed": seed}
+        if kind != "grpo":  # GRPOConfig has no dataset_num_proc (no tokenised dataset)
+            args["dataset_num_proc"] = None
         meter = _StepMeter()
         gc.collect()
         gc.disable()
@@ -137,3 +138,84 @@ def peft_config(training, model):
     if getattr(model.config, "model_type", None) == "gpt2":
         kwargs["fan_in_fan_out"] = True  # Conv1D weights are (in, out), as validate.models.finetune
     return LoraConfig(**kwargs)
+
+
+def grpo_tokenizer(vocab_size: int):
+    """word_tokenizer's words, with <eos> at id vocab_size, outside the model's vocabulary: generate
+    never samples it, so every completion runs to max_completion_length (GRPO's completion lengths
+    then do not vary with the seed, and completion_mask is all ones: an unpadded batch). The
+    model's own generation_config.eos_token_id (an id inside the vocabulary, which GRPOTrainer
+    adds to the stop ids) is cleared by measure_grpo."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "w1": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, vocab_size)}, "<eos>": vocab_size}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+def length_reward(completions, **_kwargs) -> list[float]:
+    """The reward function of the validator's GRPO runs: the completion's length in characters."""
+    return [float(len(c)) for c in completions]
+
+
+def measure_grpo(spec, training, grpo_args: dict, prompt_len: int, hf_config: dict | None = None,
+                 steps: int = 3, seed: int = 0) -> Measurement:
+    """Run trl.GRPOTrainer (generate with transformers, a Python reward) for `steps` optimizer
+    steps on prompts of `prompt_len` words; the step's peak is measured from compute_loss to the
+    end of the optimizer step, and the generation (_generate_single_turn) and scoring (from there
+    to compute_loss: the no-grad log-prob passes) phases each on their own, steady state over
+    steps >= 2 (result.phases)."""
+    import trl
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [" ".join(f"w{int(i)}" for i in torch.randint(3, spec.vocab_size, (prompt_len,), generator=g))
+               for _ in range(steps * training.micro_batch)]
+    data = Dataset.from_list([{"prompt": p} for p in prompts])
+    spans: dict[str, list[int]] = {"generation": [], "scoring": []}
+
+    def make(model, args, meter):
+        import trl.trainer.grpo_trainer as module
+
+        # beta != 0 without peft: GRPOTrainer loads the reference from the policy's path
+        # (create_model_from_path, in eval mode); here the same weights, copied
+        model.generation_config.eos_token_id = None  # validate.models.hf's 0 is <pad>, a sampled id
+        loader = module.create_model_from_path
+        module.create_model_from_path = lambda *_args, **_kwargs: copy.deepcopy(model).eval()
+        try:
+            trainer = trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=trl.GRPOConfig(**args),
+                                      train_dataset=data, processing_class=grpo_tokenizer(spec.vocab_size),
+                                      peft_config=peft_config(training, model), callbacks=[meter])
+        finally:
+            module.create_model_from_path = loader
+        _measure_spans(trainer, meter, spans)
+        return trainer
+    result = _measure(spec, training, grpo_args, hf_config, steps, seed, make, "grpo")
+    for phase, peaks in spans.items():
+        result.phases[phase] = max(peaks[1:])
+        result.first_step_phases[phase] = peaks[0]
+    return result
+
+
+def _measure_spans(trainer, meter, spans: dict) -> None:
+    """Wrap the trainer's generate call and compute_loss so that each phase's peak is read on its
+    own: generation (_generate_single_turn), scoring (from its return to compute_loss), and the
+    step (compute_loss to the optimizer step's end: the meter's own phases)."""
+    generate, compute_loss = trainer._generate_single_turn, trainer.compute_loss
+
+    def generation(*args, **kwargs):
+        tracker = meter.tracker
+        tracker.reset_peak()
+        out = generate(*args, **kwargs)
+        spans["generation"].append(tracker.peak)
+        tracker.reset_peak()
+        return out
+
+    def loss(*args, **kwargs):
+        spans["scoring"].append(meter.tracker.peak)
+        meter.tracker.reset_peak()
+        return compute_loss(*args, **kwargs)
+    trainer._generate_single_turn, trainer.compute_loss = generation, loss

@@ -326,15 +326,15 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
     return out
 
 
-TRAINERS = ("hf", "dpo", "sft")
-"""What runs the TrainingArguments: the HF Trainer, trl.DPOTrainer with a DPOConfig, or
-trl.SFTTrainer with an SFTConfig."""
+TRAINERS = ("hf", "dpo", "sft", "grpo")
+"""What runs the TrainingArguments: the HF Trainer, trl.DPOTrainer with a DPOConfig,
+trl.SFTTrainer with an SFTConfig, or trl.GRPOTrainer with a GRPOConfig."""
 
 
 def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, world_size: int) -> dict:
     """A TRL trainer's config: its own fields (memcalc.inputs.trainers.dpo_args), then
     TrainingArguments' with TRL's defaults, then what the trainer's call path changes."""
-    from memcalc.inputs.trainers import sft_args
+    from memcalc.inputs.trainers import grpo_args, sft_args
     from memcalc.inputs.trainers.dpo_args import dpo_fields, split_fields
 
     if trainer not in TRAINERS:
@@ -343,14 +343,26 @@ def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, wo
     if trainer == "sft":
         base, own = split_fields(fields, sft_args.own_names())
         trl = sft_args.sft_fields(own, seq_len)
+    elif trainer == "grpo":
+        base, own = split_fields(fields, grpo_args.own_names())
+        trl = grpo_args.grpo_fields(own, seq_len, base.get("per_device_train_batch_size", 8))
     else:
         base, own = split_fields(fields)
         trl = dpo_fields(own, seq_len)
     if given(base, "deepspeed") or world_size != 1:
         raise NotModelledError("trainer_args.deepspeed" if given(base, "deepspeed") else "world_size",
-                               "DPOTrainer across processes (the reference model prepared by "
+                               f"trl {trainer} across processes (the reference model prepared by "
                                "accelerate or DeepSpeed) is not modelled", "check one process")
     out = training_fields(base, seq_len, device, world_size, "ones", 0)
+    if trainer == "grpo":  # memcalc.families.trl_grpo: no collated tensors (identity collator);
+        # _compute_loss's cat of prompt and completion ids and masks, labels made from them
+        if out["grad_accum"] != 1:
+            raise NotModelledError("trainer_args.gradient_accumulation_steps", f"{out['grad_accum']} "
+                                   "with trainer='grpo' generates the completions of all the "
+                                   "accumulated steps at once (steps_per_generation), not modelled",
+                                   "set gradient_accumulation_steps to 1")
+        return {**out, **trl, "labels": "input_ids", "num_items_in_batch": False, "use_cache": False,
+                "disable_dropout": own.get("disable_dropout", False) is True}
     if trainer == "sft":  # DataCollatorForLanguageModeling: input_ids, attention_mask, labels;
         # the Trainer counts num_items_in_batch; compute_loss sets use_cache=False
         return {**out, **trl, "use_cache": False}
