@@ -158,7 +158,6 @@ class HFLlama(DecoderProgram):
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; the masks (memcalc.families.masks); the rotary
         cos/sin tables computed once per forward."""
-        g = ops.g
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
         pos = mask_build.position_ids(ops)  # the arange, then the sum (mask_build)
