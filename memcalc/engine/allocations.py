@@ -228,11 +228,9 @@ def engine_sequence(model: ModelSpec, training: TrainingConfig, regime: Regime |
     kept_first = _kept(first_mem, before, size, handle)
     workspace = [e for e in first_raw[:cut_first] if e[1].category == WORKSPACE]
     first, first_repeat = _events(workspace + first_raw[cut_first:], size, handle, 1, matmul, regime, temps)
-    _seed_held(first)
     first += _end_of_step(first_mem, kept_first, size, handle, 1)
     kept_steady = {id(st) for st in before}
     steady, steady_repeat = _events(steady_raw[cut_steady:], size, handle, 2, None, regime, temps)
-    _seed_held(steady)
     steady += _end_of_step(steady_mem, kept_steady, size, handle, 2)
     if regime.data_parallel > 1:  # each rank's own optimizer states (memcalc.parallel.data)
         _rank_optimizer(first, steady, shapes, regime, len(handle.ids))
@@ -322,7 +320,7 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
     a null pointer for them without a block), the cuBLAS workspace moved to the first matmul; and
     how micro-steps 3 and on repeat the second (EngineSequence.repeats), or None where they are
     written out (something the second makes outlives it) or there are none."""
-    out, workspace, second, scaled_loss = [], None, [], {}
+    out, workspace, second = [], None, []
     states = _placed_states(raw, temporaries)
     placed = {id(st) for st in states}
     sizes, ids = size.cache, handle.ids  # (the lookups of size() and handle(), inlined)
@@ -347,15 +345,6 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
         out.append(Event(kind, found[1] if found is not None else handle(st), n, step, phase, st.label))
         if micro == 1 and phase in ("forward", "backward"):
             second.append(len(out) - 1)  # (the same storages recur in every micro-step: by position)
-        if st.label == SEED and regime.precision == "fp16-amp":  # GradScaler.scale(loss): grad_scaler.py
-            scaled = scaled_loss.setdefault(micro, Storage(None, "scaler", SCALED))
-            if kind == "alloc" and step == 1 and micro == 0:  # _lazy_init_scale_growth_tracker (:173-180)
-                out[-1:-1] = [Event("alloc", handle(Storage(None, "scaler", name)), SCALAR_BYTES, step, phase, name)
-                              for name in ("GradScaler._scale", "GradScaler._growth_tracker")]
-            at = len(out) - 1 if kind == "alloc" else len(out)  # made before the seed, freed after it
-            out.insert(at, Event(kind, handle(scaled), SCALAR_BYTES, step, phase, SCALED))
-            if micro == 1 and phase in ("forward", "backward"):
-                second.append(len(out) - 1)  # (the seed's index moved up one, or the free's)
         if workspace is not None and phase == "forward" and isinstance(where, int) and where >= matmul:
             out.append(workspace)
             workspace = None
@@ -370,36 +359,6 @@ def _events(raw: list[tuple], size: _Sizer, handle: _Handles, step: int, matmul:
         span = 1 + max(len(handle.ids), max(e.handle for e in out))
         out[end:end] = [e for k in range(extra) for e in _renamed(out[start:end], step, (k + 1) * span)]
     return out, None
-
-
-SEED = "grad of loss"  # memcalc.tape.simulate.StepSimulator.backward's seed
-SCALED = "GradScaler.scale(loss)"  # fp16-amp: `outputs * self._scale` (torch/amp/grad_scaler.py scale)
-SCALAR_BYTES = 4  # a 0-dim fp32 / int32 tensor
-
-
-def _seed_held(events: list[Event]) -> None:
-    """Each backward's seed (ones_like(loss)) freed when its backward ends, not when the loss's node
-    has used it: torch.autograd.backward binds it to the local `grad_tensors_` (torch/autograd/
-    __init__.py:388 `grad_tensors_ = _make_grads(...)`) until `_engine_run_backward` returns (measured
-    with the allocation recorder: aten.ones_like's 4 B freed after the last gradient). A move within
-    the backward phase: every event keeps its step, and a micro-step's range (repeats) its bounds.
-    The 4 B it holds are outside the tape's peaks (docs/known-gaps.md: the tiny steps' bytes).
-
-    >>> ev = [Event(k, h, 4, 1, "backward", lab) for k, h, lab in
-    ...       (("alloc", 0, SEED), ("alloc", 1, "g"), ("free", 0, SEED), ("free", 1, "g"))]
-    >>> ev.append(Event("alloc", 2, 8, 1, "optimizer", "s")); _seed_held(ev); [(e.kind, e.handle) for e in ev]
-    [('alloc', 0), ('alloc', 1), ('free', 1), ('free', 0), ('alloc', 2)]
-    """
-    i = 0
-    while i < len(events):
-        if events[i].phase != "backward":
-            i += 1
-            continue
-        end = next((j for j in range(i, len(events)) if events[j].phase != "backward"), len(events))
-        run = events[i:end]  # one backward: its seeds' frees go last, in order
-        held = [e for e in run if e.kind == "free" and e.label in (SEED, SCALED)]
-        events[i:end] = [e for e in run if not (e.kind == "free" and e.label in (SEED, SCALED))] + held
-        i = end
 
 
 def _placed_states(raw: list[tuple], temporaries: list | None) -> list[Storage]:
