@@ -30,6 +30,7 @@ from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 from memcalc.tape.graph import Graph, Storage
 from memcalc.tape.simulate import Memory
+from memcalc.engine.adafactor_events import RENEW, RENEWED, adafactor_temporaries
 from memcalc.engine.bnb_events import STATES, bnb_temporaries
 
 WORKSPACE = "cublas_workspace"  # memcalc.allocator.rules.device_constants' name
@@ -404,8 +405,8 @@ def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:
       and its quotient `denom`, the sqrt freed at once and the previous parameter's denom when the
       loop variable is rebound;
     - SGD with coupled weight decay: the grads' copies (foreach: all, for-loop: one at a time).
-    - bitsandbytes: `bnb_temporaries` (each parameter's update, its states before it in the first step).
-    None where the engine's block is kept as it is (Adafactor: its own module).
+    - bitsandbytes: `bnb_temporaries` (each parameter's update, its states before it in the first step);
+    - transformers' Adafactor: memcalc.engine.adafactor_events (the same, one parameter at a time).
 
     >>> from memcalc.engine.simulation import build_graph
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
@@ -419,6 +420,8 @@ def optimizer_temporaries(graph: Graph, regime: Regime) -> list[tuple] | None:
 
     if regime.optimizer in BNB:
         return bnb_temporaries(graph, regime)
+    if regime.optimizer == "adafactor":
+        return adafactor_temporaries(graph, regime)
     if regime.optimizer not in ("adam", "adamw", "sgd", "sgd-momentum"):
         return None
     if regime.hf_trainer:
@@ -467,7 +470,9 @@ def _copies(group: int, what: str, sizes: list[int], together: bool) -> list[tup
 def _temporaries(temps: list[tuple], handle: _Handles, step: int, states: list | None = None,
                  size: _Sizer | None = None) -> list[Event]:
     """optimizer_temporaries as Events, each key under a handle of its own; a ("states", i, count)
-    entry takes the next `count` of `states` (the first step's state storages, in parameter order)."""
+    entry takes the next `count` of `states` (the first step's state storages, in parameter order);
+    ("renew" | "renewed", key, n), a state replaced (memcalc.engine.adafactor_events.RENEW), is an
+    alloc | free in a steady step (no `states` to place) and nothing in the first."""
     keys: dict = {}
     out = []
     left = list(states or [])
@@ -476,6 +481,10 @@ def _temporaries(temps: list[tuple], handle: _Handles, step: int, states: list |
             out += [Event("alloc", handle(st), size(st), step, "optimizer", st.label) for st in left[:n]]
             del left[:n]
             continue
+        if kind in (RENEW, RENEWED):
+            if states:
+                continue
+            kind = "alloc" if kind == RENEW else "free"
         if key not in keys:
             keys[key] = handle(Storage(None, "temporaries", str(key)))  # kept by `handle`: a fresh id
         out.append(Event(kind, keys[key], n, step, "optimizer", f"optimizer temporary {key[1]}"))

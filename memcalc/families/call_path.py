@@ -91,9 +91,17 @@ def causal_mask(ops: Ops, regime: Regime, elt: int) -> Value | None:
       dtype (`elt`), whatever the 2-D mask holds (masking_utils.eager_mask);
     - sdpa, no mask or all ones: None, SDPA runs is_causal (_ignore_causal_mask_sdpa);
     - sdpa, padded: causal (1,1,s,s) & padding (b,1,1,s) -> a (b, 1, s, s) bool mask.
-    The 2-D mask's `.to(torch.bool)` copy (b, s) lives while the mask is built."""
+    The 2-D mask's `.to(torch.bool)` copy (b, s) lives while the mask is built. Without a 2-D mask
+    and a cache, the small tensors made on the way (memcalc.families.mask_build)."""
+    from memcalc.families import mask_build
+
     g = ops.g
     mask2d = graph_input(ops, "attention_mask")
+    if mask2d is None and not regime.kv_cache:  # the small tensors it makes on the way (mask_build)
+        mask_build.packed_sequence_check(ops, regime)
+        if regime.attention != "eager":
+            return None
+        return mask_build.eager_mask(ops, mask_build.bool_mask(ops, False, "causal bool mask"), elt, "causal mask")
     as_bool = None
     if mask2d is not None:
         as_bool = g.op("attention_mask.to(bool)", [mask2d], size("b s", 1), requires_grad=False, elt=1)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from memcalc.families.attention import attention_core, llama_eager, sdpa_attention
 from memcalc.families.call_path import cache_kv, causal_mask, zero_window_mask
 from memcalc.families.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
+from memcalc.families import mask_build
 from memcalc.families.masks import build_masks, layer_mask
 from memcalc.families.layers import (apply_rotary_pos_emb, qkv_projections, rms_norm, rotary, rotary_buffers,
                                      rotary_tables, swiglu_mlp)
@@ -157,11 +158,12 @@ class HFLlama(DecoderProgram):
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; the masks (memcalc.families.masks); the rotary
         cos/sin tables computed once per forward."""
-        g = ops.g
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
-        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
-                   requires_grad=False, elt=8)
+        if regime.positions_batched:  # generate's (b, s) position ids (TRL GRPO's generation phase)
+            pos = ops.g.op("position_ids", [], size("b s", 8), requires_grad=False, elt=8)
+        else:
+            pos = mask_build.position_ids(ops)  # the arange, then the sum (mask_build)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
             masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
             if spec.family == "qwen2_moe":  # and a window-0 one no layer reads (call_path)

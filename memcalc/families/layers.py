@@ -136,6 +136,7 @@ def rotary_tables(ops: Ops, d: int, elt: int) -> list[Value]:
         t = g.op(name, [emb], size(rows + " d", 4, d=d), requires_grad=False)
         t = g.op(f"{name}*scaling", [t], size(rows + " d", 4, d=d), requires_grad=False)
         out.append(ops.to(t, elt, f"{name}.to(dtype)"))
+    ops.scope_end([freqs, emb])  # locals of forward until it returns (measured: freed after sin*scaling)
     return out
 
 

@@ -38,11 +38,22 @@ def mask_kinds(spec: ModelSpec) -> list[str]:
 
 def build_masks(ops: Ops, spec: ModelSpec, regime: Regime, elt: int) -> dict[str, Value | None]:
     """The masks of `mask_kinds`, as the attention implementation gets them (None: no tensor)."""
+    from memcalc.families import mask_build
+
     g, masks = ops.g, {}
+    built = regime.attention_mask == "none" and not regime.kv_cache  # mask_build's small tensors
     for kind in mask_kinds(spec):
+        if built:
+            mask_build.packed_sequence_check(ops, regime)
         if regime.attention == "eager":
             name = "causal mask" if kind == "full" else "sliding causal mask"
+            if built:
+                masks[kind] = mask_build.eager_mask(
+                    ops, mask_build.bool_mask(ops, kind == "sliding", f"{name} bool"), elt, name)
+                continue
             masks[kind] = g.op(name, [], size("b s s", elt), requires_grad=False, elt=elt)
+        elif built and kind == "sliding" and regime.sliding_window_reached:
+            masks[kind] = mask_build.bool_mask(ops, True, "sliding bool mask")
         elif regime.attention_mask == "padded" or (kind == "sliding" and regime.sliding_window_reached):
             # with a 2-D attention_mask, sdpa_mask ands padding_mask_function (padding_mask[batch_idx,
             # kv_idx]) into the mask function, so the broadcast result has the batch dimension

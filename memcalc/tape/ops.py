@@ -118,7 +118,10 @@ class Ops:
         # backward returns (`self: maybe_multiply(grad, beta)`): in a checkpoint region the
         # recomputed saved tensors are freed before it is made (Returns; measured on checkpointed
         # GPT-NeoX and reference GPT-2 rows: the bias's sum comes after the frees)
-        backward = [Grad(0), Grad(1)] + ([Returns(), Grad(2)] if bin_ is not None else [])
+        # mm's backward makes the weight's gradient first, addmm's the input's (measured with a
+        # TorchDispatchMode over nn.Linear(bias=False / True) on a 3-D input, torch 2.13: mm (out,in)
+        # then mm (tokens,in); addmm: mm (tokens,in), mm (out,in), then the bias's sum)
+        backward = [Grad(0), Grad(1), Returns(), Grad(2)] if bin_ is not None else [Grad(1), Grad(0)]
         out = self.g.op(name, inputs, tokens * n_out * elt, saves=product_saves(xin, win),
                         backward=backward, elt=elt)
         wrapped = lora_branch(self, x, w, out, tokens, n_out, name) if self.regime.lora else out
