@@ -101,7 +101,7 @@ def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tup
     model = spec.traced
     shapes = [(1, s) for s in S_FIT] if single else [(b, s) for b in B_FIT for s in S_FIT]
     checks = [(1, 40)] if single else list(CHECK)
-    traces = [trace_step(model.factory, training, b, s, model.vocab_size, model.loss) for b, s in shapes + checks]
+    traces = [trace_step(model.factory, training, b, s, model.inputs, model.loss) for b, s in shapes + checks]
     check_aligned([t.events for t in traces], shapes + checks)
     per = [sizes(t.events) for t in traces]
     fit = fit_sizes(per[:len(shapes)], shapes, MONOS_1 if single else MONOS_B)

@@ -62,6 +62,8 @@ def source_of(obj: Callable | None) -> str | None:
 
     if obj is None:
         return ""
+    if callable(getattr(obj, "resolve", None)):  # memcalc.traced.spec.ModuleRef: what it names
+        obj = obj.resolve()
     cfg = getattr(obj, "cfg", None)
     if isinstance(cfg, dict):  # memcalc.traced.hf's factory: the config determines the model
         return json.dumps(cfg, sort_keys=True, default=str)
@@ -79,17 +81,18 @@ def _tracer_source() -> str:
     """A digest of the tracer's own code (a change to how steps are traced invalidates the cache)."""
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("runner.py", "record.py", "fit.py", "hf_patches.py", "optim.py", "program.py", "hf.py"):
+    for name in ("runner.py", "record.py", "fake_kernels.py", "fit.py", "hf_patches.py", "optim.py", "program.py", "hf.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()
 
 
 def key_of(model: Any, regime: tuple, single: bool) -> str | None:
     """The cache key of a traced model's fit under a regime (None: not cacheable)."""
-    parts = [source_of(model.factory), source_of(model.loss)]
+    parts = [source_of(model.factory), source_of(model.loss),
+             model.inputs if isinstance(model.inputs, int) else source_of(model.inputs)]
     if any(p is None for p in parts):
         return None
-    blob = json.dumps([parts, model.vocab_size, repr(regime), single, B_FIT, S_FIT, CHECK,
+    blob = json.dumps([parts, repr(regime), single, B_FIT, S_FIT, CHECK,
                        _version("torch"), _version("transformers"), _tracer_source()], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 

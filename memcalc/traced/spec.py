@@ -20,11 +20,12 @@ from memcalc.inputs.specs import ModelSpec
 @dataclass(frozen=True)
 class TracedModel:
     """What a traced program is made from: the model factory (() or (TrainingConfig) -> nn.Module),
-    the loss (model, ids) -> 0-d tensor, and the token ids' vocabulary."""
+    the loss (model, batch) -> 0-d tensor, and the batch: the vocabulary of (b, s) int64 token
+    ids, or a function (b, s) -> the batch tensor (an image batch whose s is its patch count)."""
 
     factory: Callable
     loss: Callable | None
-    vocab_size: int
+    inputs: int | Callable
 
 
 TRACED: dict[str, TracedModel] = {}
@@ -32,7 +33,7 @@ TRACED: dict[str, TracedModel] = {}
 _IDS = count()
 
 
-def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
+def from_module(factory: Callable, inputs: int | Callable, loss: Callable | None = None, *, name: str = "module",
                 num_layers: int = 1) -> "TracedSpec":
     """Register a model and return its spec (memcalc.inputs.specs.ModelSpec.from_module documents it).
 
@@ -42,7 +43,8 @@ def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *,
     """
     key = f"{name}#{next(_IDS)}"
     TRACED[key] = TracedModel(factory, loss, inputs)
-    return TracedSpec(name=name, trace_key=key, vocab_size=inputs, num_layers=num_layers)
+    vocab = inputs if isinstance(inputs, int) else 1  # a batch function: no vocabulary
+    return TracedSpec(name=name, trace_key=key, vocab_size=vocab, num_layers=num_layers)
 
 
 class TracedSpec(ModelSpec):
@@ -87,3 +89,33 @@ class TracedSpec(ModelSpec):
         from memcalc.traced.build import traced_candidates
 
         return traced_candidates(self, training)
+
+
+class ModuleRef:
+    """A factory, loss or batch function named 'pkg.mod:name', imported on first use (so that a
+    validation matrix names models without importing torch; memcalc.traced.disk keys the cache
+    by the module's source, as for the object itself).
+
+    >>> ref = ModuleRef("memcalc.traced.spec:from_module")
+    >>> ref.resolve() is from_module, ref.ref
+    (True, 'memcalc.traced.spec:from_module')
+    """
+
+    def __init__(self, ref: str):
+        self.ref = ref
+
+    def resolve(self) -> Callable:
+        """The object the reference names."""
+        from importlib import import_module
+
+        module, _, name = self.ref.partition(":")
+        return getattr(import_module(module), name)
+
+    @property
+    def __signature__(self) -> Any:  # what inspect.signature reads: the target's own
+        import inspect
+
+        return inspect.signature(self.resolve())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)

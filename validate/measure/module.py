@@ -18,8 +18,10 @@ from validate.measure.step import Trainee, make_optimizer, run_steps
 from validate.measure.tracker import LiveTensorTracker
 
 
-def measure_module(factory, vocab_size: int, loss, training, steps: int = 3, seed: int = 0) -> Measurement:
-    """Steady and first-step peaks of the module's step, measured.
+def measure_module(factory, vocab_size, loss, training, steps: int = 3, seed: int = 0) -> Measurement:
+    """Steady and first-step peaks of the module's step, measured. `vocab_size`: the token ids'
+    vocabulary, or a function (b, s) -> the batch tensor (memcalc.traced.spec.TracedModel.inputs);
+    `loss` None: memcalc.traced.runner.default_loss.
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> lm = lambda: torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
@@ -28,6 +30,8 @@ def measure_module(factory, vocab_size: int, loss, training, steps: int = 3, see
     >>> m.peak_bytes > 2 * 4 * (16 * 8 + 8 * 16 + 16)
     True
     """
+    if loss is None:
+        from memcalc.traced.runner import default_loss as loss
     gc.collect()
     gc.disable()
     try:

@@ -97,6 +97,12 @@ def _measure(case: Case, backend: str, steps: int):
 
         return measure_distributed(case.spec, case.training, case.world_size, case.sharding,
                                    steps=steps, hf_config=case.hf_config)
+    if case.traced is not None:  # a traced model's own step, with real tensors
+        from memcalc.traced.spec import TRACED
+        from validate.measure.module import measure_module
+
+        model = TRACED[case.spec.trace_key]
+        return measure_module(model.factory, model.inputs, model.loss, case.training, steps)
     if case.trl is not None:  # through trl.DPOTrainer or trl.SFTTrainer
         from validate.run import trl_run
 
