@@ -72,8 +72,8 @@ class LlamaLM(nn.Module):
         inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
         angles = torch.outer(torch.arange(s, dtype=torch.float32), inv)
         emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
         x = self.embed(ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # the weights' dtype (pure bf16 too)
         for block in self.blocks:
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpointing else block(x, cos, sin)
         logits = self.head(self.norm(x))
@@ -207,6 +207,7 @@ def vit_batch(b, s):
 
 def vit_loss(model, images):
     """Cross-entropy over 10 classes (labels made with the batch's size: class 0)."""
+    images = images.to(model.conv_proj.weight.dtype)  # a copy under pure bf16 (the batch is fp32)
     return F.cross_entropy(model(images), torch.zeros(images.shape[0], dtype=torch.long))
 
 

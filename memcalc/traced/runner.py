@@ -89,8 +89,8 @@ def _refusal(err: Exception) -> MemcalcError:
     func = getattr(err, "func", None)
     op = getattr(getattr(func, "_schema", None), "name", str(func))
     if isinstance(err, (DataDependentOutputException, DynamicOutputShapeException)):
-        return NotModelledError("module", f"{op} reads or makes a data-dependent value (its size or "
-                                "a Python number depends on tensor values), which a trace cannot follow",
+        return NotModelledError("module", f"{op}{_where(err)} reads or makes a data-dependent value (its "
+                                "size or a Python number depends on tensor values), which a trace cannot follow",
                                 "use a hand-written program (memcalc.families) or a static-shape op")
     import re
 
@@ -102,6 +102,23 @@ def _refusal(err: Exception) -> MemcalcError:
     return MemcalcError("module", f"the traced step failed: {type(err).__name__}: "
                         f"{str(err).splitlines()[0][:200] if str(err) else ''}",
                         "check that the factory, inputs and loss run on CPU")
+
+
+def _where(err: Exception) -> str:
+    """' at FILE:LINE `code`': the model's own line that ran the op (the last frame outside torch
+    and memcalc.traced), e.g. a router's `expert_size.tolist()`.
+
+    >>> _where(ValueError())
+    ''
+    """
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if "/torch/" not in f.filename and "/memcalc/traced/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename.split('site-packages/')[-1]}:{f.lineno} `{(f.line or '').strip()[:80]}`"
 
 
 def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int, inputs: int | Callable,

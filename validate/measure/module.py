@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import time
 
 import torch
 
@@ -34,6 +35,7 @@ def measure_module(factory, vocab_size, loss, training, steps: int = 3, seed: in
         from memcalc.traced.runner import default_loss as loss
     gc.collect()
     gc.disable()
+    start = time.perf_counter()
     try:
         with LiveTensorTracker() as tracker:
             torch.manual_seed(seed)
@@ -48,4 +50,4 @@ def measure_module(factory, vocab_size, loss, training, steps: int = 3, seed: in
     return Measurement(status="ok", backend="cpu", peak_bytes=run.steady.peak,
                        first_step_peak_bytes=run.first.peak, phases=dict(run.steady.phases),
                        first_step_phases=dict(run.first.phases), implementation="module",
-                       device="cpu", device_name=cpu_name())
+                       device="cpu", device_name=cpu_name(), wall_s=round(time.perf_counter() - start, 3))

@@ -59,8 +59,11 @@ def run_case(case: Case, backend: str = "cpu", steps: int = 3,
             measured = _measure(case, backend, steps)
     except Exception as err:  # record and go on: one broken config must not stop a matrix
         return error_row(case, err, backend, time.perf_counter() - start)
+    predicting = time.perf_counter()
     report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
     row = result_row(case, report, measured, why)
+    if case.traced is not None:  # the prediction traces (memcalc.traced), unless its cache holds it
+        row["predict_s"] = round(time.perf_counter() - predicting, 3)
     if recorded is not None:
         row.update(_reserved(case, recorded, steps))
     elif reserved:
