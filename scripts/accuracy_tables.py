@@ -112,7 +112,8 @@ def recorded_rows(matrices: Iterable[str] = MATRICES_SHOWN) -> list[Row]:
             if record is None or record.get("measured_peak_bytes") is None:
                 continue
             training = case.training
-            out.append(Row(case.name, case.topic, matrix, family_label(case.spec.family, case.spec.implementation, case.spec.name),
+            family = family_label(case.spec.family, case.spec.implementation, case.spec.name)
+            out.append(Row(case.name, case.topic, matrix, family,
                            call_path(training.attention_mask, training.use_cache, training.hf_trainer),
                            training.resolved_attention(case.spec), training.checkpointing, row_errors(record)))
     return out

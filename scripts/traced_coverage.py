@@ -6,7 +6,6 @@ of the step's peak and of the first step's, and the seconds each row took (trace
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -80,3 +80,30 @@ def test_fp32_grouped_matmuls_are_traced_as_the_cpu_kernel_runs_them(tmp_path, m
     real = measure_module(_Experts, 40, None, t)
     report = memcalc.estimate(spec, t)
     assert (report.peak_bytes, report.first_step_peak_bytes) == (real.peak_bytes, real.first_step_peak_bytes)
+
+
+class _Chunked(torch.nn.Module):
+    """Pads the sequence to a multiple of 64, as a chunked scan does (Qwen3-Next's gated delta
+    rule): a size that steps with s, constant over the fitting shapes (16-40)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = torch.nn.Embedding(40, 8), torch.nn.Linear(8, 40)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        padded = torch.nn.functional.pad(x, (0, 0, 0, (-ids.shape[1]) % 64))  # (b, 64 ceil(s / 64), 8)
+        y = self.out(padded)[:, :ids.shape[1]]
+        return torch.nn.functional.cross_entropy(y.flatten(0, 1), ids.flatten())
+
+
+@pytest.mark.slow
+def test_a_size_that_steps_with_s_is_refused_by_the_far_check(tmp_path, monkeypatch):
+    import memcalc
+    from memcalc.core.errors import NotModelledError
+    from memcalc.inputs.training import TrainingConfig
+
+    monkeypatch.setenv("MEMCALC_TRACE_CACHE", str(tmp_path))
+    spec = memcalc.ModelSpec.from_module(_Chunked, inputs=40, name="chunked", far_seq_len=1040)
+    with pytest.raises(NotModelledError, match=r"at \(b, s\) = \(4, 1040\)"):
+        memcalc.estimate(spec, TrainingConfig(micro_batch=2, seq_len=100, device="cpu"))

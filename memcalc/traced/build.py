@@ -101,6 +101,8 @@ def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tup
     model = spec.traced
     shapes = [(1, s) for s in S_FIT] if single else [(b, s) for b in B_FIT for s in S_FIT]
     checks = [(1, 40)] if single else list(CHECK)
+    if model.far_seq_len is not None:  # a size that steps with s (memcalc.traced.spec.TracedModel)
+        checks.append((checks[0][0], model.far_seq_len))
     traces = [trace_step(model.factory, training, b, s, model.inputs, model.loss) for b, s in shapes + checks]
     check_aligned([t.events for t in traces], shapes + checks)
     per = [sizes(t.events) for t in traces]

@@ -81,7 +81,8 @@ def _tracer_source() -> str:
     """A digest of the tracer's own code (a change to how steps are traced invalidates the cache)."""
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("runner.py", "record.py", "fake_kernels.py", "fit.py", "hf_patches.py", "optim.py", "program.py", "hf.py"):
+    for name in ("runner.py", "record.py", "fake_kernels.py", "fit.py", "hf_patches.py", "optim.py", "program.py",
+                 "hf.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()
 
@@ -92,7 +93,7 @@ def key_of(model: Any, regime: tuple, single: bool) -> str | None:
              model.inputs if isinstance(model.inputs, int) else source_of(model.inputs)]
     if any(p is None for p in parts):
         return None
-    blob = json.dumps([parts, repr(regime), single, B_FIT, S_FIT, CHECK,
+    blob = json.dumps([parts, repr(regime), single, B_FIT, S_FIT, CHECK, model.far_seq_len,
                        _version("torch"), _version("transformers"), _tracer_source()], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -28,7 +28,13 @@ def from_hf_config(config: dict) -> TracedSpec:
         raise SpecError("hf_config.vocab_size", "a traced model needs the vocabulary of its token ids",
                         "set vocab_size in the config")
     name = f"{cfg.get('_name_or_path') or cfg['model_type']} (traced)"
-    return from_module(_Factory(cfg), vocab, hf_loss, name=name)
+    return from_module(_Factory(cfg), vocab, hf_loss, name=name, far_seq_len=FAR_SEQ_LEN)
+
+
+FAR_SEQ_LEN = 1040
+"""The far check's sequence length for an HF model (memcalc.traced.spec.TracedModel.far_seq_len):
+past every chunk or block size transformers 5.24's models use (64, 128, 256, 512: 1040 is a
+multiple of none), so a size that steps with s is refused rather than fitted as a constant."""
 
 
 class _Factory:

@@ -26,6 +26,13 @@ class TracedModel:
     factory: Callable
     loss: Callable | None
     inputs: int | Callable
+    far_seq_len: int | None = None
+    """A sequence length far beyond the fitting shapes at which the fit is checked too (None: not
+    checked). A size that steps with s, such as a chunked scan padding s to a multiple of its
+    chunk (Qwen3-Next's gated delta rule: 64; Mamba-2: chunk_size) or a Python loop over blocks
+    of s (MiniMax's lightning attention: 256), is constant over small shapes and would fit as a
+    polynomial that is wrong past the first chunk; the far check refuses it by the storage or the
+    op. Free under FakeTensorMode (no compute), but the model must accept the length."""
 
 
 TRACED: dict[str, TracedModel] = {}
@@ -34,7 +41,7 @@ _IDS = count()
 
 
 def from_module(factory: Callable, inputs: int | Callable, loss: Callable | None = None, *, name: str = "module",
-                num_layers: int = 1) -> "TracedSpec":
+                num_layers: int = 1, far_seq_len: int | None = None) -> "TracedSpec":
     """Register a model and return its spec (memcalc.inputs.specs.ModelSpec.from_module documents it).
 
     >>> spec = from_module(lambda: None, 16, name="m")
@@ -42,7 +49,7 @@ def from_module(factory: Callable, inputs: int | Callable, loss: Callable | None
     (True, 16)
     """
     key = f"{name}#{next(_IDS)}"
-    TRACED[key] = TracedModel(factory, loss, inputs)
+    TRACED[key] = TracedModel(factory, loss, inputs, far_seq_len)
     vocab = inputs if isinstance(inputs, int) else 1  # a batch function: no vocabulary
     return TracedSpec(name=name, trace_key=key, vocab_size=vocab, num_layers=num_layers)
 
