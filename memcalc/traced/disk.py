@@ -106,8 +106,8 @@ def _terms(p: Poly) -> list:
     return [[i, j, c] for (i, j), c in p.terms.items()]
 
 
-def load(key: str | None) -> tuple[list[Moment], list[Moment], list] | None:
-    """The stored (steady moments, first-step moments, parameters), or None."""
+def load(key: str | None) -> tuple[list[Moment], list[Moment], list, list | None] | None:
+    """The stored (steady moments, first-step moments, parameters, sequence limit), or None."""
     if key is None:
         return None
     try:
@@ -116,16 +116,17 @@ def load(key: str | None) -> tuple[list[Moment], list[Moment], list] | None:
         return None
     moments = [[Moment(ph, label, _poly(total), {c: _poly(t) for c, t in cats.items()})
                 for ph, label, total, cats in data[part]] for part in ("steady", "first")]
-    return moments[0], moments[1], [tuple(p) for p in data["params"]]
+    return moments[0], moments[1], [tuple(p) for p in data["params"]], data.get("seq_limit")
 
 
-def store(key: str | None, steady: list[Moment], first: list[Moment], params: list) -> None:
+def store(key: str | None, steady: list[Moment], first: list[Moment], params: list,
+          seq_limit: list | None = None) -> None:
     """Keep a traced program's moments (a failure to write leaves the cache as it was)."""
     if key is None:
         return
     data = {part: [[m.phase, m.label, _terms(m.total), {c: _terms(t) for c, t in m.by_category.items()}]
                    for m in moments] for part, moments in (("steady", steady), ("first", first))}
-    data["params"] = params
+    data["params"], data["seq_limit"] = params, seq_limit
     try:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
