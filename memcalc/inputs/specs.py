@@ -212,13 +212,14 @@ class ModelSpec(FrozenModel):
         return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
 
     @classmethod
-    def from_module(cls, factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
-                    num_layers: int = 1, far_seq_len: int | None = None) -> "ModelSpec":
+    def from_module(cls, factory: Callable, inputs: int | Callable, loss: Callable | None = None, *,
+                    name: str = "module", num_layers: int = 1, far_seq_len: int | None = None) -> "ModelSpec":
         """A model traced from your own nn.Module (memcalc.traced; needs torch when estimated).
 
         `factory()` (or `factory(training)`, to apply `training.checkpointing` itself) builds the
         model; it is called under FakeTensorMode, so no weight is ever allocated. `inputs` is the
-        vocabulary of the (b, s) int64 token ids the step feeds it; `loss(model, ids)` returns the
+        vocabulary of the (b, s) int64 token ids the step feeds it, or a function (b, s) -> the batch
+        tensor (images of s patches, say); `loss(model, batch)` returns the
         0-d loss (default: `model(ids)`, its `.loss`, or the last item of a tuple). The step is the
         validator's: the batch, forward (autocast for the amp precisions), backward, clipping,
         optimizer.step(), zero_grad(set_to_none=True). Its sizes are fitted as polynomials in b and
