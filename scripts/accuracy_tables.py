@@ -80,12 +80,15 @@ def call_path(attention_mask: str, use_cache: bool, hf_trainer: bool) -> str:
     return ", ".join([f"mask {attention_mask}"] + ["use_cache"] * use_cache + ["Trainer"] * hf_trainer)
 
 
-def family_label(family: str, implementation: str) -> str:
-    """The family column: ModelSpec.family, the project's reference models marked as such.
+def family_label(family: str, implementation: str, name: str = "") -> str:
+    """The family column: ModelSpec.family, the project's reference models marked as such, a
+    traced model (memcalc.traced) by its name.
 
-    >>> family_label("llama", "hf"), family_label("gpt2", "reference")
-    ('llama', 'reference gpt2')
+    >>> family_label("llama", "hf"), family_label("gpt2", "reference"), family_label("traced", "traced", "phi (traced)")
+    ('llama', 'reference gpt2', 'phi (traced)')
     """
+    if implementation == "traced":
+        return name
     return family if implementation == "hf" else f"{implementation} {family}"
 
 
@@ -109,7 +112,8 @@ def recorded_rows(matrices: Iterable[str] = MATRICES_SHOWN) -> list[Row]:
             if record is None or record.get("measured_peak_bytes") is None:
                 continue
             training = case.training
-            out.append(Row(case.name, case.topic, matrix, family_label(case.spec.family, case.spec.implementation),
+            family = family_label(case.spec.family, case.spec.implementation, case.spec.name)
+            out.append(Row(case.name, case.topic, matrix, family,
                            call_path(training.attention_mask, training.use_cache, training.hf_trainer),
                            training.resolved_attention(case.spec), training.checkpointing, row_errors(record)))
     return out

@@ -1,8 +1,12 @@
 """Models that are not HF, written here from scratch, for the traced programs (memcalc.traced):
 a Llama-style LM (RMSNorm, rotary, grouped-query SDPA, SwiGLU, untied head) and a nanoGPT-style
 GPT (after Karpathy's nanoGPT model.py: LayerNorm, fused c_attn, causal SDPA, GELU MLP, tied
-head, forward(idx, targets) -> (logits, loss)). Each factory takes the TrainingConfig and
-checkpoints each block (torch.utils.checkpoint, non-reentrant) under checkpointing='per-layer'."""
+head, forward(idx, targets) -> (logits, loss)), a ViT after torchvision's VisionTransformer
+(torchvision/models/vision_transformer.py: conv patchify, class token, nn.MultiheadAttention
+encoder blocks; written here because torchvision 0.28's only wheel is built against CUDA torch
+and fails to load its operators under torch 2.13.0+cpu), and a BERT-style encoder (HF
+BertForMaskedLM) with a masked-LM loss. Each factory takes the TrainingConfig and checkpoints
+each block (torch.utils.checkpoint, non-reentrant) under checkpointing='per-layer'."""
 from __future__ import annotations
 
 import math
@@ -68,8 +72,8 @@ class LlamaLM(nn.Module):
         inv = 1.0 / (10000 ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
         angles = torch.outer(torch.arange(s, dtype=torch.float32), inv)
         emb = torch.cat((angles, angles), dim=-1)
-        cos, sin = emb.cos(), emb.sin()
         x = self.embed(ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)  # the weights' dtype (pure bf16 too)
         for block in self.blocks:
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if self.checkpointing else block(x, cos, sin)
         logits = self.head(self.norm(x))
@@ -139,3 +143,94 @@ def llama_loss(model, ids):
 
 def nanogpt_loss(model, ids):
     return model(ids, ids)[1]
+
+
+# ---- ViT (torchvision's VisionTransformer, vit_b_16's layout at toy sizes) ----------------------
+PATCH = 4
+MAX_PATCHES = 64
+
+
+class ViTBlock(nn.Module):
+    """torchvision's EncoderBlock: ln_1, self-attention (nn.MultiheadAttention, batch_first),
+    dropout, residual; ln_2, MLPBlock (Linear, GELU, Dropout, Linear, Dropout), residual."""
+
+    def __init__(self, h: int, heads: int, mlp: int, dropout: float):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(h, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(h, heads, dropout=dropout, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        self.ln_2 = nn.LayerNorm(h, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(h, mlp), nn.GELU(), nn.Dropout(dropout), nn.Linear(mlp, h),
+                                 nn.Dropout(dropout))
+
+    def forward(self, x):
+        y = self.ln_1(x)
+        y, _ = self.self_attention(y, y, y, need_weights=False)
+        x = x + self.dropout(y)
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViT(nn.Module):
+    """Images (b, 3, PATCH, s * PATCH): s patches and a class token; the position embedding is
+    held for MAX_PATCHES and sliced to the image (torchvision's is fixed to one image size, which
+    a trace at several s could not build)."""
+
+    def __init__(self, h=32, layers=2, heads=4, mlp=64, classes=10, dropout=0.1, checkpointing=False):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(3, h, kernel_size=PATCH, stride=PATCH)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, h))
+        self.pos_embedding = nn.Parameter(torch.empty(1, MAX_PATCHES + 1, h).normal_(std=0.02))
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(ViTBlock(h, heads, mlp, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(h, eps=1e-6)
+        self.head = nn.Linear(h, classes)
+        self.checkpointing = checkpointing
+
+    def forward(self, images):
+        x = self.conv_proj(images).flatten(2).transpose(1, 2)  # (b, s, h)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.drop(x + self.pos_embedding[:, :x.shape[1]])
+        for block in self.layers:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing else block(x)
+        return self.head(self.ln(x)[:, 0])
+
+
+def vit_factory(training):
+    """The ViT (dropout 0.1), checkpointed per block as training says."""
+    return ViT(checkpointing=training.checkpointing == "per-layer")
+
+
+def vit_batch(b, s):
+    """b images of s patches (one patch row): (b, 3, PATCH, s * PATCH) fp32."""
+    return torch.randn(b, 3, PATCH, s * PATCH)
+
+
+def vit_loss(model, images):
+    """Cross-entropy over 10 classes (labels made with the batch's size: class 0)."""
+    images = images.to(model.conv_proj.weight.dtype)  # a copy under pure bf16 (the batch is fp32)
+    return F.cross_entropy(model(images), torch.zeros(images.shape[0], dtype=torch.long))
+
+
+# ---- BERT-style encoder with a masked-LM loss (HF BertForMaskedLM) ------------------------------
+MASK_EVERY, MASK_ID = 7, 3
+
+
+def bert_factory(training):
+    """HF BertForMaskedLM (2 layers, h 32, dropouts 0.1), checkpointed per layer as training says."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=128, pad_token_id=0)
+    model = transformers.BertForMaskedLM(cfg)
+    if training.checkpointing == "per-layer":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def bert_mlm_loss(model, ids):
+    """Every MASK_EVERY-th token replaced by MASK_ID and predicted; the others ignored (-100), as a
+    data collator for masked LM makes them (a fixed pattern: the same sizes as a random one)."""
+    masked = torch.arange(ids.shape[1]) % MASK_EVERY == 0
+    labels = ids.masked_fill(~masked, -100)
+    return model(input_ids=ids.masked_fill(masked, MASK_ID), labels=labels).loss

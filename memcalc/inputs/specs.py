@@ -212,18 +212,21 @@ class ModelSpec(FrozenModel):
         return cls.from_hf_config(pretrained_config(repo_id, revision)[0], implementation).with_(name=repo_id)
 
     @classmethod
-    def from_module(cls, factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
-                    num_layers: int = 1) -> "ModelSpec":
+    def from_module(cls, factory: Callable, inputs: int | Callable, loss: Callable | None = None, *,
+                    name: str = "module", num_layers: int = 1, far_seq_len: int | None = None) -> "ModelSpec":
         """A model traced from your own nn.Module (memcalc.traced; needs torch when estimated).
 
         `factory()` (or `factory(training)`, to apply `training.checkpointing` itself) builds the
         model; it is called under FakeTensorMode, so no weight is ever allocated. `inputs` is the
-        vocabulary of the (b, s) int64 token ids the step feeds it; `loss(model, ids)` returns the
+        vocabulary of the (b, s) int64 token ids the step feeds it, or a function (b, s) -> the batch
+        tensor (images of s patches, say); `loss(model, batch)` returns the
         0-d loss (default: `model(ids)`, its `.loss`, or the last item of a tuple). The step is the
         validator's: the batch, forward (autocast for the amp precisions), backward, clipping,
         optimizer.step(), zero_grad(set_to_none=True). Its sizes are fitted as polynomials in b and
         s from a few small shapes and checked at others (memcalc.traced.fit); `num_layers` is a
-        label (the depth is the factory's).
+        label (the depth is the factory's). `far_seq_len`: a sequence length far past the fitting
+        shapes where the fit is checked too (a size that steps with s, such as padding to a
+        chunk, is then refused instead of fitted as a constant; HF configs are checked at 1040).
 
         >>> import torch, memcalc
         >>> def lm():
@@ -237,7 +240,8 @@ class ModelSpec(FrozenModel):
         """
         # a reference resolved on first use, as the families' declarations are: memcalc.traced
         # depends on the engine and the inputs, never the other way
-        return resolve("memcalc.traced.spec:from_module")(factory, inputs, loss, name=name, num_layers=num_layers)
+        return resolve("memcalc.traced.spec:from_module")(factory, inputs, loss, name=name, num_layers=num_layers,
+                                                          far_seq_len=far_seq_len)
 
     def with_(self, **changes) -> "ModelSpec":
         """A copy with some fields changed, validated again.

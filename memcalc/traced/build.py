@@ -84,14 +84,32 @@ def traced_candidates(spec: TracedSpec, training: TrainingConfig) -> Candidates:
         if cached is None:
             step, params = fitted_step(spec, training, single)
             steady, first = moments(step)
-            disk.store(disk_key, steady, first, params)
+            limit = getattr(spec.traced.factory, "seq_limit", None)
+            disk.store(disk_key, steady, first, params, limit)
         else:
-            steady, first, params = cached
+            steady, first, params, limit = cached
         elt = params[0][2] if params else 4
         found = _CACHE[key] = Candidates(Regime.of(training), steady, first,
                                          [(n, rows) for n, rows, _ in params], elt)
-        found.depth = None
+        found.depth, found.seq_limit = None, limit
+    check_seq_limit(found.seq_limit, training.seq_len)
     return found
+
+
+def check_seq_limit(limit: list | None, seq_len: int) -> None:
+    """Refuse a sequence longer than a length where the model's step changes and the trace never
+    went (memcalc.traced.hf `seq_limit`: a sliding window, an attention chunk, a scan's chunk).
+
+    >>> check_seq_limit(["sliding_window", 4096], 4096)
+    >>> check_seq_limit(["sliding_window", 4096], 4097)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.NotModelledError: seq_len: past sliding_window=4096 ...
+    """
+    if limit is not None and seq_len > limit[1]:
+        raise NotModelledError("seq_len", f"past {limit[0]}={limit[1]} the model's step changes (a window's "
+                               "or a chunk's mask and ops), and the trace (s <= 1040) never went there",
+                               f"use seq_len <= {limit[1]}, or a hand-written program (memcalc.families)")
 
 
 def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tuple[FittedStep, list]:
@@ -101,7 +119,9 @@ def fitted_step(spec: TracedSpec, training: TrainingConfig, single: bool) -> tup
     model = spec.traced
     shapes = [(1, s) for s in S_FIT] if single else [(b, s) for b in B_FIT for s in S_FIT]
     checks = [(1, 40)] if single else list(CHECK)
-    traces = [trace_step(model.factory, training, b, s, model.vocab_size, model.loss) for b, s in shapes + checks]
+    if model.far_seq_len is not None:  # a size that steps with s (memcalc.traced.spec.TracedModel)
+        checks.append((checks[0][0], model.far_seq_len))
+    traces = [trace_step(model.factory, training, b, s, model.inputs, model.loss) for b, s in shapes + checks]
     check_aligned([t.events for t in traces], shapes + checks)
     per = [sizes(t.events) for t in traces]
     fit = fit_sizes(per[:len(shapes)], shapes, MONOS_1 if single else MONOS_B)

@@ -62,6 +62,8 @@ def source_of(obj: Callable | None) -> str | None:
 
     if obj is None:
         return ""
+    if callable(getattr(obj, "resolve", None)):  # memcalc.traced.spec.ModuleRef: what it names
+        obj = obj.resolve()
     cfg = getattr(obj, "cfg", None)
     if isinstance(cfg, dict):  # memcalc.traced.hf's factory: the config determines the model
         return json.dumps(cfg, sort_keys=True, default=str)
@@ -79,17 +81,19 @@ def _tracer_source() -> str:
     """A digest of the tracer's own code (a change to how steps are traced invalidates the cache)."""
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("runner.py", "record.py", "fit.py", "hf_patches.py", "optim.py", "program.py", "hf.py"):
+    for name in ("runner.py", "record.py", "fake_kernels.py", "fit.py", "hf_patches.py", "optim.py", "program.py",
+                 "hf.py"):
         digest.update((here / name).read_bytes())
     return digest.hexdigest()
 
 
 def key_of(model: Any, regime: tuple, single: bool) -> str | None:
     """The cache key of a traced model's fit under a regime (None: not cacheable)."""
-    parts = [source_of(model.factory), source_of(model.loss)]
+    parts = [source_of(model.factory), source_of(model.loss),
+             model.inputs if isinstance(model.inputs, int) else source_of(model.inputs)]
     if any(p is None for p in parts):
         return None
-    blob = json.dumps([parts, model.vocab_size, repr(regime), single, B_FIT, S_FIT, CHECK,
+    blob = json.dumps([parts, repr(regime), single, B_FIT, S_FIT, CHECK, model.far_seq_len,
                        _version("torch"), _version("transformers"), _tracer_source()], default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -102,8 +106,8 @@ def _terms(p: Poly) -> list:
     return [[i, j, c] for (i, j), c in p.terms.items()]
 
 
-def load(key: str | None) -> tuple[list[Moment], list[Moment], list] | None:
-    """The stored (steady moments, first-step moments, parameters), or None."""
+def load(key: str | None) -> tuple[list[Moment], list[Moment], list, list | None] | None:
+    """The stored (steady moments, first-step moments, parameters, sequence limit), or None."""
     if key is None:
         return None
     try:
@@ -112,16 +116,17 @@ def load(key: str | None) -> tuple[list[Moment], list[Moment], list] | None:
         return None
     moments = [[Moment(ph, label, _poly(total), {c: _poly(t) for c, t in cats.items()})
                 for ph, label, total, cats in data[part]] for part in ("steady", "first")]
-    return moments[0], moments[1], [tuple(p) for p in data["params"]]
+    return moments[0], moments[1], [tuple(p) for p in data["params"]], data.get("seq_limit")
 
 
-def store(key: str | None, steady: list[Moment], first: list[Moment], params: list) -> None:
+def store(key: str | None, steady: list[Moment], first: list[Moment], params: list,
+          seq_limit: list | None = None) -> None:
     """Keep a traced program's moments (a failure to write leaves the cache as it was)."""
     if key is None:
         return
     data = {part: [[m.phase, m.label, _terms(m.total), {c: _terms(t) for c, t in m.by_category.items()}]
                    for m in moments] for part, moments in (("steady", steady), ("first", first))}
-    data["params"] = params
+    data["params"], data["seq_limit"] = params, seq_limit
     try:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,13 @@ def from_hf_config(config: dict) -> TracedSpec:
         raise SpecError("hf_config.vocab_size", "a traced model needs the vocabulary of its token ids",
                         "set vocab_size in the config")
     name = f"{cfg.get('_name_or_path') or cfg['model_type']} (traced)"
-    return from_module(_Factory(cfg), vocab, hf_loss, name=name)
+    return from_module(_Factory(cfg), vocab, hf_loss, name=name, far_seq_len=FAR_SEQ_LEN)
+
+
+FAR_SEQ_LEN = 1040
+"""The far check's sequence length for an HF model (memcalc.traced.spec.TracedModel.far_seq_len):
+past every chunk or block size transformers 5.24's models use (64, 128, 256, 512: 1040 is a
+multiple of none), so a size that steps with s is refused rather than fitted as a constant."""
 
 
 class _Factory:
@@ -43,6 +49,7 @@ class _Factory:
         transformers.logging.set_verbosity_error()
         cfg = dict(self.cfg)
         conf = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        self.seq_limit = seq_limit(conf)
         model = transformers.AutoModelForCausalLM.from_config(conf)
         if training.checkpointing == "per-layer":
             kwargs = {"use_reentrant": False}
@@ -51,6 +58,25 @@ class _Factory:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return model.train()
+
+
+SEQ_LIMITS = ("sliding_window", "attention_chunk_size", "chunk_size", "mamba_chunk_size", "block_size",
+              "window_size", "local_window_size")
+"""Config fields naming a length past which a model's step changes (a window's mask, an attention
+chunk, a scan's chunk, a loop's block): past the largest length traced, the trace says nothing."""
+
+
+def seq_limit(conf: Any) -> list | None:
+    """[field, value] of the shortest such length above the far check (memcalc.traced.build
+    check_seq_limit refuses longer sequences); shorter ones the fit or the far check ran past.
+
+    >>> class C: sliding_window, attention_chunk_size = 4096, 8192
+    >>> seq_limit(C())
+    ['sliding_window', 4096]
+    """
+    found = [[name, v] for name in SEQ_LIMITS if isinstance(v := getattr(conf, name, None), int)
+             and not isinstance(v, bool) and v >= FAR_SEQ_LEN]
+    return min(found, key=lambda nv: nv[1]) if found else None
 
 
 def hf_loss(model: Any, ids: Any) -> Any:

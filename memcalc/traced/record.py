@@ -17,6 +17,7 @@ import weakref
 from functools import cache
 from typing import Any
 
+from memcalc.traced.fake_kernels import fake_kernel
 from memcalc.traced.refusals import check_op
 
 
@@ -85,7 +86,9 @@ class _Methods:
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         check_op(func, args, kwargs)
-        out = func(*args, **(kwargs or {}))
+        out = fake_kernel(func, args, kwargs)
+        if out is None:
+            out = func(*args, **(kwargs or {}))
         for t in self._flatten(out)[0]:
             if isinstance(t, self._torch.Tensor):
                 self.track(t)

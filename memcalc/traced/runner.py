@@ -42,7 +42,7 @@ class Trace:
     """(elements, dim 0, bytes per element) of each trainable parameter in module order."""
 
 
-def trace_step(factory: Callable, training: Any, b: int, s: int, vocab_size: int,
+def trace_step(factory: Callable, training: Any, b: int, s: int, inputs: int | Callable,
                loss: Callable | None = None, fake: bool = True) -> Trace:
     """Record the training step of `factory`'s model at micro_batch b, seq_len s (with real
     tensors when not `fake`: what the fake trace is compared with, memcalc.traced item 3).
@@ -64,7 +64,7 @@ def trace_step(factory: Callable, training: Any, b: int, s: int, vocab_size: int
     gc.disable()  # cyclic garbage freed at a random moment would move frees (as the validator)
     try:
         with FakeTensorMode() if fake else contextlib.nullcontext(), rec:
-            return _run(torch, rec, factory, training, b, s, vocab_size, loss or default_loss)
+            return _run(torch, rec, factory, training, b, s, inputs, loss or default_loss)
     except NotModelledError:
         raise
     except Exception as err:  # FakeTensorMode's refusals name the op: say which and why
@@ -89,8 +89,8 @@ def _refusal(err: Exception) -> MemcalcError:
     func = getattr(err, "func", None)
     op = getattr(getattr(func, "_schema", None), "name", str(func))
     if isinstance(err, (DataDependentOutputException, DynamicOutputShapeException)):
-        return NotModelledError("module", f"{op} reads or makes a data-dependent value (its size or "
-                                "a Python number depends on tensor values), which a trace cannot follow",
+        return NotModelledError("module", f"{op}{_where(err)} reads or makes a data-dependent value (its "
+                                "size or a Python number depends on tensor values), which a trace cannot follow",
                                 "use a hand-written program (memcalc.families) or a static-shape op")
     import re
 
@@ -104,7 +104,24 @@ def _refusal(err: Exception) -> MemcalcError:
                         "check that the factory, inputs and loss run on CPU")
 
 
-def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int, vocab_size: int,
+def _where(err: Exception) -> str:
+    """' at FILE:LINE `code`': the model's own line that ran the op (the last frame outside torch
+    and memcalc.traced), e.g. a router's `expert_size.tolist()`.
+
+    >>> _where(ValueError())
+    ''
+    """
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if "/torch/" not in f.filename and "/memcalc/traced/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename.split('site-packages/')[-1]}:{f.lineno} `{(f.line or '').strip()[:80]}`"
+
+
+def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int, inputs: int | Callable,
          loss_fn: Callable) -> Trace:
     from memcalc.traced.optim import make_optimizer
 
@@ -125,20 +142,20 @@ def _run(torch: Any, rec: Any, factory: Callable, training: Any, b: int, s: int,
     trace.params = [(p.numel(), p.shape[0] if p.dim() else 1, p.element_size()) for p in params]
     optimizer = make_optimizer(params, training)
     with real_tensor_answers():  # transformers' mask checks, as for real tensors (memcalc.traced.hf_patches)
-        _steps(torch, rec, model, params, optimizer, training, b, s, vocab_size, loss_fn, cats)
+        _steps(torch, rec, model, params, optimizer, training, b, s, inputs, loss_fn, cats)
     rec.mark("end")
     return trace
 
 
 def _steps(torch: Any, rec: Any, model: Any, params: list, optimizer: Any, training: Any, b: int, s: int,
-           vocab_size: int, loss_fn: Callable, cats: dict) -> None:
+           inputs: int | Callable, loss_fn: Callable, cats: dict) -> None:
     """The warm-up step and the steady ones, as validate.measure.step.train_step runs them."""
     low = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}.get(training.precision)
     model.train()
     for step in range(STEPS):
         rec.mark(f"step {step}")
         rec.mark("inputs")
-        ids = torch.randint(0, vocab_size, (b, s))
+        ids = inputs(b, s) if callable(inputs) else torch.randint(0, inputs, (b, s))
         cats[rec.sid(ids)] = "inputs"
         for _ in range(training.grad_accum):
             rec.mark("forward")

@@ -20,11 +20,19 @@ from memcalc.inputs.specs import ModelSpec
 @dataclass(frozen=True)
 class TracedModel:
     """What a traced program is made from: the model factory (() or (TrainingConfig) -> nn.Module),
-    the loss (model, ids) -> 0-d tensor, and the token ids' vocabulary."""
+    the loss (model, batch) -> 0-d tensor, and the batch: the vocabulary of (b, s) int64 token
+    ids, or a function (b, s) -> the batch tensor (an image batch whose s is its patch count)."""
 
     factory: Callable
     loss: Callable | None
-    vocab_size: int
+    inputs: int | Callable
+    far_seq_len: int | None = None
+    """A sequence length far beyond the fitting shapes at which the fit is checked too (None: not
+    checked). A size that steps with s, such as a chunked scan padding s to a multiple of its
+    chunk (Qwen3-Next's gated delta rule: 64; Mamba-2: chunk_size) or a Python loop over blocks
+    of s (MiniMax's lightning attention: 256), is constant over small shapes and would fit as a
+    polynomial that is wrong past the first chunk; the far check refuses it by the storage or the
+    op. Free under FakeTensorMode (no compute), but the model must accept the length."""
 
 
 TRACED: dict[str, TracedModel] = {}
@@ -32,8 +40,8 @@ TRACED: dict[str, TracedModel] = {}
 _IDS = count()
 
 
-def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *, name: str = "module",
-                num_layers: int = 1) -> "TracedSpec":
+def from_module(factory: Callable, inputs: int | Callable, loss: Callable | None = None, *, name: str = "module",
+                num_layers: int = 1, far_seq_len: int | None = None) -> "TracedSpec":
     """Register a model and return its spec (memcalc.inputs.specs.ModelSpec.from_module documents it).
 
     >>> spec = from_module(lambda: None, 16, name="m")
@@ -41,8 +49,9 @@ def from_module(factory: Callable, inputs: int, loss: Callable | None = None, *,
     (True, 16)
     """
     key = f"{name}#{next(_IDS)}"
-    TRACED[key] = TracedModel(factory, loss, inputs)
-    return TracedSpec(name=name, trace_key=key, vocab_size=inputs, num_layers=num_layers)
+    TRACED[key] = TracedModel(factory, loss, inputs, far_seq_len)
+    vocab = inputs if isinstance(inputs, int) else 1  # a batch function: no vocabulary
+    return TracedSpec(name=name, trace_key=key, vocab_size=vocab, num_layers=num_layers)
 
 
 class TracedSpec(ModelSpec):
@@ -87,3 +96,33 @@ class TracedSpec(ModelSpec):
         from memcalc.traced.build import traced_candidates
 
         return traced_candidates(self, training)
+
+
+class ModuleRef:
+    """A factory, loss or batch function named 'pkg.mod:name', imported on first use (so that a
+    validation matrix names models without importing torch; memcalc.traced.disk keys the cache
+    by the module's source, as for the object itself).
+
+    >>> ref = ModuleRef("memcalc.traced.spec:from_module")
+    >>> ref.resolve() is from_module, ref.ref
+    (True, 'memcalc.traced.spec:from_module')
+    """
+
+    def __init__(self, ref: str):
+        self.ref = ref
+
+    def resolve(self) -> Callable:
+        """The object the reference names."""
+        from importlib import import_module
+
+        module, _, name = self.ref.partition(":")
+        return getattr(import_module(module), name)
+
+    @property
+    def __signature__(self) -> Any:  # what inspect.signature reads: the target's own
+        import inspect
+
+        return inspect.signature(self.resolve())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)

@@ -12,6 +12,10 @@ A topic file holds `topic`, `about` (what the rows exercise and how they were ch
 - `training`: TrainingConfig fields, less `device` (the matrix's, or --device);
 - or, for a run through transformers.Trainer, `trainer_args` (TrainingArguments fields) and
   `trainer` (seq_len, attention_mask, pad_tokens: how the synthetic batches are padded);
+- or, for a model traced from its nn.Module (memcalc.traced), `traced`: `{"hf": true}` with an
+  `hf_config` of a model type memcalc has no program for (ModelSpec.from_hf_config with
+  fallback='trace'), or `{"factory": "pkg.mod:name", "loss": "pkg.mod:name", "inputs": VOCAB or
+  "pkg.mod:name", "name": ...}` (ModelSpec.from_module); measured by validate.measure.module;
 - optional `devices` (the devices the row runs on, when not every one) and `note`.
 
 No torch here: the CLI builds cases before anything is measured.
@@ -29,7 +33,7 @@ from memcalc.inputs.training import TrainingConfig
 from validate.run.case import Case
 
 HERE = Path(__file__).resolve().parent
-ROW_FIELDS = {"name", "model", "hf_config", "training", "trainer_args", "trainer", "devices", "note"}
+ROW_FIELDS = {"name", "model", "hf_config", "training", "trainer_args", "trainer", "devices", "note", "traced"}
 MATRICES: dict[str, dict] = json.loads((HERE / "matrices.json").read_text())
 """Matrix name -> {'about', 'device' (its own), 'results' (its recorded file, if any), 'topics'}."""
 
@@ -73,6 +77,12 @@ def build_case(row: dict, data: dict, topic: str, device: str) -> Case:
                         f"use only {', '.join(sorted(ROW_FIELDS))}")
     fields = copy.deepcopy(_named(row.get("model", {}), data.get("models", {}), "models"))
     hf_config = None
+    if "traced" in row:
+        hf_config = (copy.deepcopy(_named(row["hf_config"], data.get("hf_configs", {}), "hf_configs"))
+                     if "hf_config" in row else None)
+        spec = traced_spec(row["traced"], hf_config, f"{topic}.{row['name']}")
+        training = TrainingConfig.make(device=device, **row["training"])
+        return Case(row["name"], spec, training, hf_config, traced=row["traced"], topic=topic)
     if "hf_config" in row:
         hf_config = copy.deepcopy(_named(row["hf_config"], data.get("hf_configs", {}), "hf_configs"))
         spec = ModelSpec.from_hf_config(hf_config)
@@ -93,6 +103,33 @@ def build_case(row: dict, data: dict, topic: str, device: str) -> Case:
                     topic=topic)
     training = TrainingConfig.make(device=device, **row["training"])
     return Case(row["name"], spec, training, hf_config, topic=topic)
+
+
+def traced_spec(traced: dict, hf_config: dict | None, where: str) -> ModelSpec:
+    """The traced spec a row's `traced` field names (memcalc.traced; no torch imported here).
+
+    >>> traced_spec({"hf": True}, {"model_type": "starcoder2", "vocab_size": 64}, "x").name
+    'starcoder2 (traced)'
+    >>> traced_spec({"factory": "m:f", "inputs": 64, "name": "lm"}, None, "x").name
+    'lm'
+    """
+    from memcalc.traced.spec import ModuleRef
+
+    if traced.get("hf"):
+        if hf_config is None:
+            raise SpecError(f"{where}.traced", "{'hf': true} traces an hf_config", "add the row's hf_config")
+        spec = ModelSpec.from_hf_config(hf_config, fallback="trace")
+        if getattr(spec, "trace_key", None) is None:
+            raise SpecError(f"{where}.hf_config.model_type", f"{hf_config['model_type']!r} has a hand-written "
+                            "program, which wins over a trace", "use a model type memcalc has no program for")
+        return spec
+    if "factory" not in traced or "inputs" not in traced:
+        raise SpecError(f"{where}.traced", "a traced module needs 'factory' and 'inputs'",
+                        "e.g. {'factory': 'tests.traced_models:llama_factory', 'inputs': 96}")
+    inputs = traced["inputs"] if isinstance(traced["inputs"], int) else ModuleRef(traced["inputs"])
+    loss = ModuleRef(traced["loss"]) if traced.get("loss") else None
+    return ModelSpec.from_module(ModuleRef(traced["factory"]), inputs=inputs, loss=loss,
+                                 name=traced.get("name", traced["factory"]))
 
 
 def _named(value: dict | str, table: dict, where: str) -> dict:

@@ -70,6 +70,8 @@ TOLERANCES: dict[str, Bound] = {
     "fine-tuning": SINGLE_DEVICE,           # -0.0003% (ft03); QLoRA ft16-ft28 -0.0002%
     "call-paths-by-family": SINGLE_DEVICE,  # -0.0006% (cpf37), measured on the callpath branch
     "trl": SINGLE_DEVICE,                   # +0.0009% (dpo01, dpo03), measured on the trl branch
+    "traced": SINGLE_DEVICE,                # 0 B (every row: the trace and the real step make the same storages)
+    "traced-extra": SINGLE_DEVICE,          # 0 B (idem)
     "data-parallel": DISTRIBUTED,           # -0.0002% (famb-olmo2-W2-zero2)
     "tensor-parallel": DISTRIBUTED,         # -0.0004% (gpt2-ref-untied-TP4-bf16-selective-adam-fused)
     "tensor-parallel-families": DISTRIBUTED,  # -0.0006% (tpf-granite-TP2-bf16-foreach)

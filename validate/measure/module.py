@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import time
 
 import torch
 
@@ -18,8 +19,10 @@ from validate.measure.step import Trainee, make_optimizer, run_steps
 from validate.measure.tracker import LiveTensorTracker
 
 
-def measure_module(factory, vocab_size: int, loss, training, steps: int = 3, seed: int = 0) -> Measurement:
-    """Steady and first-step peaks of the module's step, measured.
+def measure_module(factory, vocab_size, loss, training, steps: int = 3, seed: int = 0) -> Measurement:
+    """Steady and first-step peaks of the module's step, measured. `vocab_size`: the token ids'
+    vocabulary, or a function (b, s) -> the batch tensor (memcalc.traced.spec.TracedModel.inputs);
+    `loss` None: memcalc.traced.runner.default_loss.
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> lm = lambda: torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
@@ -28,8 +31,11 @@ def measure_module(factory, vocab_size: int, loss, training, steps: int = 3, see
     >>> m.peak_bytes > 2 * 4 * (16 * 8 + 8 * 16 + 16)
     True
     """
+    if loss is None:
+        from memcalc.traced.runner import default_loss as loss
     gc.collect()
     gc.disable()
+    start = time.perf_counter()
     try:
         with LiveTensorTracker() as tracker:
             torch.manual_seed(seed)
@@ -44,4 +50,4 @@ def measure_module(factory, vocab_size: int, loss, training, steps: int = 3, see
     return Measurement(status="ok", backend="cpu", peak_bytes=run.steady.peak,
                        first_step_peak_bytes=run.first.peak, phases=dict(run.steady.phases),
                        first_step_phases=dict(run.first.phases), implementation="module",
-                       device="cpu", device_name=cpu_name())
+                       device="cpu", device_name=cpu_name(), wall_s=round(time.perf_counter() - start, 3))

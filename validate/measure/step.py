@@ -155,8 +155,10 @@ def train_step(trainee: Trainee, training, meter, vocab_size: int) -> StepPeaks:
         meter.begin_step()
     meter.mark("inputs")
     meter.reset_peak()
-    ids = torch.randint(0, vocab_size, (training.micro_batch, training.seq_len),
-                        device=training.device)
+    if callable(vocab_size):  # a traced module's own batch (validate.measure.module): (b, s) -> tensor
+        ids = vocab_size(training.micro_batch, training.seq_len)
+    else:
+        ids = torch.randint(0, vocab_size, (training.micro_batch, training.seq_len), device=training.device)
     batch = call_path_batch(training, ids)  # attention_mask, labels, num_items_in_batch
     peaks = {"inputs": meter.peak()}
     for _ in range(training.grad_accum):

@@ -14,25 +14,34 @@ from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
 
 
-def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None = None) -> str:
+def config_key(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None = None,
+               traced: dict | None = None) -> str:
     """Canonical JSON of a configuration: sorted keys, no spaces.
 
     >>> k = config_key(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8))
     >>> k.startswith('{"hf_config":null,"model":{"activation":"gelu_new"')
     True
     """
-    return json.dumps(_key_fields(spec, training, hf_config), sort_keys=True,
+    return json.dumps(_key_fields(spec, training, hf_config, traced), sort_keys=True,
                       separators=(",", ":"))
 
 
-def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None) -> dict:
+def _key_fields(spec: ModelSpec, training: TrainingConfig, hf_config: dict | None,
+                traced: dict | None = None) -> dict:
     """The configuration a key names. The attention kernel is the one the step runs (None, the
     kernel transformers picks, is keyed as that kernel), so a row that names the default and one
-    that leaves it to transformers are the same configuration."""
+    that leaves it to transformers are the same configuration. A traced model (memcalc.traced) is
+    keyed by what it is traced from (`traced`: the row's field), not by its process-local
+    registration key."""
     fields = _training_fields(training)
+    model = spec.model_dump(mode="json")
+    if traced is not None:
+        model.pop("trace_key", None)
+        fields["attention"] = None  # the module's own attention: not TrainingConfig's to pick
+        return {"model": model, "training": fields, "hf_config": hf_config, "traced": traced}
     if fields.get("attention") is None:
         fields["attention"] = training.resolved_attention(spec)
-    return {"model": spec.model_dump(mode="json"), "training": fields, "hf_config": hf_config}
+    return {"model": model, "training": fields, "hf_config": hf_config}
 
 
 def _training_fields(training: TrainingConfig) -> dict:
@@ -85,6 +94,11 @@ class Case:
     trl: dict | None = None
     """A TRL trainer's run (validate.run.trl_run): {"kind": "dpo", "prompt_len": N}; the
     trainer_args are then its config's fields (a DPOConfig's)."""
+    traced: dict | None = None
+    """A traced model's source (validate.matrices.load.traced_spec): {"hf": true} for an HF config
+    traced with ModelSpec.from_hf_config(fallback='trace'), or {"factory", "loss", "inputs"}
+    ('pkg.mod:name' references, inputs a vocabulary or a reference) for ModelSpec.from_module;
+    the case is measured by validate.measure.module with the same factory and real tensors."""
     topic: str | None = None
     """The matrix topic the row comes from (validate/matrices/rows/TOPIC.json), which names its
     tolerance (validate.matrices.tolerances); not part of the key."""
@@ -113,7 +127,7 @@ class Case:
         >>> Case("x", ModelSpec.preset("gpt2"), tc).key.count('"world_size":2')
         2
         """
-        fields = _key_fields(self.spec, self.training, self.hf_config)
+        fields = _key_fields(self.spec, self.training, self.hf_config, self.traced)
         if self.trainer_args is not None:
             fields["trainer_args"] = self.trainer_args
         if self.trl is not None:
@@ -146,12 +160,20 @@ class Case:
         return (f"{self.name}: {s.implementation} {s.name} L{s.num_layers} h{s.hidden_size} "
                 f"V{s.vocab_size} | b{t.micro_batch} s{t.seq_len} {t.precision} "
                 f"{t.optimizer}/{t.resolved_optimizer_impl} ckpt={ck} "
-                f"{t.attention or 'default-' + t.resolved_attention(s)} "
+                f"{self._attention_label} "
                 f"ga{t.grad_accum}" + (f" clip={t.max_grad_norm:g}" if t.max_grad_norm else "")
                 + call_path_label(t) + _finetuning_label(t)
                 + (f" experts={t.experts_implementation}" if s.moe else "")
                 + (f" | Trainer {json.dumps(self.trainer_args, sort_keys=True)}"
                    if self.trainer_args is not None else ""))
+
+    @property
+    def _attention_label(self) -> str:
+        """The attention kernel of the label: a traced model's is its own."""
+        t = self.training
+        if self.traced is not None:
+            return "traced"
+        return t.attention or "default-" + t.resolved_attention(self.spec)
 
 
 def _finetuning_label(t: TrainingConfig) -> str:

@@ -59,10 +59,13 @@ def run_case(case: Case, backend: str = "cpu", steps: int = 3,
             measured = _measure(case, backend, steps)
     except Exception as err:  # record and go on: one broken config must not stop a matrix
         return error_row(case, err, backend, time.perf_counter() - start)
+    predicting = time.perf_counter()
     report, why = _predict(case, measured, steps) if with_prediction else (None, "skipped")
     row = result_row(case, report, measured, why)
     if case.trl is not None and case.trl["kind"] == "grpo" and with_prediction:
         row["grpo_phases"] = grpo_phases(case, measured)
+    if case.traced is not None:  # the prediction traces (memcalc.traced), unless its cache holds it
+        row["predict_s"] = round(time.perf_counter() - predicting, 3)
     if recorded is not None:
         row.update(_reserved(case, recorded, steps))
     elif reserved:
@@ -99,6 +102,12 @@ def _measure(case: Case, backend: str, steps: int):
 
         return measure_distributed(case.spec, case.training, case.world_size, case.sharding,
                                    steps=steps, hf_config=case.hf_config)
+    if case.traced is not None:  # a traced model's own step, with real tensors
+        from memcalc.traced.spec import TRACED
+        from validate.measure.module import measure_module
+
+        model = TRACED[case.spec.trace_key]
+        return measure_module(model.factory, model.inputs, model.loss, case.training, steps)
     if case.trl is not None:  # through trl.DPOTrainer or trl.SFTTrainer
         from validate.run import trl_run
 
