@@ -69,6 +69,7 @@ TOLERANCES: dict[str, Bound] = {
     "trainer": SINGLE_DEVICE,               # -0.0002% (tr01)
     "fine-tuning": SINGLE_DEVICE,           # -0.0003% (ft03); QLoRA ft16-ft28 -0.0002%
     "call-paths-by-family": SINGLE_DEVICE,  # -0.0006% (cpf37), measured on the callpath branch
+    "call-paths-grid": SINGLE_DEVICE,       # -0.0003% (cpg04), measured on the callp branch
     "trl": SINGLE_DEVICE,                   # +0.0009% (dpo01, dpo03), measured on the trl branch
     "data-parallel": DISTRIBUTED,           # -0.0002% (famb-olmo2-W2-zero2)
     "tensor-parallel": DISTRIBUTED,         # -0.0004% (gpt2-ref-untied-TP4-bf16-selective-adam-fused)
