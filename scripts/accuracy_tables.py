@@ -1,7 +1,7 @@
 """docs/accuracy.md's accuracy tables, generated from the recorded results of the CI matrices
 (validate/results/cpu-ci.jsonl, dist-ci.jsonl): by topic (the row file, which names the bound in
 validate/matrices/tolerances.py), by model family, and for the call-path rows (call-paths-by-family,
-call-paths, trainer) by family and call path. Each error is (predicted - measured) / measured of the
+call-paths-grid, call-paths, trainer) by family and call path. Each error is (predicted - measured) / measured of the
 step's peak as recorded (each rank's peak on distributed rows); only rows of the current `ci` and
 `dist-ci` matrices count, the last record of each case key (a resumed run appends).
 
@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 MATRICES_SHOWN = ("ci", "dist-ci")
 """The matrices CI runs (.ci/run) and whose results are recorded."""
-CALL_PATH_TOPICS = ("call-paths-by-family", "call-paths", "trainer")
+CALL_PATH_TOPICS = ("call-paths-by-family", "call-paths-grid", "call-paths", "trainer")
 """The topics whose rows leave the validator's own call path (a mask, use_cache, the Trainer)."""
 
 

@@ -47,6 +47,15 @@ def draw_cases(n: int, seed: int, finetune_share: float = 0.4, programs: list | 
         training = training.with_(device="cpu")
         if data.draw(st.floats(0, 1)) < finetune_share:
             training = data.draw(finetune_steps(model, training))
+        # the validator's own loop runs no transformers.Trainer (validate.measure.step.check_runnable
+        # refuses hf_trainer there): a draw with it would measure a step without the Trainer's
+        # look-ahead batch and loss scalars (fresh1202-008: +1,424 B, +0.18%); the Trainer's tensors
+        # are measured through transformers.Trainer by the ci rows tr00-07, cpf48-49
+        training = training.with_(hf_trainer=False)
+        if training.checkpoint_every is not None and training.checkpoint_every > model.num_layers:
+            # validate.measure.step.check_runnable refuses a segment longer than the model (the
+            # strategies draw it independently of num_layers): one segment of every layer instead
+            training = training.with_(checkpoint_every=model.num_layers)
         drawn.append((model, training))
 
     collect()  # hypothesis draws neighbours in a row: a seeded sample of five times as many

@@ -125,8 +125,11 @@ def _hf_variant(draw, family: str, fields: dict) -> dict:
     if can.sliding == "optional":
         window = draw(st.sampled_from(WINDOWS))
         rule = draw(st.sampled_from(["mistral", "qwen2"]))
-        if window is not None and (rule == "qwen2" or not any((fields["qkv_bias"], fields["out_bias"],
-                                                                 fields["mlp_bias"]))):
+        biases = (fields["qkv_bias"], fields["out_bias"], fields["mlp_bias"])
+        # HF Qwen2 always has q/k/v biases and no other; Qwen3 (q/k norms) takes attention_bias;
+        # Mistral has none (validate.models.hf._llama_model_type)
+        qwen2_ok = out.get("qk_norm") or biases == (True, False, False)
+        if window is not None and (qwen2_ok if rule == "qwen2" else not any(biases)):
             # HF Qwen3 (q/k norms) slides by Qwen2's rule only: every layer sliding is max_window_layers 0
             every = 0 if out.get("qk_norm") else None
             out.update(sliding_window=window,

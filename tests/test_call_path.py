@@ -223,3 +223,28 @@ def test_the_trainer_call_path_is_the_measured_peak_on_every_family(name):
     case = next(c for c in topic_cases("call-paths-by-family", "cpu") if c.name == name)
     row = run_case(case)
     assert row["status"] == "ok" and abs(row["error_pct"]) <= 0.01, row.get("error_pct")
+
+
+def test_every_family_has_each_call_path_pair_measured():
+    """Issue 24's grid: on every hand-written family each pair of use_cache (both ways), mask
+    (none/ones/padded), kernel (SDPA where the class has it, eager) and checkpointing (none/some)
+    is in a recorded ci row within 0.01% of its measured peak (scripts/call_path_coverage.py)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from call_path_coverage import main
+
+    assert main([]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [f"cpg{i:02d}" for i in range(34)])
+def test_the_call_path_grid_is_the_measured_peak_on_every_family(name):
+    """validate/matrices/rows/call-paths-grid.json's rows, measured now."""
+    from validate.matrices.load import topic_cases
+    from validate.run.runner import run_case
+
+    case = next(c for c in topic_cases("call-paths-grid", "cpu") if c.name == name)
+    row = run_case(case)
+    assert row["status"] == "ok" and abs(row["error_pct"]) <= 0.01, row.get("error_pct")

@@ -115,3 +115,21 @@ def test_unreadable_json(tmp_path):
     path.write_text("{not json")
     with pytest.raises(MemcalcError, match="^trainer_args: .*not valid JSON"):
         TrainingConfig.from_trainer_args(str(path), seq_len=64)
+
+
+@pytest.mark.parametrize("preset", sorted(__import__("memcalc.inputs.presets", fromlist=["PRESETS"]).PRESETS))
+def test_check_answers_a_default_trainingarguments_for_every_preset(preset, tmp_path, capsys):
+    """`memcalc check --trainer-args` on the JSON a default TrainingArguments writes
+    (to_json_string: every field, the Trainer's mask of ones, labels and num_items_in_batch, no
+    kernel named) answers (exit 0 under a budget nothing exceeds) for every preset memcalc ships:
+    no refusal (exit 2). The allocated basis keeps it cheap: the device basis replays the same
+    estimate's sequence and refuses nothing of its own for a preset (memcalc.engine.reserved
+    refuses only traced programs)."""
+    from memcalc.cli import main
+
+    path = tmp_path / "args.json"
+    path.write_text(transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none").to_json_string())
+    code = main(["check", "--model", preset, "--trainer-args", str(path), "--seq-len", "512",
+                 "--budget", "1000000GB", "--basis", "allocated"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("fits: allocated peak "), out

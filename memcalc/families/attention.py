@@ -308,11 +308,15 @@ def llama_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
         scores = ops.scale(ops.unary_saving_output("tanh", ops.scale(scores, "/ softcap")), "* softcap")
     masked = add_float_mask(ops, scores, mask)
     p = ops.unary_saving_output("softmax", ops.to(masked, 4, "softmax dtype=float32"))
-    # softmax(attn_weights, dtype=float32) casts inside the call: the caller's `attn_weights`
-    # (the masked scores, low precision without autocast) lives until softmax returns
-    # (measured: pure bf16 Llama eager, b*heads*s*s*2 B alive at _softmax)
+    # `attn_weights = softmax(attn_weights, dtype=float32).to(query.dtype)`: the caller's
+    # `attn_weights` (the masked scores, low precision without autocast) is rebound only when the
+    # whole line returns, so it lives through softmax (measured: pure bf16 Llama eager,
+    # b*heads*s*s*2 B alive at _softmax) and through the cast back when that copies (measured:
+    # OLMo-2 bf16-amp eager under per-layer checkpointing, whose rotary casts q back to bf16: the
+    # fp32 masked scores, the fp32 softmax and its bf16 cast alive together at _to_copy, cpg07)
+    p = ops.to(p, query_elt, "softmax .to(query dtype)")
     ops.scope_end([masked])
-    p = ops.dropout(ops.to(p, query_elt, "softmax .to(query dtype)"), spec.attn_dropout)
+    p = ops.dropout(p, spec.attn_dropout)
     pm, vm = ops.matmul_operand(p), ops.matmul_operand(v)
     if v_copy and (vm is v or not expanded):  # a cast of the expanded view is contiguous
         vm = copy(ops, vm, "v reshape copy")

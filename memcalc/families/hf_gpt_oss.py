@@ -23,7 +23,7 @@ from typing import Callable
 
 from memcalc.inputs.moe_routing import is_worst, token_counts
 from memcalc.core.poly import Poly
-from memcalc.families.attention import add_float_mask, attention_core, head_copy, scores_matmul
+from memcalc.families.attention import add_float_mask, attention_core, copy, head_copy, scores_matmul
 from memcalc.families.base import TOKENS, Embedded, param_maker, size
 from memcalc.families.call_path import cache_kv
 from memcalc.families.hf_llama import HFLlama, token_embedding
@@ -80,20 +80,31 @@ def rotary(ops: Ops, x: Value, cos: Value, sin: Value, heads: int, d: int) -> Va
 def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: Value,
                 sinks: Value, contiguous: bool = False) -> tuple[Value, Value]:
     """modeling_gpt_oss.eager_attention_forward. q and k arrive contiguous (the rotary cat), so
-    bmm copies neither; v is the projection's transposed view (copied by bmm's reshape unless
-    repeat_kv copied it). `attn_weights` (scores + mask) lives until it is rebound to the
-    probabilities, `combined_logits` (the shifted logits) until the function returns; max saves
-    its int64 indices; softmax saves its result, whose (b, heads, s, s) slice, cast to v's
+    bmm copies neither; v is the projection's transposed view (copied by bmm's reshape in the
+    second matmul unless repeat_kv copied it). `attn_weights` (scores + mask) lives until it is
+    rebound to the probabilities, `combined_logits` (the shifted logits) until the function
+    returns; max saves its int64 indices; softmax saves its result, whose (b, heads, s, s) slice, cast to v's
     dtype (a copy under autocast), is the second matmul's operand."""
     g, a, kv, d = ops.g, spec.num_heads, spec.kv_heads, spec.head_size
     repeated = []
-    if kv < a:
+    expanded = kv == 1 < a  # one kv head: repeat_kv is a view (attention.KV_EXPAND_VIEW)
+    reshape_copies = not ops.regime.single_sequence  # at b 1 bmm's reshapes are views
+    if expanded:  # copied later by autocast's cast or bmm's reshapes, as llama_eager models it
+        k = g.view("repeat_kv k (expand view)", k, size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)])
+        v = g.view("repeat_kv v (expand view)", v, size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)])
+        repeated = [k, v]
+    elif kv < a:
         k = g.op("repeat_kv k", [k], size("b s a d", k.elt, a=a, d=d), backward=[Grad(0)], elt=k.elt)
         v = g.op("repeat_kv v", [v], size("b s a d", v.elt, a=a, d=d), backward=[Grad(0)], elt=v.elt)
         repeated = [k, v]
-    elif not contiguous:  # the DynamicCache's copy (use_cache) is contiguous already
-        v = head_copy(ops, spec, v, "v reshape copy")
+    # the DynamicCache's copy (use_cache) is contiguous already; else the transposed view is
+    # copied by bmm's reshape inside the second matmul, after the probabilities and their dropout
+    # (measured: aten.clone of v after dropout's mul, GPT-OSS bf16 eager, attention dropout,
+    # selective checkpointing, fresh1921586647-073: the copy made first put the forward +57,856 B)
+    v_copy = (kv == a and not contiguous) or (expanded and reshape_copies)
     qm, km = ops.matmul_operand(q), ops.matmul_operand(k)
+    if expanded and km is k and reshape_copies:  # not cast by autocast: bmm's reshape copies k^T
+        km = copy(ops, km, "k^T reshape copy (expanded)")
     scores = add_float_mask(ops, ops.scale(scores_matmul(ops, qm, km, a), "* scaling"), mask)
     elt = max(scores.elt, sinks.elt)
     wide = size("b a s s", elt, a=a) + size("b a s", elt, a=a)  # (b, heads, s, s+1)
@@ -109,6 +120,8 @@ def sinks_eager(ops: Ops, spec: ModelSpec, q: Value, k: Value, v: Value, mask: V
     weights = ops.to(ops.dropout(scores_view, spec.attn_dropout), v.elt, "attn_weights.to(value dtype)")
     ops.scope_end([scores])  # `attn_weights` (scores + mask) until rebound to the cast's result
     pm, vm = ops.matmul_operand(weights), ops.matmul_operand(v)
+    if v_copy and (vm is v or not expanded):  # autocast's cast of the expanded view is contiguous
+        vm = head_copy(ops, spec, vm, "v reshape copy")
     y = g.op("p@v", [pm, vm], size("b s a d", pm.elt, a=a, d=d), saves=product_saves(pm, vm),
              backward=[Grad(0), Grad(1)], elt=pm.elt)
     out = head_copy(ops, spec, y, "transpose contiguous")

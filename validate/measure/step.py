@@ -82,6 +82,10 @@ def check_runnable(spec, training) -> None:
     Traceback (most recent call last):
     ...
     memcalc.core.errors.MemcalcError: seq_len: 4096 exceeds max_position_embeddings=1024; fix: ...
+    >>> check_runnable(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=8, hf_trainer=True))
+    Traceback (most recent call last):
+    ...
+    memcalc.core.errors.MemcalcError: hf_trainer: the validator's own training loop does not run ...
     """
     if training.seq_len > spec.max_position_embeddings:
         raise MemcalcError("seq_len", f"{training.seq_len} exceeds max_position_embeddings="
@@ -90,6 +94,11 @@ def check_runnable(spec, training) -> None:
     if training.pad_tokens >= training.seq_len:
         raise MemcalcError("pad_tokens", f"{training.pad_tokens} leaves no token of a "
                            f"{training.seq_len}-token sequence", "use pad_tokens < seq_len")
+    if training.hf_trainer:  # a Trainer case runs validate.run.trainer_run, never this loop
+        raise MemcalcError("hf_trainer", "the validator's own training loop does not run "
+                           "transformers.Trainer, so the Trainer's look-ahead batch and loss scalars "
+                           "would be missing from the measured step",
+                           "give the case trainer_args (a Trainer run) or set hf_trainer=False")
     if training.checkpointing == "every-k" and training.checkpoint_every > spec.num_layers:
         raise MemcalcError("checkpoint_every", f"{training.checkpoint_every} exceeds num_layers="
                            f"{spec.num_layers}", "choose a segment size <= num_layers")

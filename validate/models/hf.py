@@ -44,6 +44,13 @@ def _llama_model_type(spec) -> str:
                                "and no MLP bias", "set qkv_bias = out_bias and mlp_bias false")
         return "qwen3"
     if spec.max_window_layers is not None:  # Qwen2's sliding rule (Qwen3's with qk_norm)
+        # Qwen2Attention builds q/k/v with bias=True whatever the config and o_proj, the MLP without
+        # (modeling_qwen2.py): another bias set would measure a model the spec does not describe
+        # (fresh1921586647-084: 192 bias parameters and their gradients, 1,536 B, -0.24%)
+        if (spec.qkv_bias, spec.out_bias, spec.mlp_bias) != (True, False, False):
+            raise MemcalcError("max_window_layers", "HF Qwen2 (the max_window_layers rule) has q/k/v biases "
+                               "and no output or MLP bias", "set qkv_bias true, out_bias and mlp_bias false, "
+                               "or drop max_window_layers (Mistral's every-layer window, no biases)")
         return "qwen2"
     if spec.sliding_window is not None:
         if spec.qkv_bias or spec.out_bias or spec.mlp_bias:
