@@ -157,9 +157,20 @@ class HFLlama(DecoderProgram):
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; the masks (memcalc.families.masks); the rotary
         cos/sin tables computed once per forward."""
-        g = ops.g
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
+        return self.base_context(ops, spec, regime, x, ids)
+
+    def stage_embedded(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value) -> Embedded:
+        """A later pipeline stage runs the base model's forward on `inputs_embeds` (its receive
+        buffer; validate.distributed.pipeline._hf_stage): no embedding, the same position_ids,
+        masks and rotary tables as the first stage, alive until that forward returns."""
+        return self.base_context(ops, spec, regime, x, None)
+
+    def base_context(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, ids: Value | None) -> Embedded:
+        """What LlamaModel.forward makes from inputs_embeds before its layers: position_ids,
+        the masks, the rotary cos/sin tables (POSITION_IDS_LOCAL)."""
+        g = ops.g
         pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
                    requires_grad=False, elt=8)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)

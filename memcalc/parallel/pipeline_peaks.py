@@ -59,11 +59,13 @@ def check_pipeline_supported(model: ModelSpec, training: TrainingConfig) -> None
     """Refuse by name what the stage model does not cover (modelled: the reference GPT-2 and
     Llama, untied, on pipeline ranks alone, full backward schedules; the checkpointing modes:
     memcalc.parallel.stages)."""
-    if model.implementation != "reference" or model.tie_embeddings:
+    hf_llama = model.implementation == "hf" and model.family == "llama"
+    if not (model.implementation == "reference" or hf_llama) or model.tie_embeddings:
         raise NotModelledError("pipeline_parallel", "pipeline stages are modelled and measured for the untied "
-                               "reference GPT-2 and Llama only (a tied head spans the first and last stages; the "
-                               "HF programs' stage splits are not measured)",
-                               "use implementation='reference', tie_embeddings=False, or pipeline_parallel=1")
+                               "reference GPT-2 and Llama and the untied HF Llama family (Llama, Mistral, Qwen2, "
+                               "Qwen3) only (a tied head spans the first and last stages; the other HF programs' "
+                               "stage splits are not measured)",
+                               "use an untied reference or HF Llama-family model, or pipeline_parallel=1")
     if training.world_size != training.pipeline_parallel:
         raise NotModelledError("pipeline_parallel", "pipeline parallelism combined with data or tensor "
                                "parallelism (FSDP2, DDP or TP inside a stage) is not modelled",
