@@ -69,12 +69,15 @@ def test_bad_input_is_refused_by_name():
     assert err.value.field == "num_microbatches"
 
 
-def test_the_planner_keeps_the_pipeline_layouts_that_fit():
+@pytest.mark.parametrize("implementation", ["reference", "hf"])
+def test_the_planner_keeps_the_pipeline_layouts_that_fit(implementation):
     """plan_cluster's pipeline layouts (allocated basis) carry estimate()'s rank peaks, all within the
-    budget; a budget between two layouts' peaks keeps the smaller and drops the larger."""
+    budget; a budget between two layouts' peaks keeps the smaller and drops the larger (the
+    reference GPT-2 and the HF Llama program)."""
     from memcalc.queries.cluster import plan_cluster
 
-    spec, t = _spec(), TrainingConfig(micro_batch=1, seq_len=16, precision="fp32")
+    spec = _spec() if implementation == "reference" else _spec("llama").with_(implementation="hf")
+    t = TrainingConfig(micro_batch=1, seq_len=16, precision="fp32")
     plans = [x for x in plan_cluster(spec, t, gpus="2xA100-80GB", global_batch=4, basis="allocated")
              if x.pipeline_parallel == 2]
     assert {x.pipeline_schedule for x in plans} == {"gpipe", "1f1b", "interleaved-1f1b"}
