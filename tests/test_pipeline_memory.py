@@ -45,7 +45,8 @@ def test_gpipe_holds_at_least_what_1f1b_holds(family, m, pp, per_mb):
     (dict(training=dict(pipeline_schedule="interleaved-zero-bubble", pipeline_stages_per_rank=2)),
      "pipeline_schedule"),
     (dict(training=dict(checkpointing="sqrt")), "checkpointing"),
-    (dict(model=dict(family="llama", implementation="hf", intermediate_size=64, sliding_window=8)), "sliding_window"),
+    (dict(model=dict(family="llama", implementation="hf", intermediate_size=64, no_rope_layers=(1,))),
+     "no_rope_layers"),
     (dict(model=dict(family="llama", implementation="hf", intermediate_size=64), training=dict(precision="bf16-amp")),
      "precision"),
 ])

@@ -67,11 +67,9 @@ def check_pipeline_supported(model: ModelSpec, training: TrainingConfig) -> None
                                "Qwen3) only (a tied head spans the first and last stages; the other HF programs' "
                                "stage splits are not measured)",
                                "use an untied reference or HF Llama-family model, or pipeline_parallel=1")
-    if hf_llama and (model.sliding_window is not None or model.no_rope_layers):
-        raise NotModelledError("sliding_window", "pipeline stages of HF models with sliding-window or NoPE layers "
-                               "(Mistral, Qwen2 windows, SmolLM3) are not modelled (Mistral, window 16 at s 32, "
-                               "measured 4.1% above the stage model)",
-                               "use a model without sliding_window / no_rope_layers, or pipeline_parallel=1")
+    if hf_llama and model.no_rope_layers:
+        raise NotModelledError("no_rope_layers", "pipeline stages of HF models with NoPE layers (SmolLM3) are not "
+                               "measured", "use a model without no_rope_layers, or pipeline_parallel=1")
     if training.world_size != training.pipeline_parallel:
         raise NotModelledError("pipeline_parallel", "pipeline parallelism combined with data or tensor "
                                "parallelism (FSDP2, DDP or TP inside a stage) is not modelled",

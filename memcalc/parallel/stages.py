@@ -151,7 +151,9 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
     """Walk one micro-batch of `training.micro_batch` sequences through a stage twice (module
     docstring) and read its bytes at that shape; `recv` is the previous stage's output (bytes,
     element size), None on the first stage."""
-    regime = Regime.of(training, spec)
+    from memcalc.engine.run import regime_for  # the shape conditions (a reached sliding window, ...)
+
+    regime = regime_for(spec, training)
     if regime.checkpointing not in ("none", "per-layer", "selective"):
         raise NotModelledError("checkpointing", f"{regime.checkpointing} checkpointing inside pipeline stages "
                                "(segments of several layers) is not modelled",
