@@ -3,13 +3,15 @@ invariants and refusals. The per-rank peaks measured on gloo ranks (dist-ci topi
 validate/results/dist-ci.jsonl) are held to their bound by tests/test_recorded_rows.py."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import memcalc
 from memcalc.core.errors import MemcalcError, NotModelledError
 from memcalc.inputs.specs import ModelSpec
-from memcalc.inputs.training import TrainingConfig
+from memcalc.inputs.training import PIPELINE_DEFAULTS, TrainingConfig
 
 def _spec(family: str = "gpt2", layers: int = 4) -> ModelSpec:
     extra = {"intermediate_size": 64} if family == "llama" else {}
@@ -43,6 +45,10 @@ def test_gpipe_holds_at_least_what_1f1b_holds(family, m, pp, per_mb):
     (dict(training=dict(pipeline_schedule="interleaved-zero-bubble", pipeline_stages_per_rank=2)),
      "pipeline_schedule"),
     (dict(training=dict(checkpointing="sqrt")), "checkpointing"),
+    (dict(model=dict(family="llama", implementation="hf", intermediate_size=64, no_rope_layers=(1,))),
+     "no_rope_layers"),
+    (dict(model=dict(family="llama", implementation="hf", intermediate_size=64), training=dict(precision="bf16-amp")),
+     "precision"),
 ])
 def test_what_is_not_modelled_is_refused_by_name(change, field):
     """Refused with the field named (NotModelledError), never a silent number."""
@@ -64,12 +70,15 @@ def test_bad_input_is_refused_by_name():
     assert err.value.field == "num_microbatches"
 
 
-def test_the_planner_keeps_the_pipeline_layouts_that_fit():
+@pytest.mark.parametrize("implementation", ["reference", "hf"])
+def test_the_planner_keeps_the_pipeline_layouts_that_fit(implementation):
     """plan_cluster's pipeline layouts (allocated basis) carry estimate()'s rank peaks, all within the
-    budget; a budget between two layouts' peaks keeps the smaller and drops the larger."""
+    budget; a budget between two layouts' peaks keeps the smaller and drops the larger (the
+    reference GPT-2 and the HF Llama program)."""
     from memcalc.queries.cluster import plan_cluster
 
-    spec, t = _spec(), TrainingConfig(micro_batch=1, seq_len=16, precision="fp32")
+    spec = _spec() if implementation == "reference" else _spec("llama").with_(implementation="hf")
+    t = TrainingConfig(micro_batch=1, seq_len=16, precision="fp32")
     plans = [x for x in plan_cluster(spec, t, gpus="2xA100-80GB", global_batch=4, basis="allocated")
              if x.pipeline_parallel == 2]
     assert {x.pipeline_schedule for x in plans} == {"gpipe", "1f1b", "interleaved-1f1b"}
@@ -114,3 +123,23 @@ def test_pipeline_layouts_the_planner_keeps_run_within_the_budget_on_gloo():
                       pipeline_stages_per_rank=2 if x.pipeline_schedule == "interleaved-1f1b" else 1)
         measured = [r["peak_bytes"] for r in measure_distributed(spec, run)]
         assert (max(measured) <= budget) == inside, (key(x), measured, budget)
+
+
+@pytest.mark.parametrize("implementation", ["hf", "reference"])
+def test_a_stage_profile_depends_on_its_layer_count_only_when_layers_are_alike(implementation):
+    """The planner's cache walks one profile per layer count (pipeline_peaks._layer_key): the
+    profile of a stage walked with its own layer indices is the same, for every stage of an uneven
+    5-stage split of an HF and a reference Llama."""
+    from memcalc.parallel.pipeline import stage_layers
+    from memcalc.parallel.pipeline_peaks import _profiles
+    from memcalc.parallel.stages import stage_profile
+
+    spec = _spec("llama", 7).with_(implementation=implementation)
+    t = _training("1f1b", 5, pp=5, per_mb=2, checkpointing="per-layer")
+    one = t.with_(**PIPELINE_DEFAULTS, world_size=1, micro_batch=2)
+    recv = None
+    for i, (layers, cached) in enumerate(zip(stage_layers(7, 5, None), _profiles(spec, t))):
+        direct = stage_profile(spec, one, layers, i == 0, i == 4, recv)
+        recv = (direct.output.eval(2, 16), direct.output_elt)
+        assert replace(direct, output=None) == replace(cached, output=None)
+        assert direct.output.eval(3, 5) == cached.output.eval(3, 5)

@@ -145,6 +145,12 @@ class DecoderProgram:
         the rotary tables such a stage keeps); by default nothing."""
         return {}
 
+    def stage_embedded(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value) -> Embedded:
+        """A pipeline stage without the embedding, whose input is `x` (its receive buffer): the
+        context its blocks read and the base model's locals its forward holds (the HF programs'
+        position_ids, masks and rotary tables); by default stage_context's, nothing held."""
+        return Embedded(x, x, self.stage_context(ops, spec, regime))
+
     def final_norm(self, ops: Ops, spec: ModelSpec, x: Value) -> Value:
         """The norm before the LM head."""
         raise NotImplementedError

@@ -160,8 +160,20 @@ class HFLlama(DecoderProgram):
         cos/sin tables computed once per forward."""
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
+        return self.base_context(ops, spec, regime, x, ids)
+
+    def stage_embedded(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value) -> Embedded:
+        """A later pipeline stage runs the base model's forward on `inputs_embeds` (its receive
+        buffer; validate.distributed.pipeline._hf_stage): no embedding, the same position_ids,
+        masks and rotary tables as the first stage, alive until that forward returns."""
+        return self.base_context(ops, spec, regime, x, None)
+
+    def base_context(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, ids: Value | None) -> Embedded:
+        """What LlamaModel.forward makes from inputs_embeds before its layers: position_ids,
+        the masks, the rotary cos/sin tables (POSITION_IDS_LOCAL)."""
+        g = ops.g
         if regime.positions_batched:  # generate's (b, s) position ids (TRL GRPO's generation phase)
-            pos = ops.g.op("position_ids", [], size("b s", 8), requires_grad=False, elt=8)
+            pos = g.op("position_ids", [], size("b s", 8), requires_grad=False, elt=8)
         else:
             pos = mask_build.position_ids(ops)  # the arange, then the sum (mask_build)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)

@@ -29,6 +29,7 @@ the receive buffers' .grad still alive.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memcalc.core.errors import NotModelledError
 from memcalc.engine.regime import Regime
@@ -59,11 +60,16 @@ def check_pipeline_supported(model: ModelSpec, training: TrainingConfig) -> None
     """Refuse by name what the stage model does not cover (modelled: the reference GPT-2 and
     Llama, untied, on pipeline ranks alone, full backward schedules; the checkpointing modes:
     memcalc.parallel.stages)."""
-    if model.implementation != "reference" or model.tie_embeddings:
+    hf_llama = model.implementation == "hf" and model.family == "llama"
+    if not (model.implementation == "reference" or hf_llama) or model.tie_embeddings:
         raise NotModelledError("pipeline_parallel", "pipeline stages are modelled and measured for the untied "
-                               "reference GPT-2 and Llama only (a tied head spans the first and last stages; the "
-                               "HF programs' stage splits are not measured)",
-                               "use implementation='reference', tie_embeddings=False, or pipeline_parallel=1")
+                               "reference GPT-2 and Llama and the untied HF Llama family (Llama, Mistral, Qwen2, "
+                               "Qwen3) only (a tied head spans the first and last stages; the other HF programs' "
+                               "stage splits are not measured)",
+                               "use an untied reference or HF Llama-family model, or pipeline_parallel=1")
+    if hf_llama and model.no_rope_layers:
+        raise NotModelledError("no_rope_layers", "pipeline stages of HF models with NoPE layers (SmolLM3) are not "
+                               "measured", "use a model without no_rope_layers, or pipeline_parallel=1")
     if training.world_size != training.pipeline_parallel:
         raise NotModelledError("pipeline_parallel", "pipeline parallelism combined with data or tensor "
                                "parallelism (FSDP2, DDP or TP inside a stage) is not modelled",
@@ -94,10 +100,27 @@ def _profiles(model: ModelSpec, training: TrainingConfig) -> list[StageProfile]:
     out: list[StageProfile] = []
     recv = None
     for i, layers in enumerate(parts):
-        prof = stage_profile(model, one, layers, i == 0, i == total - 1, recv)
+        prof = _stage_profile(model, one, _layer_key(model, layers), i == 0, i == total - 1, recv)
         recv = (prof.output.eval(one.micro_batch, one.seq_len), prof.output_elt)
         out.append(prof)
     return out
+
+
+def _layer_key(model: ModelSpec, layers: range) -> range | tuple:
+    """What of a stage's layer indices changes its bytes: nothing but their count when every layer
+    is alike (no sliding-window or NoPE layers), so equal stages share one profile (the planner
+    walks a 64-stage split as a few); else the indices themselves."""
+    alike = not model.no_rope_layers and not any(model.layer_is_sliding(i) for i in range(model.num_layers))
+    return ("alike", len(layers)) if alike else layers
+
+
+@lru_cache(maxsize=4096)
+def _stage_profile(model: ModelSpec, one: TrainingConfig, key: range | tuple, first: bool, last: bool,
+                   recv: tuple[int, int] | None) -> StageProfile:
+    """stage_profile of the stage `key` names (_layer_key); the indices of alike layers do not
+    change its bytes, only the parameters' labels."""
+    layers = range(key[1]) if isinstance(key, tuple) else key
+    return stage_profile(model, one, layers, first, last, recv)
 
 
 def pipeline_peaks(model: ModelSpec, training: TrainingConfig) -> list[RankPeak]:

@@ -38,7 +38,7 @@ from memcalc.core.poly import Poly
 from memcalc.engine.codegen import MomentSet
 from memcalc.engine.regime import Regime
 from memcalc.families import program_for
-from memcalc.families.base import TOKENS, size
+from memcalc.families.base import TOKENS, run_layers, size
 from memcalc.families.loss import reference_cross_entropy
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.training import TrainingConfig
@@ -99,27 +99,34 @@ def stage_graph(spec: ModelSpec, regime: Regime, layers: range, first: bool, las
     g = ops.g
     if first:
         emb = program.embed(ops, spec, regime)
-        x, context = emb.x, emb.context
-        _stage_causal_mask(g, spec, regime, len(layers))
     else:
         x = g.input("receive buffer", recv[0], elt=recv[1])
         x.requires_grad, x.leaf = True, True  # a leaf whose .grad the caller keeps
-        context = program.stage_context(ops, spec, regime)
-        _stage_causal_mask(g, spec, regime, len(layers))
+        emb = program.stage_embedded(ops, spec, regime, x)
+    x, context = emb.x, emb.context
     per_layer = regime.checkpointing == "per-layer"  # selective: inside the blocks (attention_core)
-    for layer in layers:
+    if spec.implementation == "hf":  # the base model's forward over the stage's layers (_hf_stage)
+        x = run_layers(ops, len(layers), set(range(len(layers))) if per_layer else set(),
+                       lambda y, i: program.block(ops, spec, regime, y, layers[i], context), x,
+                       context.get("position_ids"))
+        if not last:  # the norm is nn.Identity: LlamaModel.forward returns, its locals go
+            ops.scope_end(emb.held_until_norm)
+    else:
+        _stage_causal_mask(g, spec, regime, len(layers))
+        for layer in layers:
+            g.layer_starts.append(len(g.nodes))
+            if per_layer:  # torch.utils.checkpoint around each block, non-reentrant
+                g.begin_region()
+            x = program.block(ops, spec, regime, x, layer, context)
+            if per_layer:
+                g.end_region()
         g.layer_starts.append(len(g.nodes))
-        if per_layer:  # torch.utils.checkpoint around each block, non-reentrant
-            g.begin_region()
-        x = program.block(ops, spec, regime, x, layer, context)
-        if per_layer:
-            g.end_region()
-    g.layer_starts.append(len(g.nodes))
     if not last:
         g.keep.append(x)
         g.order_params(program.registration_rank)
         return g, x
     h = program.final_norm(ops, spec, x)
+    ops.scope_end(emb.held_until_norm)  # LlamaModel.forward returns (HF); nothing held (reference)
     head = ops.param(program.head_label, spec.vocab_size * spec.hidden_size, spec.vocab_size)
     logits = ops.linear(h, head, None, TOKENS, spec.vocab_size, "lm_head")
     target = g.input("target", size("b s", 8))
@@ -144,7 +151,9 @@ def stage_profile(spec: ModelSpec, training: TrainingConfig, layers: range, firs
     """Walk one micro-batch of `training.micro_batch` sequences through a stage twice (module
     docstring) and read its bytes at that shape; `recv` is the previous stage's output (bytes,
     element size), None on the first stage."""
-    regime = Regime.of(training, spec)
+    from memcalc.engine.run import regime_for  # the shape conditions (a reached sliding window, ...)
+
+    regime = regime_for(spec, training)
     if regime.checkpointing not in ("none", "per-layer", "selective"):
         raise NotModelledError("checkpointing", f"{regime.checkpointing} checkpointing inside pipeline stages "
                                "(segments of several layers) is not modelled",

@@ -63,7 +63,7 @@ def pipeline_layouts(model: ModelSpec, training: TrainingConfig, count: int, car
     out = []
     for precision in precisions:
         peak_tflops = card.tflops(precision)
-        if peak_tflops is None or p < 2:
+        if peak_tflops is None or p < 2 or _receive_floor(model, training, global_batch, precision) > budget:
             continue
         for (schedule, v), mode in ((x, c) for x in SCHEDULES for c in checkpointing if c in STAGE_CHECKPOINTING):
             for b in (k for k in range(1, global_batch + 1) if global_batch % k == 0):
@@ -80,6 +80,20 @@ def pipeline_layouts(model: ModelSpec, training: TrainingConfig, count: int, car
                 if max(ranks) <= budget:
                     out.append(_fit(model, t, ranks, b, peak_tflops * 1e12 * utilisation))
     return out
+
+
+def _receive_floor(model: ModelSpec, training: TrainingConfig, global_batch: int, precision: str) -> int:
+    """What a later stage's rank holds whatever the split, schedule or micro-batch size: one
+    receive buffer per micro-batch, kept across steps (PipelineStage._prepare_forward_infra), the
+    m micro-batches together the whole batch's hidden states (global_batch * s * h, in bf16 under
+    pure bf16, else fp32). A precision whose floor exceeds the budget is not searched.
+
+    >>> import memcalc
+    >>> spec = memcalc.ModelSpec.preset("llama-3-70b")
+    >>> _receive_floor(spec, memcalc.TrainingConfig(micro_batch=1, seq_len=8192), 1024, "bf16") // 2**30
+    128
+    """
+    return global_batch * training.seq_len * model.hidden_size * (2 if precision == "bf16" else 4)
 
 
 def _fit(model: ModelSpec, t: TrainingConfig, ranks: list[int], b: int, flops_per_s: float) -> PipelineFit:

@@ -36,10 +36,11 @@ def measure_pipeline(spec: ModelSpec, training: TrainingConfig, stages: int, sch
     losses (the last rank's per-micro-batch losses of the first step), in rank order; with
     `events`, each rank's allocation timeline (validate.distributed.tracker.DistTracker events)."""
     check_pipeline(spec.num_layers, stages, schedule, microbatches, stages_per_rank, boundaries)
-    if spec.implementation != "reference" or spec.tie_embeddings:  # the reference models: GPT-2, Llama
-        raise MemcalcError("model", "pipeline stages are split by hand for the untied reference GPT-2 and "
-                           "Llama only (a tied head would span the first and last stages)",
-                           "use implementation='reference', tie_embeddings=False")
+    hf_llama = spec.implementation == "hf" and spec.family == "llama"
+    if not (spec.implementation == "reference" or hf_llama) or spec.tie_embeddings:
+        raise MemcalcError("model", "pipeline stages are split for the untied reference GPT-2 and Llama and "
+                           "the untied HF Llama family only (a tied head would span the first and last stages)",
+                           "use implementation='reference' or an HF Llama-family model, tie_embeddings=False")
     if training.checkpointing not in ("none", "per-layer", "selective"):
         raise MemcalcError("checkpointing", f"{training.checkpointing} is not split by stage here",
                            "use none, per-layer or selective")
@@ -77,13 +78,16 @@ def run_rank(p: dict, rank: int) -> dict:
         gc.collect()
         gc.disable()
         try:
-            torch.manual_seed(0)
-            full = build_reference(spec, training)
-            if training.precision == "bf16":  # as validate.measure.step.build_trainee
-                full.to(torch.bfloat16)
-            modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1, training.checkpointing)
-                       for i in indices]
-            del full
+            if spec.implementation == "hf":
+                modules = [_hf_stage(spec, training, parts[i], i == 0, i == total - 1) for i in indices]
+            else:
+                torch.manual_seed(0)
+                full = build_reference(spec, training)
+                if training.precision == "bf16":  # as validate.measure.step.build_trainee
+                    full.to(torch.bfloat16)
+                modules = [_Stage(full, spec, parts[i], i == 0, i == total - 1, training.checkpointing)
+                           for i in indices]
+                del full
             gc.collect()
             built = tracker.live
             device = torch.device("cpu")
@@ -127,6 +131,46 @@ def run_rank(p: dict, rank: int) -> dict:
             "torch_version": torch.__version__, "wall_s": round(time.perf_counter() - start, 3),
             **({"events": [list(e[:5]) + [[list(x) for x in e[5]]] for e in tracker.events]}
                if p.get("events") else {})}
+
+
+def _hf_stage(spec: ModelSpec, training: TrainingConfig, layers: range, first: bool, last: bool):
+    """One stage of an HF Llama-family model as torchtitan's pipeline_llama splits its own
+    (pipeline_module_split: a whole model per stage, the layers outside the stage deleted, the
+    embedding kept on the first stage only, the final norm and LM head on the last only): the
+    whole HF model is built (seed 0, so every stage holds the same weights as the unsplit model;
+    checkpointing applied by validate.models.hf.build_hf), then `model.model.layers` keeps this
+    stage's layers, `embed_tokens` is None past the first stage, `norm` is nn.Identity and
+    `lm_head` dropped before the last. The stage runs the base model's own forward
+    (LlamaModel.forward: position_ids, masks and rotary tables on every stage), on input_ids
+    (first) or inputs_embeds (the receive buffer), use_cache=False, then the LM head (last)."""
+    import torch
+    from torch import nn
+
+    from validate.models.hf import build_hf
+
+    torch.manual_seed(0)
+    model, _ = build_hf(spec, training)
+    if training.precision == "bf16":  # as validate.measure.step.build_trainee
+        model.to(torch.bfloat16)
+    base = model.model
+    base.layers = nn.ModuleList([base.layers[i] for i in layers])
+    if not first:
+        base.embed_tokens = None
+    if not last:
+        base.norm = nn.Identity()
+    head = model.lm_head if last else None
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.lm_head = base, head
+
+        def forward(self, x):
+            kw = {"input_ids": x} if first else {"inputs_embeds": x}
+            h = self.model(**kw, use_cache=False).last_hidden_state
+            return h if self.lm_head is None else self.lm_head(h)
+
+    return Stage()
 
 
 def _Stage(full, spec: ModelSpec, layers: range, first: bool, last: bool, checkpointing: str = "none"):
