@@ -77,7 +77,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     json_arg(p)
     p = sub.add_parser("tables", help="write (or --check) the reference tables")
     p.add_argument("--out", default="tables", help="output folder (default tables/)")
-    p.add_argument("--check", action="store_true", help="exit 1 when committed tables differ (with --presets: only their rows)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when committed tables differ (with --presets: only their rows)")
     p.add_argument("--presets", nargs="*", help="only these presets")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--jobs", type=int, help="worker processes (default: the CPUs this process may use)")
