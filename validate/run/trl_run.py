@@ -71,13 +71,19 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
 
 
 def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict | None = None,
-                steps: int = 3, seed: int = 0) -> Measurement:
+                steps: int = 3, seed: int = 0, example_len: int | None = None) -> Measurement:
     """Run trl.SFTTrainer (a prompt-completion dataset: completion_only_loss) for `steps`
-    optimizer steps; steady-state peak over steps >= 2."""
+    optimizer steps; steady-state peak over steps >= 2. Each example has `example_len` tokens
+    (`training.seq_len` by default). With `packing` in `sft_args` (BFD, max_length = seq_len),
+    seq_len / example_len examples fill each packed row exactly, so every micro-batch is one
+    padding-free row of micro_batch * seq_len tokens with position_ids restarting per example
+    (DataCollatorForLanguageModeling, padding_free)."""
     import trl
 
-    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum,
-                              prompt_len, training.seq_len - prompt_len, seed)
+    example_len = example_len or training.seq_len
+    per_row = training.seq_len // example_len if sft_args.get("packing") else 1
+    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum * per_row,
+                              prompt_len, example_len - prompt_len, seed)
     data = data.remove_columns("rejected").rename_column("chosen", "completion")
 
     def make(model, args, meter):
