@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.families.attention import attention_core, llama_eager, sdpa_attention
-from memcalc.families.call_path import cache_kv, causal_mask, zero_window_mask
+from memcalc.families.call_path import cache_kv, causal_mask, position_ids, zero_window_mask
 from memcalc.families.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.families.masks import build_masks, layer_mask
 from memcalc.families.layers import (apply_rotary_pos_emb, qkv_projections, rms_norm, rotary, rotary_buffers,
@@ -157,11 +157,9 @@ class HFLlama(DecoderProgram):
     def embed(self, ops: Ops, spec: ModelSpec, regime: Regime) -> Embedded:
         """embed_tokens(ids); position_ids; the masks (memcalc.families.masks); the rotary
         cos/sin tables computed once per forward."""
-        g = ops.g
         ids, x = token_embedding(ops, spec)
         x = self.scale_embeddings(ops, x)
-        pos = g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
-                   requires_grad=False, elt=8)
+        pos = position_ids(ops, regime)  # the batch's when packed (call_path)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)
             masks = {"full": causal_mask(ops, regime, x.elt)}  # create_causal_mask (call_path)
             if spec.family == "qwen2_moe":  # and a window-0 one no layer reads (call_path)

@@ -74,15 +74,22 @@ def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict
                 steps: int = 3, seed: int = 0, example_len: int | None = None) -> Measurement:
     """Run trl.SFTTrainer (a prompt-completion dataset: completion_only_loss) for `steps`
     optimizer steps; steady-state peak over steps >= 2. Each example has `example_len` tokens
-    (`training.seq_len` by default). With `packing` in `sft_args` (BFD, max_length = seq_len),
-    seq_len / example_len examples fill each packed row exactly, so every micro-batch is one
-    padding-free row of micro_batch * seq_len tokens with position_ids restarting per example
-    (DataCollatorForLanguageModeling, padding_free)."""
+    (the row's length by default). With `packing` in `sft_args` (BFD) the rows are
+    per_device_train_batch_size bins of max_length tokens, and max_length / example_len
+    examples fill each exactly, so every micro-batch is one padding-free row of
+    `training.seq_len` tokens (DataCollatorForLanguageModeling with padding_free: position_ids
+    restarting per example; memcalc's attention_mask='packed')."""
     import trl
 
-    example_len = example_len or training.seq_len
-    per_row = training.seq_len // example_len if sft_args.get("packing") else 1
-    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum * per_row,
+    rows, row_len, per_row = training.micro_batch, training.seq_len, 1
+    if sft_args.get("packing"):
+        rows, row_len = sft_args["per_device_train_batch_size"], sft_args["max_length"]
+        per_row = row_len // (example_len or row_len)
+        if rows * row_len != training.seq_len or per_row * (example_len or row_len) != row_len:
+            raise ValueError(f"packed SFT: {rows} rows of {row_len} tokens filled by examples of "
+                             f"{example_len} must make the one row of {training.seq_len} tokens")
+    example_len = example_len or row_len
+    data = preference_dataset(spec.vocab_size, steps * rows * training.grad_accum * per_row,
                               prompt_len, example_len - prompt_len, seed)
     data = data.remove_columns("rejected").rename_column("chosen", "completion")
 
