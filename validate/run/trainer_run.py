@@ -86,10 +86,12 @@ def run_tracked_trainer(spec, training, hf_config: dict | None, trainer_args: di
     trainer's own (a peft wrapper when it made one).
 
     The model is built inside the tracker, so its parameters are tracked from their allocation.
+    Libraries imported for the first time inside it count their module-level tensors (peft's
+    loha layer: two 8 B; bitsandbytes' backends.utils: two 64 B), which a training process
+    holds from import, not from the step: sft00 was recorded so (+144 B), before this path
+    imported them first.
     With `args_in_tracker` (TRL's configs, as their rows were recorded) the arguments are built
-    inside it too, after garbage collection is turned off: SFTConfig's construction leaves 144 B
-    of tensors alive then (sft00 measured 32,202,684 B so, 32,202,540 B with the config built
-    before the tracker).
+    inside it too.
     """
     import transformers
 

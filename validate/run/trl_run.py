@@ -107,7 +107,7 @@ def _measure(spec, training, fields: dict, hf_config, steps: int, seed: int, mak
     args = {**fields, "max_steps": steps}
     if kind != "grpo":  # GRPOConfig has no dataset_num_proc (no tokenised dataset)
         args["dataset_num_proc"] = None
-    config = {"dpo": trl.DPOConfig, "sft": trl.SFTConfig, "grpo": trl.GRPOConfig}[kind]
+    config = getattr(trl, {"dpo": "DPOConfig", "sft": "SFTConfig", "grpo": "GRPOConfig"}[kind])
     meter, model, description, tracker = run_tracked_trainer(
         spec, training, hf_config, args, seed, make=make, args_class=config, args_in_tracker=True,
         model_training=training.with_(checkpointing="none", lora=None, quantization="none"))
