@@ -388,9 +388,6 @@ def _check_call_path(training: TrainingConfig) -> None:
     if training.attention_mask == "packed" and training.micro_batch != 1:
         raise ValueError("attention_mask='packed' is one padding-free row: micro_batch=1, "
                          "seq_len = the row's tokens")
-    if training.packed_sequences > training.seq_len:
-        raise ValueError(f"packed_sequences={training.packed_sequences} exceeds seq_len="
-                         f"{training.seq_len}; a packed sequence has at least one token")
     if training.pad_tokens and training.attention_mask != "padded":
         raise ValueError("pad_tokens is only used with attention_mask='padded'")
     if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence
