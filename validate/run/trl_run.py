@@ -78,13 +78,15 @@ def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict
     per_device_train_batch_size bins of max_length tokens, and max_length / example_len
     examples fill each exactly, so every micro-batch is one padding-free row of
     `training.seq_len` tokens (DataCollatorForLanguageModeling with padding_free: position_ids
-    restarting per example; memcalc's attention_mask='packed')."""
+    restarting per example; memcalc's attention_mask='packed'). With `padding_free` and no
+    packing, the micro-batch's per_device_train_batch_size examples are that row.)"""
     import trl
 
     rows, row_len, per_row = training.micro_batch, training.seq_len, 1
-    if sft_args.get("packing"):
-        rows, row_len = sft_args["per_device_train_batch_size"], sft_args["max_length"]
-        per_row = row_len // (example_len or row_len)
+    if sft_args.get("packing") or sft_args.get("padding_free"):  # one row of rows x row_len tokens
+        rows = sft_args["per_device_train_batch_size"]
+        row_len = sft_args["max_length"] if sft_args.get("packing") else training.seq_len // rows
+        per_row = row_len // (example_len or row_len) if sft_args.get("packing") else 1
         if rows * row_len != training.seq_len or per_row * (example_len or row_len) != row_len:
             raise ValueError(f"packed SFT: {rows} rows of {row_len} tokens filled by examples of "
                              f"{example_len} must make the one row of {training.seq_len} tokens")

@@ -16,13 +16,15 @@ READ = {"max_length": "the collator truncates to it (packing: the packed rows' l
         "packing": "with packing_strategy bfd or bfd_split, one padding-free row of per_device_train_batch_size x "
                    "seq_len tokens (attention_mask='packed'; memcalc.families.call_path.packed_inputs)",
         "packing_strategy": "bfd and bfd_split are modelled (padding-free); wrapped is refused",
+        "padding_free": "without packing, the micro-batch's per_device_train_batch_size examples of at most "
+                        "seq_len tokens as one row (attention_mask='packed', packed_sequences = the examples); "
+                        "TRL needs max_length None then",
         "loss_type": "'nll' is modelled; 'dft' (a detached exp of the log-probs) is refused"}
 
 REFUSED_UNLESS_DEFAULT = {
     "model_init_kwargs": "loads the model with these kwargs (dtype, quantization): give the model "
                          "and precision to memcalc instead",
     "router_aux_loss_coef": "the MoE load-balancing loss on the fused head's router logits",
-    "padding_free": "one row of concatenated sequences without packing (not measured; packing=True is modelled)",
     "pad_to_multiple_of": "pads each batch to a multiple: give the padded seq_len",
     "activation_offloading": "saved tensors moved to the host during forward",
 }
@@ -48,16 +50,16 @@ def sft_fields(sft: dict, seq_len: int, micro_batch: int, packed_sequences: int 
     trl data_utils.pack_dataset, then SFTTrainer's padding_free collator) the micro-batch is one
     row of micro_batch x seq_len tokens (seq_len <= max_length: the packed rows' length; every
     row full at seq_len = max_length, the most a step can hold) holding `packed_sequences`
-    sequences (cu_seq_lens' size; by default the most it can be, one token each).
+    sequences (cu_seq_lens' size; by default the most it can be, one token each). padding_free
+    without packing concatenates the micro-batch's examples (each at most seq_len tokens) the
+    same way.
 
     >>> sft_fields({"completion_only_loss": True}, seq_len=512, micro_batch=4)
     {'trl': 'sft'}
     >>> sft_fields({"packing": True, "max_length": 512}, seq_len=512, micro_batch=4, packed_sequences=9)
     {'trl': 'sft', 'micro_batch': 1, 'seq_len': 2048, 'attention_mask': 'packed', 'packed_sequences': 9}
-    >>> sft_fields({"padding_free": True}, seq_len=512, micro_batch=4)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    memcalc.core.errors.NotModelledError: trainer_args.padding_free: True is not modelled ...
+    >>> sft_fields({"padding_free": True, "max_length": None}, seq_len=512, micro_batch=4)
+    {'trl': 'sft', 'micro_batch': 1, 'seq_len': 2048, 'attention_mask': 'packed', 'packed_sequences': 4}
     """
     for name, why in REFUSED_UNLESS_DEFAULT.items():
         value = sft.get(name, DEFAULTS[name])
@@ -71,6 +73,15 @@ def sft_fields(sft: dict, seq_len: int, micro_batch: int, packed_sequences: int 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or seq_len > limit):
         raise SpecError("trainer_args.max_length", f"{limit!r}: the collator truncates every row to "
                         f"it, below seq_len {seq_len}", "pass seq_len <= max_length, or raise max_length")
+    if sft.get("packing", False) is not True and sft.get("padding_free", False) is True:
+        if limit is not None:  # SFTTrainer.__init__ raises the same
+            raise SpecError("trainer_args.max_length", f"{limit!r} with padding_free and no packing: TRL "
+                            "does not enforce it (SFTTrainer refuses the pair)", "set max_length to None")
+        if packed_sequences not in (None, micro_batch):
+            raise SpecError("packed_sequences", f"{packed_sequences!r}: padding_free without packing "
+                            f"concatenates the {micro_batch} examples of the micro-batch", "drop packed_sequences")
+        return {"trl": "sft", "micro_batch": 1, "seq_len": micro_batch * seq_len, "attention_mask": "packed",
+                "packed_sequences": micro_batch}
     if sft.get("packing", False) is not True:
         if packed_sequences is not None:
             raise SpecError("packed_sequences", "is read only with packing=True", "drop packed_sequences")
