@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memcalc
-from memcalc.core.errors import MemcalcError, NotModelledError, UnknownNameError
+from memcalc.core.errors import MemcalcError, NotModelledError, SpecError, UnknownNameError
 from memcalc.inputs.lora import LoRA
 from memcalc.inputs.specs import ModelSpec
 from memcalc.inputs.trainers import dpo_args, sft_args, trainer_args
@@ -177,12 +177,30 @@ def test_sftconfig_object_gives_the_step(tmp_path):
     t = TrainingConfig.from_trainer_args(args, seq_len=64, trainer="sft")
     assert (t.micro_batch, t.trl, t.labels, t.num_items_in_batch, t.precision, t.checkpointing) == \
         (3, "sft", "separate", True, "bf16-amp", "per-layer")
-    for fields, name in (({"packing": True}, "trainer_args.packing"),
+    for fields, name in (({"packing": True, "packing_strategy": "wrapped"}, "trainer_args.packing_strategy"),
                          ({"loss_type": "dft"}, "trainer_args.loss_type"),
-                         ({"padding_free": True}, "trainer_args.padding_free")):
-        with pytest.raises(NotModelledError) as err:
+                         ({"padding_free": True}, "trainer_args.max_length")):  # TRL refuses it too
+        with pytest.raises(MemcalcError) as err:
             TrainingConfig.from_trainer_args({**CPU, **fields}, seq_len=64, trainer="sft")
         assert err.value.field == name
+
+
+def test_sft_packing_is_one_padding_free_row(tmp_path):
+    """SFTConfig(packing=True) (BFD, padding-free): the micro-batch is one row of
+    per_device_train_batch_size x seq_len tokens; packed_sequences sizes only cu_seq_lens
+    (4 B a sequence, in the batch in use and the CPU look-ahead batch), and it is read only
+    with packing."""
+    trl = pytest.importorskip("trl")
+    args = trl.SFTConfig(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=3,
+                         use_cpu=True, packing=True, max_length=64)
+    t = TrainingConfig.from_trainer_args(args, seq_len=64, trainer="sft", packed_sequences=5)
+    assert (t.micro_batch, t.seq_len, t.attention_mask, t.packed_sequences) == (1, 192, "packed", 5)
+    model = ModelSpec.preset("gpt2").with_(num_layers=2, attn_dropout=0.0)  # CPU SDPA's math kernel
+    peaks = [memcalc.estimate(model, t.with_(packed_sequences=n)).peak_bytes for n in (5, 6)]
+    assert peaks[1] - peaks[0] == 4 * 2
+    with pytest.raises(SpecError) as err:
+        TrainingConfig.from_trainer_args({**CPU}, seq_len=64, trainer="sft", packed_sequences=5)
+    assert err.value.field == "packed_sequences"
 
 
 def test_check_offers_dpo_changes_in_pairs():

@@ -93,6 +93,8 @@ class Regime:
     grad_accum: int
     use_cache: bool = False
     attention_mask: str = "none"
+    packed_sequences: int = 0
+    """TrainingConfig.packed_sequences (cu_seq_lens' size with attention_mask='packed')."""
     labels: str = "input_ids"
     num_items_in_batch: bool = False
     hf_trainer: bool = False
@@ -171,6 +173,7 @@ class Regime:
                    checkpointing=training.checkpointing, checkpoint_every=training.checkpoint_every,
                    attention=attention, grad_accum=training.grad_accum,
                    use_cache=training.use_cache, attention_mask=training.attention_mask,
+                   packed_sequences=training.packed_sequences,
                    labels=training.labels, num_items_in_batch=training.num_items_in_batch,
                    hf_trainer=training.hf_trainer, max_grad_norm=training.max_grad_norm,
                    lora=training.lora, freeze=training.freeze, quantization=training.quantization,

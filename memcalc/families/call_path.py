@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from memcalc.tape.ops import Ops
     from memcalc.inputs.training import TrainingConfig
 
-CALL_PATH_DEFAULTS = {"use_cache": False, "attention_mask": "none", "pad_tokens": 0,
+CALL_PATH_DEFAULTS = {"use_cache": False, "attention_mask": "none", "pad_tokens": 0, "packed_sequences": 0,
                       "labels": "input_ids", "num_items_in_batch": False, "hf_trainer": False}
 """The call-path fields at the values memcalc's own step uses (model(input_ids=ids,
 labels=ids, use_cache=False))."""
@@ -36,7 +36,9 @@ def batch_inputs(ops: Ops, regime: Regime) -> None:
     """The batch tensors besides input_ids, alive for the whole step: a (b, s) int64
     attention_mask, a (b, s) int64 labels tensor, the int64 num_items_in_batch scalar."""
     g = ops.g
-    if regime.attention_mask != "none" and regime.trl != "grpo":  # GRPO's: _compute_loss's cat
+    if regime.attention_mask == "packed":
+        packed_inputs(ops, regime, "")
+    elif regime.attention_mask != "none" and regime.trl != "grpo":  # GRPO's: _compute_loss's cat
         g.input("attention_mask", size("b s", 8))
     if regime.labels == "separate":
         g.input("labels", size("b s", 8))
@@ -44,6 +46,28 @@ def batch_inputs(ops: Ops, regime: Regime) -> None:
         g.input("num_items_in_batch", size("", 8))
     if regime.hf_trainer:
         trainer_inputs(ops, regime)
+
+
+def packed_inputs(ops: Ops, regime: Regime, prefix: str) -> None:
+    """A padding-free packed batch's tensors besides input_ids and labels, in place of an
+    attention_mask (trl sft_trainer.py DataCollatorForLanguageModeling with padding_free): (1, s)
+    int64 position_ids restarting at each sequence, cu_seq_lens_q and _k (one int32 tensor of
+    packed_sequences + 1 values, both keys), seq_idx (1, s) int32 (repeat_interleave's output)."""
+    g = ops.g
+    g.input(prefix + "position_ids", size("b s", 8))
+    g.input(prefix + "cu_seq_lens", size("", 4 * (regime.packed_sequences + 1)), elt=4)
+    g.input(prefix + "seq_idx", size("b s", 4), elt=4)
+
+
+def position_ids(ops: Ops, regime: Regime) -> Value:
+    """The position_ids the base model uses: a packed batch's own (a view: the model makes
+    none, modeling_llama.py / modeling_gpt2.py use the position_ids passed), else the forward's
+    new `torch.arange(s)` ((b, s) when generate passes them: Regime.positions_batched)."""
+    batch = graph_input(ops, "position_ids") if regime.attention_mask == "packed" else None
+    if batch is not None:
+        return ops.g.view("position_ids", batch)
+    return ops.g.op("position_ids", [], size("b s" if regime.positions_batched else "s", 8),
+                    requires_grad=False, elt=8)
 
 
 def held_batches(regime: Regime) -> int:
@@ -69,6 +93,10 @@ def trainer_inputs(ops: Ops, regime: Regime) -> None:
         per_batch = 0
     for i in range(held_batches(regime) * per_batch):
         g.input(f"held batch tensor {i}", size("b s", 8))
+    if regime.attention_mask == "packed":  # position_ids counted above, for attention_mask
+        for i in range(held_batches(regime)):
+            g.input(f"held batch {i} cu_seq_lens", size("", 4 * (regime.packed_sequences + 1)), elt=4)
+            g.input(f"held batch {i} seq_idx", size("b s", 4), elt=4)
     if regime.trl != "none":  # the preference collator's other tensors, in each held batch
         from memcalc.families.trl_dpo import dpo_batch_tensors
 
@@ -90,14 +118,18 @@ def causal_mask(ops: Ops, regime: Regime, elt: int) -> Value | None:
     - eager: torch.where(bool mask, 0, min) -> a (b, 1, s, s) float mask in the embeddings'
       dtype (`elt`), whatever the 2-D mask holds (masking_utils.eager_mask);
     - sdpa, no mask or all ones: None, SDPA runs is_causal (_ignore_causal_mask_sdpa);
-    - sdpa, padded: causal (1,1,s,s) & padding (b,1,1,s) -> a (b, 1, s, s) bool mask.
-    The 2-D mask's `.to(torch.bool)` copy (b, s) lives while the mask is built. Without a 2-D mask
-    and a cache, the small tensors made on the way (memcalc.families.mask_build)."""
+    - sdpa, padded: causal (1,1,s,s) & padding (b,1,1,s) -> a (b, 1, s, s) bool mask;
+    - sdpa, packed: find_packed_sequence_indices finds the sequences from position_ids, and
+      allow_is_causal_skip is turned off (create_causal_mask), so the causal-by-position and
+      same-sequence mask is a (b, 1, s, s) bool mask too (measured: trl SFT packing, GPT-2 and
+      Llama, b1 s192 and s120).
+    The 2-D mask's `.to(torch.bool)` copy (b, s) lives while the mask is built. Without a 2-D mask,
+    a cache or a packed batch, the small tensors made on the way (memcalc.families.mask_build)."""
     from memcalc.families import mask_build
 
     g = ops.g
     mask2d = graph_input(ops, "attention_mask")
-    if mask2d is None and not regime.kv_cache:  # the small tensors it makes on the way (mask_build)
+    if mask2d is None and not regime.kv_cache and regime.attention_mask != "packed":  # (mask_build)
         mask_build.packed_sequence_check(ops, regime)
         if regime.attention != "eager":
             return None
@@ -108,8 +140,8 @@ def causal_mask(ops: Ops, regime: Regime, elt: int) -> Value | None:
     mask = None
     if regime.attention == "eager":
         mask = g.op("causal mask", [], size("b s s", elt), requires_grad=False, elt=elt)
-    elif regime.attention_mask == "padded":
-        mask = g.op("sdpa bool mask", [as_bool], size("b s s", 1), requires_grad=False, elt=1)
+    elif regime.attention_mask in ("padded", "packed"):
+        mask = g.op("sdpa bool mask", [as_bool] if as_bool else [], size("b s s", 1), requires_grad=False, elt=1)
     ops.scope_end([as_bool])
     return mask
 
@@ -220,7 +252,7 @@ def _unsupported(model: ModelSpec, training: TrainingConfig, field: str) -> str 
     can = declaration(model.family).supports
     if field == "use_cache":
         covered = families_with(use_cache=True)
-    elif field in ("attention_mask", "pad_tokens"):
+    elif field in ("attention_mask", "pad_tokens", "packed_sequences"):
         covered = tuple(f for f in families_with()
                         if training.attention_mask in declaration(f).supports.attention_masks)
     else:
@@ -266,8 +298,14 @@ def check_call_path(model: ModelSpec, training: TrainingConfig) -> None:
                                "checkpoint regions is not modelled (HF turns the cache off only "
                                "under its own per-layer checkpointing)",
                                "pass use_cache=False, or checkpointing none or per-layer")
-    if (training.attention_mask == "padded" and training.resolved_attention(model) == "sdpa"
+    if training.attention_mask == "packed" and (model.sliding_window is not None or training.use_cache):
+        field = "use_cache" if training.use_cache else "attention_mask"
+        raise NotModelledError(field, "a packed row with " + ("a DynamicCache (transformers looks for "
+                               "packed sequences only without one)" if training.use_cache else
+                               "a sliding window (the packed sliding masks) is not modelled"),
+                               "drop use_cache" if training.use_cache else "check a model without sliding windows")
+    if (training.attention_mask in ("padded", "packed") and training.resolved_attention(model) == "sdpa"
             and training.device == "cpu" and model.attn_dropout > 0):
-        raise NotModelledError("attention_mask", "a padded mask with SDPA's math kernel (CPU "
+        raise NotModelledError("attention_mask", f"a {training.attention_mask} mask with SDPA's math kernel (CPU "
                                "with attention dropout) is not modelled",
                                "use attention='eager', attn_dropout=0, or device='cuda'")

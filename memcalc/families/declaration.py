@@ -19,6 +19,8 @@ EMPTY: Mapping = MappingProxyType({})
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "bf16")
 ALL_MASKS = ("none", "ones", "padded")
 """TrainingConfig.attention_mask's kinds (a declaration's Supports.attention_masks)."""
+PACKED_MASKS = ALL_MASKS + ("packed",)
+"""ALL_MASKS and a padding-free packed row (measured on the GPT-2 and Llama programs)."""
 LLAMA_TP_PLAN = (("self_attn.q_proj", "colwise"), ("self_attn.k_proj", "colwise"), ("self_attn.v_proj", "colwise"),
                  ("self_attn.o_proj", "rowwise"), ("mlp.gate_proj", "colwise"), ("mlp.up_proj", "colwise"),
                  ("mlp.down_proj", "rowwise"))

@@ -8,7 +8,7 @@ block returns; NewGELUActivation is eight elementwise ops (activations.py).
 from __future__ import annotations
 
 from memcalc.families.attention import add_float_mask, attention_core, head_copy, gpt2_eager, sdpa_attention
-from memcalc.families.call_path import cache_kv, causal_mask
+from memcalc.families.call_path import cache_kv, causal_mask, position_ids
 from memcalc.families.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.families.layers import gelu_new
 from memcalc.families.loss import hf_causal_lm_loss
@@ -70,7 +70,7 @@ class HFGPT2(DecoderProgram):
         wte = ops.param("transformer.wte.weight", V * h, V)
         wpe = ops.param("transformer.wpe.weight", P * h, P)
         rows = "b s" if regime.positions_batched else "s"  # generate passes (b, s) position_ids
-        pos_ids = g.op("position_ids", [], size(rows, 8), requires_grad=False, elt=8)
+        pos_ids = position_ids(ops, regime)  # the batch's when packed (call_path)
         tok = g.op("wte embedding", [wte, ids], size("b s h", wte.elt, h=h), saves=[ids],
                    backward=[Grad(0)], elt=wte.elt)
         input_require_grads(ops, tok)  # get_input_embeddings() is wte

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from memcalc.families.attention import attention_core, llama_eager, sdpa_attention
-from memcalc.families.call_path import cache_kv, causal_mask, zero_window_mask
+from memcalc.families.call_path import cache_kv, causal_mask, position_ids, zero_window_mask
 from memcalc.families.base import TOKENS, DecoderProgram, Embedded, input_require_grads, param_maker, size
 from memcalc.families import mask_build
 from memcalc.families.masks import build_masks, layer_mask
@@ -171,9 +171,8 @@ class HFLlama(DecoderProgram):
     def base_context(self, ops: Ops, spec: ModelSpec, regime: Regime, x: Value, ids: Value | None) -> Embedded:
         """What LlamaModel.forward makes from inputs_embeds before its layers: position_ids,
         the masks, the rotary cos/sin tables (POSITION_IDS_LOCAL)."""
-        g = ops.g
-        if regime.positions_batched:  # generate's (b, s) position ids (TRL GRPO's generation phase)
-            pos = g.op("position_ids", [], size("b s", 8), requires_grad=False, elt=8)
+        if regime.positions_batched or regime.attention_mask == "packed":
+            pos = position_ids(ops, regime)  # generate's (b, s) ones (TRL GRPO), the batch's when packed
         else:
             pos = mask_build.position_ids(ops)  # the arange, then the sum (mask_build)
         if spec.sliding_window is None:  # one full mask: the call path's (none / ones / padded)

@@ -272,7 +272,9 @@ def check_dpo(_model: ModelSpec, training: TrainingConfig) -> None:
                                "predict with device='cpu', or not at all on a GPU yet")
     for name, bad in (("world_size", training.world_size > 1), ("quantization", training.quantization != "none"),
                       ("lora.modules_to_save", bool(training.lora and training.lora.modules_to_save)),
-                      ("use_cache", training.use_cache), ("attention_mask", training.attention_mask != "ones")):
+                      ("use_cache", training.use_cache),
+                      ("attention_mask", training.attention_mask != "ones"
+                       and not (training.attention_mask == "packed" and training.trl == "sft"))):
         if bad:
             raise NotModelledError(name, f"{getattr(training, name.split('.')[0])!r} with trl='dpo' is not "
                                    "modelled (measured: one process, full or LoRA, unpadded batches)",

@@ -22,7 +22,7 @@ Checkpointing = Literal["none", "per-layer", "sqrt", "every-k", "selective"]
 Attention = Literal["eager", "sdpa"]
 Device = Literal["cuda", "cpu"]
 Sharding = Literal["none", "zero1", "zero2", "zero3"]
-AttentionMask = Literal["none", "ones", "padded"]
+AttentionMask = Literal["none", "ones", "padded", "packed"]
 Labels = Literal["input_ids", "separate"]
 Quantization = Literal["none", "nf4", "nf4-double", "fp4", "int8"]
 MoERouting = Literal["worst", "balanced"]
@@ -184,7 +184,16 @@ class TrainingConfig(FrozenModel):
     """HF models only: the attention_mask passed with the batch: none; ones (no padding: SDPA
     still runs is_causal, masking_utils._ignore_causal_mask_sdpa); padded (some token is padding:
     a (b, 1, s, s) boolean mask is built once, and SDPA converts it to a float mask that each
-    layer saves, and takes k and v repeated to every head instead of enable_gqa)."""
+    layer saves, and takes k and v repeated to every head instead of enable_gqa); packed (one
+    padding-free row of several sequences, as trl's padding-free collator passes it: no
+    attention_mask but (1, s) position_ids restarting per sequence, seq_idx and cu_seq_lens;
+    transformers finds the sequences from position_ids and builds a (1, 1, s, s) bool mask that
+    SDPA cannot skip, as for a padded batch; needs micro_batch=1 and packed_sequences)."""
+    packed_sequences: int = Field(default=0, ge=0)
+    """With attention_mask='packed' (padding-free packing: trl.SFTTrainer's packing=True, one
+    row of micro_batch=1 x seq_len tokens): the sequences packed into that row. The collator's
+    cu_seq_lens_q/_k tensor holds packed_sequences + 1 int32 values; nothing else depends on the
+    count (the mask and position_ids are (1, s) or (1, 1, s, s) whatever it is). 0 otherwise."""
     pad_tokens: int = Field(default=0, ge=0)
     """Padding tokens at the end of each sequence with attention_mask='padded' (what the
     validator builds; memory does not depend on how many, only that there are some)."""
@@ -317,7 +326,8 @@ class TrainingConfig(FrozenModel):
     @classmethod
     def from_trainer_args(cls, args: object, seq_len: int, device: str | None = None, *,
                           world_size: int = 1, attention_mask: str = "ones",
-                          pad_tokens: int = 0, trainer: str = "hf") -> "TrainingConfig":
+                          pad_tokens: int = 0, trainer: str = "hf",
+                          packed_sequences: int | None = None) -> "TrainingConfig":
         """The step an HF Trainer runs (memcalc.inputs.trainers.trainer_args): `args` a dict of
         TrainingArguments fields, the path of the JSON TrainingArguments.to_json_string()
         writes, or the TrainingArguments object; fields not given take transformers' defaults.
@@ -325,7 +335,10 @@ class TrainingConfig(FrozenModel):
         collator passes ('ones' for unpadded or packed batches, 'padded' with pad_tokens).
         `trainer='dpo'` reads a trl.DPOConfig (memcalc.inputs.trainers.dpo_args): micro_batch is
         then 2 x per_device_train_batch_size rows (chosen and rejected), attention_mask 'ones';
-        `trainer='sft'` an SFTConfig; `trainer='grpo'` a GRPOConfig
+        `trainer='sft'` an SFTConfig (with packing: one padding-free row of
+        per_device_train_batch_size x seq_len tokens, attention_mask 'packed', holding
+        `packed_sequences` sequences, by default the most it can: memcalc.inputs.trainers.sft_args);
+        `trainer='grpo'` a GRPOConfig
         (memcalc.inputs.trainers.grpo_args: seq_len is prompt + max_completion_length, the step
         phase; memcalc.queries.grpo.grpo_phases gives all three).
 
@@ -337,7 +350,7 @@ class TrainingConfig(FrozenModel):
         from memcalc.inputs.trainers.trainer_args import training_fields
 
         return cls.make(**training_fields(args, seq_len, device, world_size, attention_mask,
-                                          pad_tokens, trainer))
+                                          pad_tokens, trainer, packed_sequences))
 
     def with_(self, **changes) -> "TrainingConfig":
         """A copy with some fields changed, validated again.
@@ -369,6 +382,12 @@ def _check_call_path(training: TrainingConfig) -> None:
     if training.attention_mask == "padded" and training.pad_tokens == 0:
         raise ValueError("attention_mask='padded' needs pad_tokens > 0 (padding tokens per "
                          "sequence); with no padding use attention_mask='ones'")
+    if (training.attention_mask == "packed") != (training.packed_sequences > 0):
+        raise ValueError("attention_mask='packed' goes with packed_sequences >= 1 (sequences "
+                         "packed into the row), and packed_sequences only with it")
+    if training.attention_mask == "packed" and training.micro_batch != 1:
+        raise ValueError("attention_mask='packed' is one padding-free row: micro_batch=1, "
+                         "seq_len = the row's tokens")
     if training.pad_tokens and training.attention_mask != "padded":
         raise ValueError("pad_tokens is only used with attention_mask='padded'")
     if training.pad_tokens > training.seq_len:  # no such batch: padding beyond the sequence

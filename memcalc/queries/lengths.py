@@ -102,6 +102,10 @@ def estimate_lengths(model: ModelSpec, training: TrainingConfig, lengths: object
                                "packed-sequence mask, masking_utils.find_packed_sequence_indices) "
                                "are not modelled", "pad instead, or pack by concatenation "
                                "(packing='concatenate')")
+    if training.attention_mask == "packed":  # its batches are one row already: no lengths to pad
+        raise NotModelledError("attention_mask", "'packed' is one padding-free row of seq_len tokens; "
+                               "per-batch lengths are not read for it", "estimate() the packed row, "
+                               "or give lengths with attention_mask 'ones' or 'none'")
     if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or
                                            not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
         raise SpecError("pad_to_multiple_of", f"{str(pad_to_multiple_of)[:20]} is not a positive integer",

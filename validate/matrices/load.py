@@ -95,10 +95,13 @@ def build_case(row: dict, data: dict, topic: str, device: str) -> Case:
         kind = how.get("kind", "hf")
         training = TrainingConfig.from_trainer_args(trainer_args, seq_len=how["seq_len"], device="cpu",
                                                     attention_mask=how["attention_mask"],
-                                                    pad_tokens=how["pad_tokens"], trainer=kind)
+                                                    pad_tokens=how["pad_tokens"], trainer=kind,
+                                                    packed_sequences=how.get("packed_sequences"))
         if how.get("lora") is not None:  # a TRL trainer's peft_config (not a config field)
             training = training.with_(lora=how["lora"])
         trl = {"kind": kind, "prompt_len": how["prompt_len"]} if kind != "hf" else None
+        if "example_len" in how:  # SFT packing: examples of this length fill the packed rows
+            trl["example_len"] = how["example_len"]
         return Case(row["name"], spec, training, hf_config, trainer_args=trainer_args, trl=trl,
                     topic=topic)
     training = TrainingConfig.make(device=device, **row["training"])

@@ -15,7 +15,7 @@ peak is read by validate.run.trainer_run's step meter under the live-tensor trac
 """
 from __future__ import annotations
 
-from validate.run.trainer_run import run_tracked_trainer
+from validate.run.trainer_run import hf_trainer, run_tracked_trainer
 
 
 def batches_of(lengths: list[int], micro_batch: int) -> list[list[int]]:
@@ -60,9 +60,10 @@ def measure_padded_trainer(spec, training, trainer_args: dict, lengths: list[int
         return batch
 
     steps = -(-len(lengths) // (training.micro_batch * training.grad_accum))
-    meter, _, _, _ = run_tracked_trainer(spec, training, hf_config, data,
+    meter, _, _, _ = run_tracked_trainer(spec, training, hf_config,
                                          {**trainer_args, "max_steps": steps,
-                                          "train_sampling_strategy": sampling}, seed, collate)
+                                          "train_sampling_strategy": sampling}, seed,
+                                         make=hf_trainer(data, collate))
     steps_out = [{**s, "shape": shapes[i * training.grad_accum] if i * training.grad_accum < len(shapes) else None}
                  for i, s in enumerate(meter.steps)]
     return steps_out, seen

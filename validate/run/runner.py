@@ -113,8 +113,9 @@ def _measure(case: Case, backend: str, steps: int):
 
         measure_trl = {"dpo": trl_run.measure_dpo, "sft": trl_run.measure_sft,
                        "grpo": trl_run.measure_grpo}[case.trl["kind"]]
+        extra = {"example_len": case.trl["example_len"]} if "example_len" in case.trl else {}
         return measure_trl(case.spec, case.training, case.trainer_args, case.trl["prompt_len"],
-                           case.hf_config, steps)
+                           case.hf_config, steps, **extra)
     if case.trainer_args is not None:  # through transformers.Trainer
         from validate.run.trainer_run import measure_trainer
 

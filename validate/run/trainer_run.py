@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import tempfile
+from typing import Callable
 
 import torch
 
@@ -41,14 +42,18 @@ def synthetic_dataset(training, vocab_size: int, examples: int, seed: int = 0) -
 def measure_trainer(spec, training, trainer_args: dict, hf_config: dict | None = None,
                     steps: int = 3, seed: int = 0) -> Measurement:
     """Run the Trainer for `steps` optimizer steps; steady-state peak over steps >= 2."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
     data = synthetic_dataset(training, spec.vocab_size, steps * training.micro_batch * training.grad_accum, seed)
-    meter, model, description, tracker = run_tracked_trainer(spec, training, hf_config, data,
-                                                              {**trainer_args, "max_steps": steps}, seed)
+    meter, model, description, tracker = run_tracked_trainer(spec, training, hf_config,
+                                                              {**trainer_args, "max_steps": steps}, seed,
+                                                              make=hf_trainer(data))
+    return steady_measurement(meter, model, tracker, f"trainer:{description}")
+
+
+def steady_measurement(meter, model, tracker, implementation: str) -> Measurement:
+    """A Measurement of a tracked Trainer run: the steady-state peak and phases over steps >= 2,
+    the first step's apart."""
     result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
-                         implementation=f"trainer:{description}")
+                         implementation=implementation)
     result.peak_bytes = max(s["peak"] for s in meter.steps[1:])
     result.first_step_peak_bytes = meter.steps[0]["peak"]
     result.phases = {p: max(s[p] for s in meter.steps[1:]) for p in ("forward+backward", "optimizer")}
@@ -58,22 +63,46 @@ def measure_trainer(spec, training, trainer_args: dict, hf_config: dict | None =
     return result
 
 
-def run_tracked_trainer(spec, training, hf_config: dict | None, dataset, trainer_args: dict,
-                        seed: int = 0, data_collator=None):
-    """Build the model (validate.models.hf.build_hf) and a transformers.Trainer over `dataset` with
-    `trainer_args` plus FORCED, and train it under the live-tensor tracker with the step meter;
-    garbage collection is off while it runs (a collection mid-step frees tensors at a time the
-    step does not choose). Return (meter, model, description, tracker).
+def hf_trainer(dataset, data_collator=None) -> Callable:
+    """run_tracked_trainer's `make` for a plain transformers.Trainer over `dataset`."""
+    def make(model, args, meter):
+        import transformers
+
+        return transformers.Trainer(model=model, args=args, train_dataset=dataset,
+                                    data_collator=data_collator, callbacks=[meter])
+    return make
+
+
+def run_tracked_trainer(spec, training, hf_config: dict | None, trainer_args: dict, seed: int = 0, *,
+                        make: Callable, args_class=None, model_training=None,
+                        args_in_tracker: bool = False):
+    """Build the arguments (`args_class`, transformers.TrainingArguments by default, from
+    `trainer_args` plus FORCED), then inside the live-tensor tracker the model
+    (validate.models.hf.build_hf of `model_training`, by default `training` without
+    checkpointing: the trainer turns it on) and the trainer (`make(model, args, meter)`: the
+    Trainer class, its dataset, collator and callbacks differ by client), and train it with the
+    step meter; garbage collection is off while it runs (a collection mid-step frees tensors at
+    a time the step does not choose). Return (meter, model, description, tracker), `model` the
+    trainer's own (a peft wrapper when it made one).
 
     The model is built inside the tracker, so its parameters are tracked from their allocation.
+    Libraries imported for the first time inside it count their module-level tensors (peft's
+    loha layer: two 8 B; bitsandbytes' backends.utils: two 64 B), which a training process
+    holds from import, not from the step: sft00 was recorded so (+144 B), before this path
+    imported them first.
+    With `args_in_tracker` (TRL's configs, as their rows were recorded) the arguments are built
+    inside it too.
     """
     import transformers
 
     from validate.models.hf import build_hf
 
+    transformers.logging.set_verbosity_error()
+    args_class = args_class or transformers.TrainingArguments
+    model_training = model_training or training.with_(checkpointing="none")
     with tempfile.TemporaryDirectory() as out_dir:
-        args = transformers.TrainingArguments(**{**trainer_args, **FORCED, "output_dir": out_dir,
-                                                 "seed": seed})
+        fields = {**trainer_args, **FORCED, "output_dir": out_dir, "seed": seed}
+        args = None if args_in_tracker else args_class(**fields)
         meter = _StepMeter()
         gc.collect()
         gc.disable()
@@ -81,9 +110,9 @@ def run_tracked_trainer(spec, training, hf_config: dict | None, dataset, trainer
             with LiveTensorTracker() as tracker:
                 meter.tracker = tracker
                 torch.manual_seed(seed)
-                model, description = build_hf(spec, training.with_(checkpointing="none"), hf_config)
-                trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
-                                               data_collator=data_collator, callbacks=[meter])
+                model, description = build_hf(spec, model_training, hf_config)
+                trainer = make(model, args or args_class(**fields), meter)
+                model = trainer.model
                 trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # no log lines
                 trainer.train()
         finally:

@@ -2,7 +2,8 @@
 trl.DPOTrainer (use_cpu, the DPOConfig given) on a random-weight HF model, a synthetic
 preference dataset tokenised by a word-level tokenizer built in memory (nothing downloaded),
 `steps` optimizer steps under the live-tensor tracker, measured per step as
-validate.run.trainer_run measures the HF Trainer (the same callback).
+validate.run.trainer_run measures the HF Trainer (its run_tracked_trainer, with TRL's config
+class and trainer).
 
 Every prompt has `prompt_len` tokens and every chosen and rejected completion
 `seq_len - prompt_len` (the last the EOS), so DataCollatorForPreference pads nothing: the batch is
@@ -14,14 +15,11 @@ measure_sft runs trl.SFTTrainer on the prompt and chosen completion of the same 
 from __future__ import annotations
 
 import copy
-import gc
-import tempfile
 
 import torch
 
-from validate.measure.backends import Measurement, cpu_name
-from validate.measure.tracker import LiveTensorTracker
-from validate.run.trainer_run import FORCED, _StepMeter
+from validate.measure.backends import Measurement
+from validate.run.trainer_run import run_tracked_trainer, steady_measurement
 
 
 def word_tokenizer(vocab_size: int):
@@ -66,64 +64,56 @@ def measure_dpo(spec, training, dpo_args: dict, prompt_len: int, hf_config: dict
         ref = None
         if training.lora is None and training.dpo_reference == "model":
             ref = copy.deepcopy(model).eval()  # what create_model_from_path loads: a second copy
-        return trl.DPOTrainer(model=model, ref_model=ref, args=trl.DPOConfig(**args), train_dataset=data,
+        return trl.DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=data,
                               processing_class=word_tokenizer(spec.vocab_size),
                               peft_config=peft_config(training, model), callbacks=[meter])
     return _measure(spec, training, dpo_args, hf_config, steps, seed, make, "dpo")
 
 
 def measure_sft(spec, training, sft_args: dict, prompt_len: int, hf_config: dict | None = None,
-                steps: int = 3, seed: int = 0) -> Measurement:
+                steps: int = 3, seed: int = 0, example_len: int | None = None) -> Measurement:
     """Run trl.SFTTrainer (a prompt-completion dataset: completion_only_loss) for `steps`
-    optimizer steps; steady-state peak over steps >= 2."""
+    optimizer steps; steady-state peak over steps >= 2. Each example has `example_len` tokens
+    (the row's length by default). With `packing` in `sft_args` (BFD) the rows are
+    per_device_train_batch_size bins of max_length tokens, and max_length / example_len
+    examples fill each exactly, so every micro-batch is one padding-free row of
+    `training.seq_len` tokens (DataCollatorForLanguageModeling with padding_free: position_ids
+    restarting per example; memcalc's attention_mask='packed'). With `padding_free` and no
+    packing, the micro-batch's per_device_train_batch_size examples are that row.)"""
     import trl
 
-    data = preference_dataset(spec.vocab_size, steps * training.micro_batch * training.grad_accum,
-                              prompt_len, training.seq_len - prompt_len, seed)
+    rows, row_len, per_row = training.micro_batch, training.seq_len, 1
+    if sft_args.get("packing") or sft_args.get("padding_free"):  # one row of rows x row_len tokens
+        rows = sft_args["per_device_train_batch_size"]
+        row_len = sft_args["max_length"] if sft_args.get("packing") else training.seq_len // rows
+        per_row = row_len // (example_len or row_len) if sft_args.get("packing") else 1
+        if rows * row_len != training.seq_len or per_row * (example_len or row_len) != row_len:
+            raise ValueError(f"packed SFT: {rows} rows of {row_len} tokens filled by examples of "
+                             f"{example_len} must make the one row of {training.seq_len} tokens")
+    example_len = example_len or row_len
+    data = preference_dataset(spec.vocab_size, steps * rows * training.grad_accum * per_row,
+                              prompt_len, example_len - prompt_len, seed)
     data = data.remove_columns("rejected").rename_column("chosen", "completion")
 
     def make(model, args, meter):
-        return trl.SFTTrainer(model=model, args=trl.SFTConfig(**args), train_dataset=data,
+        return trl.SFTTrainer(model=model, args=args, train_dataset=data,
                               processing_class=word_tokenizer(spec.vocab_size), callbacks=[meter])
     return _measure(spec, training, sft_args, hf_config, steps, seed, make, "sft")
 
 
 def _measure(spec, training, fields: dict, hf_config, steps: int, seed: int, make, kind: str) -> Measurement:
-    """Build the model, the trainer (`make(model, config fields, meter)`) and train under the
-    tracker, measuring each step as validate.run.trainer_run does."""
-    import transformers
+    """The tracked Trainer run of validate.run.trainer_run with TRL's config class (`kind`'s)
+    and trainer (`make(model, config, meter)`), measured as the HF Trainer is."""
+    import trl
 
-    from validate.models.hf import build_hf
-
-    transformers.logging.set_verbosity_error()
-    with tempfile.TemporaryDirectory() as out_dir:
-        args = {**fields, **FORCED, "output_dir": out_dir, "max_steps": steps, "seed": seed}
-        if kind != "grpo":  # GRPOConfig has no dataset_num_proc (no tokenised dataset)
-            args["dataset_num_proc"] = None
-        meter = _StepMeter()
-        gc.collect()
-        gc.disable()
-        try:
-            with LiveTensorTracker() as tracker:
-                meter.tracker = tracker
-                torch.manual_seed(seed)
-                model, description = build_hf(spec, training.with_(checkpointing="none", lora=None,
-                                                                   quantization="none"), hf_config)
-                trainer = make(model, args, meter)
-                model = trainer.model
-                trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
-                trainer.train()
-        finally:
-            gc.enable()
-    result = Measurement(status="ok", backend="cpu", device="cpu", device_name=cpu_name(),
-                         implementation=f"trl-{kind}:{description}")
-    result.peak_bytes = max(s["peak"] for s in meter.steps[1:])
-    result.first_step_peak_bytes = meter.steps[0]["peak"]
-    result.phases = {p: max(s[p] for s in meter.steps[1:]) for p in ("forward+backward", "optimizer")}
-    result.first_step_phases = {p: meter.steps[0][p] for p in ("forward+backward", "optimizer")}
-    result.param_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    result.extra["untracked_tensors"] = tracker.untracked
-    return result
+    args = {**fields, "max_steps": steps}
+    if kind != "grpo":  # GRPOConfig has no dataset_num_proc (no tokenised dataset)
+        args["dataset_num_proc"] = None
+    config = getattr(trl, {"dpo": "DPOConfig", "sft": "SFTConfig", "grpo": "GRPOConfig"}[kind])
+    meter, model, description, tracker = run_tracked_trainer(
+        spec, training, hf_config, args, seed, make=make, args_class=config, args_in_tracker=True,
+        model_training=training.with_(checkpointing="none", lora=None, quantization="none"))
+    return steady_measurement(meter, model, tracker, f"trl-{kind}:{description}")
 
 
 def peft_config(training, model):
@@ -186,7 +176,7 @@ def measure_grpo(spec, training, grpo_args: dict, prompt_len: int, hf_config: di
         loader = module.create_model_from_path
         module.create_model_from_path = lambda *_args, **_kwargs: copy.deepcopy(model).eval()
         try:
-            trainer = trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=trl.GRPOConfig(**args),
+            trainer = trl.GRPOTrainer(model=model, reward_funcs=length_reward, args=args,
                                       train_dataset=data, processing_class=grpo_tokenizer(spec.vocab_size),
                                       peft_config=peft_config(training, model), callbacks=[meter])
         finally:

@@ -1,7 +1,7 @@
 """GPT-2 (transformers 5.24 modeling_gpt2.py GPT2LMHeadModel; validate.models.reference.ReferenceGPT2)."""
 from __future__ import annotations
 
-from memcalc.families.declaration import ALL_MASKS, FamilyDeclaration, HFType, LoRALayout, Supports
+from memcalc.families.declaration import PACKED_MASKS, FamilyDeclaration, HFType, LoRALayout, Supports
 from memcalc.core.errors import SpecError
 from memcalc.inputs.hf.values import flag, get
 
@@ -17,7 +17,7 @@ GPT2 = FamilyDeclaration(
                      max_position_embeddings="n_positions", embd_dropout="embd_pdrop",
                      attn_dropout="attn_pdrop", resid_dropout="resid_pdrop", name="_name_or_path"),
     block_parameters="memcalc.formulas.parameters:gpt2_block", outer_parameters="gpt2",
-    supports=Supports(use_cache=True, attention_masks=ALL_MASKS, trainer_inputs=True,
+    supports=Supports(use_cache=True, attention_masks=PACKED_MASKS, trainer_inputs=True,
                       tensor_parallel="reference",
                       tensor_parallel_refusal=("HF GPT-2's Conv1D layers are not split by torch's "
                                                "ColwiseParallel/RowwiseParallel", "use implementation="

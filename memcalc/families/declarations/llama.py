@@ -3,7 +3,7 @@ other sizes or options (Mistral's sliding window, Qwen2's q/k/v biases and max_w
 Qwen3's per-head q/k norms, SmolLM3's NoPE layers); validate.models.reference.ReferenceLlama."""
 from __future__ import annotations
 
-from memcalc.families.declaration import ALL_MASKS, LLAMA_KEYS, FamilyDeclaration, HFType, LoRALayout, Supports
+from memcalc.families.declaration import PACKED_MASKS, LLAMA_KEYS, FamilyDeclaration, HFType, LoRALayout, Supports
 from memcalc.core import limits
 from memcalc.core.errors import SpecError
 from memcalc.inputs.hf.values import count, flag, get, llama_like
@@ -20,7 +20,7 @@ LLAMA = FamilyDeclaration(
               HFType("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM",
                      reader="memcalc.families.declarations.llama:smollm3_fields",
                      modelled=LLAMA_KEYS | {"no_rope_layers", "no_rope_layer_interval"}, window_key="gated")),
-    supports=Supports(use_cache=True, attention_masks=ALL_MASKS, trainer_inputs=True, windowed_call_path=True,
+    supports=Supports(use_cache=True, attention_masks=PACKED_MASKS, trainer_inputs=True, windowed_call_path=True,
                       quantization=True, tensor_parallel="all",
                       lora=LoRALayout("model.layers", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                        "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",

@@ -287,7 +287,8 @@ def device_of(fields: dict, device: str | None) -> str:
 
 
 def training_fields(args: Any, seq_len: int, device: str | None = None, world_size: int = 1,
-                    attention_mask: str = "ones", pad_tokens: int = 0, trainer: str = "hf") -> dict:
+                    attention_mask: str = "ones", pad_tokens: int = 0, trainer: str = "hf",
+                    packed_sequences: int | None = None) -> dict:
     """The TrainingConfig fields of a Trainer run (see TrainingConfig.from_trainer_args).
 
     >>> f = training_fields({"bf16": True}, seq_len=2048)
@@ -295,8 +296,11 @@ def training_fields(args: Any, seq_len: int, device: str | None = None, world_si
     (8, 'bf16-amp', 'fused', 'cuda', 1.0)
     """
     fields = trainer_args_dict(args)
+    if packed_sequences is not None and trainer != "sft":
+        raise SpecError("packed_sequences", f"is read only with trainer='sft' and packing, not {trainer!r}",
+                        "drop packed_sequences")
     if trainer != "hf":
-        return _trl_fields(fields, trainer, seq_len, device, world_size)
+        return _trl_fields(fields, trainer, seq_len, device, world_size, packed_sequences)
     check_fields(fields)
     check_unmodelled_run_options(fields)
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):  # named as the user wrote them
@@ -331,7 +335,8 @@ TRAINERS = ("hf", "dpo", "sft", "grpo")
 trl.SFTTrainer with an SFTConfig, or trl.GRPOTrainer with a GRPOConfig."""
 
 
-def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, world_size: int) -> dict:
+def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, world_size: int,
+                packed_sequences: int | None = None) -> dict:
     """A TRL trainer's config: its own fields (memcalc.inputs.trainers.dpo_args), then
     TrainingArguments' with TRL's defaults, then what the trainer's call path changes."""
     from memcalc.inputs.trainers import grpo_args, sft_args
@@ -342,7 +347,9 @@ def _trl_fields(fields: dict, trainer: str, seq_len: int, device: str | None, wo
                                f"use one of {', '.join(TRAINERS)}")
     if trainer == "sft":
         base, own = split_fields(fields, sft_args.own_names())
-        trl = sft_args.sft_fields(own, seq_len)
+        rows = base.get("per_device_train_batch_size", 8)
+        rows = rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 1 else 1  # checked below
+        trl = sft_args.sft_fields(own, seq_len, rows, packed_sequences)
     elif trainer == "grpo":
         base, own = split_fields(fields, grpo_args.own_names())
         trl = grpo_args.grpo_fields(own, seq_len, base.get("per_device_train_batch_size", 8))
