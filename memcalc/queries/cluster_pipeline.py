@@ -1,5 +1,5 @@
 """The pipeline layouts of the cluster planner (memcalc.queries.cluster): where the model's stages
-are modelled (memcalc.parallel.pipeline_peaks.check_pipeline_supported: the untied reference
+are modelled (memcalc.refusals.pipeline.check_pipeline_supported: the untied reference
 GPT-2 and Llama, pipeline ranks alone, fp32 or pure bf16), p = N ranks each
 run a stage of every micro-batch under GPipe, 1F1B or Interleaved1F1B (2 stages per rank), the
 global batch split into m micro-batches of every size that divides it, with each of the planner's
@@ -56,7 +56,7 @@ def pipeline_layouts(model: ModelSpec, training: TrainingConfig, count: int, car
                      checkpointing: tuple[str, ...] = ("none",)) -> list[PipelineFit]:
     """Every pipeline layout of `count` ranks of `card` whose every rank fits `budget` (module
     docstring); none where the model's stages are not modelled."""
-    from memcalc.parallel.pipeline_peaks import check_pipeline_supported
+    from memcalc.refusals.pipeline import check_pipeline_supported
     from memcalc.queries.estimate import estimate
 
     p = count

@@ -99,7 +99,7 @@ def check_step(model: ModelSpec, training: TrainingConfig) -> None:
 def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     """pipeline_parallel > 1: what torch's schedules or the split cannot take is bad input
     (memcalc.parallel.pipeline.check_pipeline); what the stage model does not cover is refused by
-    name (memcalc.parallel.pipeline_peaks.check_pipeline_supported: here an HF program).
+    name (memcalc.refusals.pipeline.check_pipeline_supported: here an HF program).
 
     >>> from memcalc.inputs.training import TrainingConfig
     >>> t = TrainingConfig(micro_batch=8, seq_len=64, world_size=4, pipeline_parallel=4, num_microbatches=8)
@@ -117,7 +117,7 @@ def check_pipeline_step(model: ModelSpec, training: TrainingConfig) -> None:
     if training.micro_batch % training.num_microbatches:
         raise SpecError("num_microbatches", f"{training.num_microbatches} micro-batches do not split "
                         f"micro_batch={training.micro_batch} evenly", "use a divisor of micro_batch")
-    from memcalc.parallel.pipeline_peaks import check_pipeline_supported
+    from memcalc.refusals.pipeline import check_pipeline_supported
 
     check_pipeline_supported(model, training)
 
