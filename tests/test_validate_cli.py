@@ -84,6 +84,17 @@ def test_rows_selects_matrix_rows_and_refuses_unknown_names():
     _one_line_error(_run("run", "--matrix", "ci", "--rows", "ci22,moe99"), "rows", "moe99", "fix")
 
 
+def test_every_matrix_case_passes_the_up_front_check():
+    """check_case runs on every selected case before anything is measured: a case of the
+    matrices must never be refused there (a Trainer or TRL row carries hf_trainer=True)."""
+    from validate.matrices import get_matrix
+    from validate.run.cli import check_case
+
+    for matrix in ("ci", "dist-ci"):
+        for case in get_matrix(matrix, "cpu"):
+            check_case(case)
+
+
 def test_sample_measures_every_topic_and_changes_with_the_seed():
     from validate.matrices import get_matrix
     from validate.run.cli import build_parser, matrix_cases

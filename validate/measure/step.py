@@ -74,8 +74,9 @@ def optimizer_class(name: str) -> type:
             "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[name]
 
 
-def check_runnable(spec, training) -> None:
-    """Raise MemcalcError for a shape the model cannot run.
+def check_runnable(spec, training, trainer_run: bool = False) -> None:
+    """Raise MemcalcError for a shape the model cannot run (`trainer_run`: the case runs through
+    transformers.Trainer or a TRL trainer, validate.run.trainer_run, not this loop).
 
     >>> from memcalc.inputs.specs import ModelSpec; from memcalc.inputs.training import TrainingConfig
     >>> check_runnable(ModelSpec.preset("gpt2"), TrainingConfig(micro_batch=1, seq_len=4096))
@@ -94,7 +95,7 @@ def check_runnable(spec, training) -> None:
     if training.pad_tokens >= training.seq_len:
         raise MemcalcError("pad_tokens", f"{training.pad_tokens} leaves no token of a "
                            f"{training.seq_len}-token sequence", "use pad_tokens < seq_len")
-    if training.hf_trainer:  # a Trainer case runs validate.run.trainer_run, never this loop
+    if training.hf_trainer and not trainer_run:  # a Trainer case runs validate.run.trainer_run
         raise MemcalcError("hf_trainer", "the validator's own training loop does not run "
                            "transformers.Trainer, so the Trainer's look-ahead batch and loss scalars "
                            "would be missing from the measured step",

@@ -221,7 +221,7 @@ def check_case(case: Case) -> None:
     """Fail early, as bad input, on what cannot run (before anything is measured)."""
     from validate.measure.step import check_runnable
 
-    check_runnable(case.spec, case.training)
+    check_runnable(case.spec, case.training, trainer_run=case.trainer_args is not None or case.trl is not None)
     if case.spec.implementation == "hf":
         from validate.models.hf import CLASSES, hf_config_dict
 
