@@ -52,6 +52,9 @@ def test_check_of_some_presets_compares_only_their_rows(tmp_path):
     csv.write_text(csv.read_text().replace("\ngpt2,fp32 Adam,none,", "\ngpt2,fp32 Adam,none,9"))
     assert tables.check(tmp_path, ["gpt2"], basis="allocated") == ["max_micro_batch.csv"]
     assert tables.check(tmp_path, ["pythia-160m"], basis="allocated") == []
+    assert tables.check(tmp_path, ["pythia-160m", "gpt2"], basis="allocated") == ["max_micro_batch.csv"]
+    csv.write_text(csv.read_text().replace("\ngpt2,fp32 Adam,none,9", "\ngpt2,fp32 Adam,none,"))
+    assert tables.check(tmp_path, ["pythia-160m", "gpt2"], basis="allocated") == []  # any order asked
 
 
 @pytest.mark.slow
